@@ -1,0 +1,181 @@
+"""Structured configs for the experiment apps: one dataclass per Hydra group, validated when instantiated.
+
+Hydra composes YAML files under `configs/` on top of these schemas (registered in the ConfigStore by `register()`),
+so a typo'd key or a wrongly typed value fails at composition; value checks (W >= 2, N >= 1, a known prompt set...)
+run in `__post_init__`, which `OmegaConf.to_object` calls, and name the offending key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+WANDB_MODES = ("online", "offline", "disabled")
+DTYPES = ("float32", "bfloat16", "float16")
+OBJECTIVE_METRICS = ("tokens_per_s", "tau", "speedup")
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message starts with the offending key."""
+
+
+def _check(ok: bool, key: str, value: Any, why: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value!r}: {why}")
+
+
+def canonical_dataset(name: str) -> str:
+    """The prompt-set name `flashtree.datasets.load_prompts` uses for `name` (it accepts the same aliases)."""
+    from flashtree.datasets import NAMES
+
+    key = name.lower().replace("_", "-")
+    key = {"mtbench": "mt-bench", "human-eval": "humaneval", "built-in": "builtin"}.get(key, key)
+    if key not in NAMES:
+        raise ConfigError(f"dataset.name={name!r}: unknown prompt set; use one of {', '.join(NAMES)} (e.g. dataset=gsm8k)")
+    return key
+
+
+@dataclass
+class TargetConfig:
+    name: str = "smollm2-135m"  # registry name (smollm2-135m, tiny-llama, tiny-qwen3), hub id or local folder
+    dtype: str = "float32"
+    device: str = "cpu"
+    cache_dir: Optional[str] = None  # flashtree's model cache (default $FLASHTREE_CACHE or ~/.cache/flashtree)
+    seed: int = 0  # weights of the tiny random models
+
+    def __post_init__(self) -> None:
+        _check(bool(self.name), "target.name", self.name, "must name a model")
+        _check(self.dtype in DTYPES, "target.dtype", self.dtype, f"use one of {', '.join(DTYPES)}")
+
+
+@dataclass
+class DrafterConfig:
+    name: str = "default"  # default (prompt lookup), prompt-lookup, flashmap, oracle
+    options: dict[str, Any] = field(default_factory=dict)  # keyword options of `load_drafter`
+
+    def __post_init__(self) -> None:
+        _check(bool(self.name), "drafter.name", self.name, "must name a drafter")
+
+
+@dataclass
+class TreeConfig:
+    n: int = 4  # N: candidate blocks drawn per step (1 = chain speculative decoding)
+    width: int = 8  # W: verify tokens per step, the root included
+
+    def __post_init__(self) -> None:
+        _check(self.n >= 1, "tree.n", self.n, "the candidate count N must be >= 1 (N=1 is the chain)")
+        _check(self.width >= 2, "tree.width", self.width, "the verify width W must be >= 2 (the root plus >= 1 node)")
+
+
+@dataclass
+class DatasetConfig:
+    name: str = "builtin"  # builtin, mtbench, humaneval, gsm8k, sharegpt
+    limit: Optional[int] = None  # first `limit` prompts
+    split: Optional[str] = None  # gsm8k only: first_half / second_half
+    chat: bool = True  # apply the model's chat template
+
+    def __post_init__(self) -> None:
+        self.name = canonical_dataset(self.name)
+        _check(self.limit is None or self.limit >= 1, "dataset.limit", self.limit, "must be >= 1 (or null for all)")
+        _check(self.split is None or self.name == "gsm8k", "dataset.split", self.split, "only gsm8k has splits")
+
+
+@dataclass
+class EngineConfig:
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_k: Optional[int] = None
+    top_p: Optional[float] = None
+    stop_at_eos: bool = True  # stop a prompt at the tokenizer's end-of-sequence token
+    warmup: bool = True  # one short untimed generation first, so tokens/s does not pay for first-call setup
+
+    def __post_init__(self) -> None:
+        _check(self.max_new_tokens >= 1, "engine.max_new_tokens", self.max_new_tokens, "must be >= 1")
+        _check(self.temperature >= 0, "engine.temperature", self.temperature, "must be >= 0 (0 = greedy)")
+        _check(self.top_k is None or self.top_k >= 1, "engine.top_k", self.top_k, "must be >= 1 or null")
+        _check(self.top_p is None or 0 < self.top_p <= 1, "engine.top_p", self.top_p, "must be in (0, 1] or null")
+
+
+@dataclass
+class WandbConfig:
+    mode: str = "offline"  # offline (sync later with `wandb sync`), online, disabled
+    project: str = "flashtree"
+    entity: Optional[str] = None
+    group: Optional[str] = None  # default: the sweep name
+    tags: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _check(self.mode in WANDB_MODES, "logger.wandb.mode", self.mode, f"use one of {', '.join(WANDB_MODES)}")
+
+
+@dataclass
+class LoggerConfig:
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    progress: bool = True  # tqdm bar over prompts
+
+
+@dataclass
+class ObjectiveConfig:
+    """What a sweep returns to an optimising sweeper (Optuna): `metric`, or 0 when a constraint is violated."""
+
+    metric: str = "tokens_per_s"
+    min_tau: Optional[float] = None  # constraint: tau >= min_tau
+    max_budget: Optional[int] = None  # constraint: verify budget W <= max_budget
+
+    def __post_init__(self) -> None:
+        _check(self.metric in OBJECTIVE_METRICS, "objective.metric", self.metric, f"use one of {', '.join(OBJECTIVE_METRICS)}")
+        _check(self.max_budget is None or self.max_budget >= 2, "objective.max_budget", self.max_budget, "must be >= 2")
+
+
+@dataclass
+class RunConfig:
+    target: TargetConfig = MISSING
+    drafter: DrafterConfig = MISSING
+    tree: TreeConfig = MISSING
+    dataset: DatasetConfig = MISSING
+    engine: EngineConfig = MISSING
+    logger: LoggerConfig = MISSING
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    name: str = "default"  # sweep name: results go to multirun/<name> (single runs: outputs/<name>/<time>)
+    seed: int = 0  # base of every generator seed (per prompt: seed, prompt index)
+    resume: bool = True  # skip a configuration whose run directory already holds its finished summary
+
+
+# Keys that change where results live or how they are shown, not what is measured: left out of the config hash.
+NOT_MEASURED = ("logger", "objective", "name", "resume")
+
+
+def register() -> None:
+    """Put the schemas in Hydra's ConfigStore (the YAML files under configs/ extend them)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="run_schema", node=RunConfig)
+    for group, node in (
+        ("target", TargetConfig),
+        ("drafter", DrafterConfig),
+        ("tree", TreeConfig),
+        ("dataset", DatasetConfig),
+        ("engine", EngineConfig),
+        ("logger", LoggerConfig),
+    ):
+        cs.store(group=group, name="schema", node=node)
+
+
+def to_run_config(cfg) -> RunConfig:
+    """DictConfig -> validated RunConfig (raises ConfigError naming the key)."""
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.to_object(cfg)
+    except ConfigError:
+        raise
+    except Exception as exc:  # OmegaConf wraps errors raised in __post_init__; unwrap ours
+        cause = exc.__cause__ or exc.__context__
+        while cause is not None and not isinstance(cause, ConfigError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is not None:
+            raise cause from None
+        raise

@@ -1,0 +1,104 @@
+"""What a run directory holds, and how it is written so an interruption never leaves a half-finished run marked done.
+
+    <run dir>/steps.parquet    one row per verify step (flashtree.metrics.STEP_COLUMNS, schema version in metadata)
+    <run dir>/prompts.parquet  one row per prompt (tokens, steps, wall time)
+    <run dir>/summary.json     metrics + config + versions; written last, atomically: its presence with
+                               status "complete" and a matching config hash is what `resume` trusts
+    <run dir>/wandb/           the W&B run (offline runs: offline-run-*/, `wandb sync` uploads them)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+SUMMARY = "summary.json"
+STEPS = "steps.parquet"
+PROMPTS = "prompts.parquet"
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    """Write to a temp file in the same folder, then rename: readers see the old file or the new one, never half."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(_jsonable(data), f, indent=2, sort_keys=False)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def _jsonable(x: Any) -> Any:
+    # NaN is not JSON; null reads back as None (pandas turns it into NaN again).
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+def read_summary(run_dir: Path) -> dict | None:
+    path = Path(run_dir) / SUMMARY
+    if not path.is_file():
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def config_hash(measured: dict) -> str:
+    """Fingerprint of everything that changes what a run measures (see config.NOT_MEASURED for what is left out)."""
+    blob = json.dumps(measured, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def finished(run_dir: Path, digest: str) -> dict | None:
+    """The summary of a finished run of exactly this configuration in `run_dir`, else None."""
+    summary = read_summary(run_dir)
+    if summary and summary.get("status") == "complete" and summary.get("config_hash") == digest:
+        return summary
+    return None
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    """{'tree': {'n': 4}} -> {'tree.n': 4}; lists stay values."""
+    out = {}
+    for key, value in d.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def versions() -> dict:
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version()}
+    for pkg in ("flashtree", "torch", "transformers", "hydra-core", "wandb", "flashmap"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def git_commit() -> dict:
+    """Commit (and whether the tree is dirty) of the flashtree checkout, when it is one."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        if commit.returncode != 0:
+            return {"commit": None}
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True, timeout=10)
+        return {"commit": commit.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+    except (OSError, subprocess.TimeoutExpired):
+        return {"commit": None}

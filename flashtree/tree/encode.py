@@ -1,0 +1,69 @@
+"""What verifiers need from a VoteTree: ancestor mask, positions, child links, and EAGLE's encoding for sglang."""
+
+from __future__ import annotations
+
+import torch
+
+from .types import EagleEncoding, VoteTree
+
+
+def with_root(x: torch.Tensor, root_value: int) -> torch.Tensor:
+    """Prepend the root's column so node i sits at column i."""
+    return torch.cat([x.new_full((x.shape[0], 1), root_value), x], dim=1)
+
+
+def ancestor_mask(tree: VoteTree) -> torch.Tensor:
+    """(bs, W, W) bool: mask[b, i, j] is True when j is i itself or an ancestor of i (row and column 0 = root)."""
+    bs, w = tree.batch_size, tree.width
+    parents = with_root(tree.parents, 0)
+    eye = torch.eye(w, dtype=torch.bool, device=parents.device).expand(bs, w, w)
+    # Node i's row = its own bit OR its parent's row; parents come first, so one pass in index order settles it.
+    mask = eye.clone()
+    for i in range(1, w):
+        mask[:, i] |= mask.gather(1, parents[:, i].view(bs, 1, 1).expand(bs, 1, w)).squeeze(1)
+    return mask
+
+
+def tree_positions(tree: VoteTree, prefix_len: torch.Tensor) -> torch.Tensor:
+    """(bs, W) absolute positions: the root (anchor) at prefix_len, node i at prefix_len + depth."""
+    return prefix_len.view(-1, 1).to(torch.long) + with_root(tree.depth, 0)
+
+
+def child_links(tree: VoteTree) -> tuple[torch.Tensor, torch.Tensor]:
+    """First-child and next-sibling links over valid nodes, (bs, W) each, -1 where none; siblings by node index."""
+    bs, w = tree.batch_size, tree.width
+    device = tree.tokens.device
+    parents = with_root(tree.parents, -1)
+    valid = with_root(tree.valid, 0).bool()
+    idx = torch.arange(w, device=device)
+    # child[b, p, c]: c is a valid child of p.
+    child = (parents.unsqueeze(1) == idx.view(1, w, 1)) & valid.unsqueeze(1)
+    big = w
+    first_child = torch.where(child, idx.view(1, 1, w), big).amin(dim=2)
+    # Next sibling of c: the smallest valid c' > c with the same parent.
+    same_parent = (parents.unsqueeze(2) == parents.unsqueeze(1)) & valid.unsqueeze(1) & valid.unsqueeze(2)
+    later = idx.view(1, 1, w) > idx.view(1, w, 1)
+    next_sibling = torch.where(same_parent & later, idx.view(1, 1, w), big).amin(dim=2)
+    none = torch.full_like(first_child, -1)
+    return torch.where(first_child < big, first_child, none), torch.where(next_sibling < big, next_sibling, none)
+
+
+def to_eagle(tree: VoteTree) -> EagleEncoding:
+    """EAGLE's tree ABI with topk = W: node i's id is parent * W + i, so `id // W` names the parent's slot in
+    `parent_list`, and `parent_list[:, p]` holds node p's own id. Padding nodes hang off the root and repeat node 1's
+    token, so sglang's first-match walk never takes them."""
+    bs, w, k = tree.batch_size, tree.width, tree.k
+    device = tree.tokens.device
+    idx = torch.arange(1, w, device=device).expand(bs, w - 1)
+    ids = tree.parents * w + idx
+    parent_list = torch.full((bs, w * (k - 1) + 1), -1, dtype=torch.long, device=device)
+    cols = min(w - 1, parent_list.shape[1] - 1)
+    parent_list[:, 1 : cols + 1] = ids[:, :cols]
+    return EagleEncoding(
+        draft_tokens=tree.tokens,
+        top_scores_index=ids,
+        parent_list=parent_list,
+        topk=w,
+        spec_steps=k,
+        num_verify_tokens=w,
+    )
