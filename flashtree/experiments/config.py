@@ -14,7 +14,7 @@ from omegaconf import MISSING
 
 WANDB_MODES = ("online", "offline", "disabled")
 DTYPES = ("float32", "bfloat16", "float16")
-OBJECTIVE_METRICS = ("tokens_per_s", "tau", "speedup")
+OBJECTIVE_METRICS = ("tokens_per_s", "tau", "tau_oracle")
 
 
 class ConfigError(ValueError):
@@ -143,6 +143,31 @@ class RunConfig:
     resume: bool = True  # skip a configuration whose run directory already holds its finished summary
 
 
+@dataclass
+class ReplayConfig:
+    """The grid `experiments/replay.py` walks over one recording (N_max candidates at every position)."""
+
+    n_max: int = 16
+    ns: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
+    widths: list[int] = field(default_factory=lambda: [4, 8, 16, 32])
+
+    def __post_init__(self) -> None:
+        _check(self.n_max >= 1, "replay.n_max", self.n_max, "must be >= 1")
+        for n in self.ns:
+            _check(1 <= n <= self.n_max, "replay.ns", list(self.ns), f"every N must be in 1..replay.n_max={self.n_max}")
+        for w in self.widths:
+            _check(w >= 2, "replay.widths", list(self.widths), "every W must be >= 2")
+
+
+@dataclass
+class ReplayRunConfig(RunConfig):
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+
+    def __post_init__(self) -> None:
+        _check(self.engine.temperature == 0, "engine.temperature", self.engine.temperature,
+               "replay reproduces greedy (temperature 0) runs only; sample with experiments/sweep.py")
+
+
 # Keys that change where results live or how they are shown, not what is measured: left out of the config hash.
 NOT_MEASURED = ("logger", "objective", "name", "resume")
 
@@ -153,6 +178,7 @@ def register() -> None:
 
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
+    cs.store(name="replay_schema", node=ReplayRunConfig)
     for group, node in (
         ("target", TargetConfig),
         ("drafter", DrafterConfig),

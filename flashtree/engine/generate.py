@@ -1,0 +1,243 @@
+"""`tree_generate`: tree speculative decoding with a Hugging Face target and a flashtree drafter.
+
+Each step: the drafter proposes N blocks of K tokens per request -> the vote tree keeps W - 1 nodes -> one target
+forward verifies root + nodes under the tree mask -> the walk accepts a path -> the cache keeps exactly the committed
+tokens' KV (crop and reorder; the prefix is never recomputed). Drafting is batched over requests; the target runs
+one request per forward, each with its own cache, so requests of different lengths need no padding.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import torch
+
+from ..drafters.base import DraftState, Drafter
+from ..tree import VoteTree, ancestor_mask, build_vote_tree, tree_positions, verify_greedy, verify_sampled
+from .records import GenerateResult, StepRecord
+from .target import context_limit, keep_in_cache, prefill, verify_forward
+
+
+class _Stopwatch:
+    """Per-stage wall time. On CUDA it synchronises, which a measuring reference engine may afford."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.times: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, stage: str):
+        if self.cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        yield
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.times[stage] = self.times.get(stage, 0.0) + time.perf_counter() - t0
+
+    def take(self) -> dict[str, float]:
+        out, self.times = self.times, {}
+        return out
+
+
+class _Request:
+    """One request's decoding state: committed tokens (the anchor last), its target cache and hidden states."""
+
+    def __init__(self, prompt: torch.Tensor):
+        self.tokens = prompt.clone()
+        self.prompt_len = prompt.numel()
+        self.cache = None
+        self.hidden: dict[int, torch.Tensor] = {}
+        self.new_from = 0
+        self.done = False
+
+    @property
+    def new_tokens(self) -> int:
+        return self.tokens.numel() - self.prompt_len
+
+
+def _as_rows(input_ids) -> list[torch.Tensor]:
+    if isinstance(input_ids, torch.Tensor):
+        rows = [input_ids] if input_ids.dim() == 1 else list(input_ids)
+    else:
+        rows = [torch.as_tensor(r, dtype=torch.long) for r in input_ids]
+    if not rows or any(r.numel() == 0 for r in rows):
+        raise ValueError("input_ids must hold at least one non-empty prompt")
+    return [r.to(torch.long) for r in rows]
+
+
+def _check(target, drafter: Drafter, rows, n, width, max_new_tokens, temperature) -> None:
+    if n < 1:
+        raise ValueError(f"n (candidate blocks per step) must be >= 1, got {n}")
+    if width < 2:
+        raise ValueError(f"width (verify tokens, the root included) must be >= 2, got {width}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    vocab = target.config.vocab_size
+    if getattr(drafter, "vocab_size", vocab) != vocab:
+        raise ValueError(f"drafter vocabulary ({drafter.vocab_size}) does not match the target's ({vocab})")
+    limit = context_limit(target)
+    longest = max(r.numel() for r in rows)
+    if limit is not None and longest + max_new_tokens + width > limit:
+        raise ValueError(
+            f"prompt of {longest} tokens + max_new_tokens {max_new_tokens} + width {width} exceeds the target's "
+            f"context of {limit} tokens; shorten the prompt or lower max_new_tokens"
+        )
+
+
+def _draft_state(reqs: list[_Request], layers: tuple[int, ...], device) -> DraftState:
+    lengths = torch.tensor([r.tokens.numel() for r in reqs], device=device)
+    longest = int(lengths.max())
+    tokens = torch.full((len(reqs), longest), -1, dtype=torch.long, device=device)
+    for b, r in enumerate(reqs):
+        tokens[b, : r.tokens.numel()] = r.tokens
+    hidden = {}
+    for layer in layers:
+        width = reqs[0].hidden[layer].shape[-1]
+        h = torch.zeros(len(reqs), max(longest - 1, 0), width, dtype=reqs[0].hidden[layer].dtype, device=device)
+        for b, r in enumerate(reqs):
+            h[b, : r.hidden[layer].shape[0]] = r.hidden[layer]
+        hidden[layer] = h
+    new_from = torch.tensor([r.new_from for r in reqs], device=device)
+    return DraftState(tokens=tokens, lengths=lengths, new_from=new_from, hidden=hidden)
+
+
+@torch.no_grad()
+def tree_generate(
+    target,
+    drafter: Drafter,
+    input_ids,
+    *,
+    n: int,
+    width: int,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+    stop_token_ids=None,
+    pad_token_id: int | None = None,
+) -> GenerateResult:
+    """Generate up to `max_new_tokens` per prompt. `input_ids`: (L,), (bs, L) or a list of token lists.
+
+    Greedy (temperature 0) output equals the target's own greedy decoding token for token; sampled output is
+    distributed as the target's own sampling with the same temperature / top-k / top-p (target-only tree walk).
+    """
+    rows = _as_rows(input_ids)
+    _check(target, drafter, rows, n, width, max_new_tokens, temperature)
+    device = next(target.parameters()).device
+    stops = torch.tensor(sorted(set(stop_token_ids or ())), dtype=torch.long, device=device)
+    layers = tuple(drafter.hidden_layers)
+    reqs = [_Request(r.to(device)) for r in rows]
+    watch = _Stopwatch(device)
+    t_start = time.perf_counter()
+
+    for r in reqs:
+        r.cache, out = prefill(target, r.tokens.view(1, -1), layers)
+        hidden_size = target.config.hidden_size
+        r.hidden = {i: (out.hidden[i][0] if out else torch.empty(0, hidden_size, device=device)) for i in layers}
+    drafter.start(_draft_state(reqs, layers, device))
+
+    steps: list[StepRecord] = []
+    drawn: list[torch.Tensor] = []  # each record's candidate blocks, for the oracle measure
+    step = 0
+    while not all(r.done for r in reqs):
+        with watch("draft"):
+            cands = drafter.propose(n, generator).candidates
+        with watch("build"):
+            tree = build_vote_tree(cands, width)
+        shared = watch.take()
+        for b, r in enumerate(reqs):
+            if r.done:
+                continue
+            rec = _step_one(target, r, b, _row(tree, b), layers, temperature, top_k, top_p, generator, watch)
+            rec.step, rec.time_s = step, {**shared, **watch.take()}
+            rec.candidates, rec.distinct_candidates = n, int(torch.unique(cands[b], dim=0).shape[0])
+            steps.append(rec)
+            drawn.append(cands[b])
+            _truncate(r, rec.position, stops, max_new_tokens)
+        drafter.advance(_draft_state(reqs, layers, device))
+        step += 1
+
+    for rec, c in zip(steps, drawn):
+        rec.oracle_len = _oracle_len(c, reqs[rec.request].tokens[rec.position :])
+    return GenerateResult(
+        sequences=_pad_rows([r.tokens for r in reqs], pad_token_id, target),
+        acceptance_length=sum(s.accept_len + 1 for s in steps) / max(len(steps), 1),
+        steps=steps,
+        new_tokens=[r.new_tokens for r in reqs],
+        prompt_lengths=[r.prompt_len for r in reqs],
+        wall_time_s=time.perf_counter() - t_start,
+    )
+
+
+def _row(tree: VoteTree, b: int) -> VoteTree:
+    fields = ("tokens", "parents", "depth", "votes", "valid", "first_candidate")
+    return VoteTree(**{f: getattr(tree, f)[b : b + 1] for f in fields}, k=tree.k)
+
+
+def _step_one(target, r: _Request, b, tree, layers, temperature, top_k, top_p, generator, watch) -> StepRecord:
+    prefix = r.cache.get_seq_length()
+    with watch("verify"):
+        ids = torch.cat([r.tokens[-1:], tree.tokens[0]]).view(1, -1)  # the anchor is the root
+        pos = tree_positions(tree, torch.tensor([prefix], device=ids.device))
+        out = verify_forward(target, r.cache, ids, pos, ancestor_mask(tree), layers)
+    with watch("walk"):
+        if temperature > 0:
+            res = verify_sampled(tree, out.logits, temperature, generator, top_k, top_p)
+        else:
+            res = verify_greedy(tree, out.logits.argmax(dim=-1))
+    with watch("commit"):
+        a = int(res.accept_len[0])
+        path = res.path[0, : a + 1]  # window offsets of the root and the accepted nodes: their KV stays
+        keep_in_cache(r.cache, prefix, path)
+        for i in layers:
+            r.hidden[i] = torch.cat([r.hidden[i], out.hidden[i][0, path]])
+        r.new_from = r.tokens.numel()
+        r.tokens = torch.cat([r.tokens, res.tokens[0, : a + 1]])
+    return StepRecord(
+        request=b,
+        step=0,
+        position=r.new_from,
+        candidates=0,
+        distinct_candidates=0,
+        tree_size=int(tree.valid.sum()),
+        accept_len=a,
+        accepted_path=tuple(path[1:].tolist()),
+        accepted_depth_votes=tuple(tree.votes[0, path[1:] - 1].tolist()),
+        oracle_len=0,
+    )
+
+
+def _truncate(r: _Request, first_new: int, stops: torch.Tensor, max_new_tokens: int) -> None:
+    """End the request at its first stop token or at max_new_tokens, dropping what was committed past that."""
+    end = r.prompt_len + max_new_tokens
+    if stops.numel():
+        hit = torch.isin(r.tokens[first_new:], stops).nonzero()
+        if hit.numel():
+            end = min(end, first_new + int(hit[0]) + 1)
+    if r.tokens.numel() >= end:
+        r.tokens = r.tokens[:end]
+        r.done = True
+
+
+def _oracle_len(cands: torch.Tensor, future: torch.Tensor) -> int:
+    """Longest prefix of the committed continuation that any candidate matches (the union of all N, W unbounded)."""
+    k = min(cands.shape[1], future.numel())
+    if k == 0:
+        return 0
+    match = torch.cumprod((cands[:, :k] == future[:k]).to(torch.int32), dim=1)
+    return int(match.sum(dim=1).max())
+
+
+def _pad_rows(rows: list[torch.Tensor], pad_token_id: int | None, target) -> torch.Tensor:
+    if pad_token_id is None:
+        pad_token_id = getattr(target.config, "pad_token_id", None)
+        pad_token_id = 0 if pad_token_id is None else pad_token_id
+    out = torch.full((len(rows), max(r.numel() for r in rows)), pad_token_id, dtype=torch.long, device=rows[0].device)
+    for b, r in enumerate(rows):
+        out[b, : r.numel()] = r
+    return out

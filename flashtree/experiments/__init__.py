@@ -1,0 +1,1 @@
+"""Experiment layer: Hydra configs, one-run logic, collected tables, W&B logging, trace replay."""

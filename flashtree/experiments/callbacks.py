@@ -1,0 +1,73 @@
+"""Hydra callback of the sweep app: check a whole grid before any job runs, keep `summary.parquet` current after
+every job (the job itself collects, so an interrupted sweep still has its table), and print the collected table at the end."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+
+class SweepCallback(Callback):
+    def __init__(self) -> None:
+        self.total: int | None = None
+        self.done = 0
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        jobs = grid_jobs(config)
+        if jobs is None:  # another sweeper (Optuna): its trials are checked one by one as they start
+            trials = config.hydra.sweeper.get("n_trials")
+            self.total = int(trials) if isinstance(trials, int) else None
+            return
+        self.total = len(jobs)
+        check_jobs(jobs, config.hydra.job.config_name)
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        if HydraConfig.get().mode != RunMode.MULTIRUN:
+            return
+        self.done += 1
+        total = f"/{self.total}" if self.total else ""
+        print(f"[flashtree] sweep: {self.done}{total} jobs ended here", flush=True)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from flashtree.experiments.collect import COLLECTED, collect, format_table
+
+        sweep_dir = Path(config.hydra.sweep.dir)
+        df = collect(sweep_dir)
+        print(f"\n{format_table(df)}\n\n[flashtree] {len(df)} runs -> {sweep_dir / COLLECTED}", flush=True)
+
+
+def grid_jobs(config: DictConfig) -> list[list[str]] | None:
+    """Every job's overrides of a basic-sweeper multirun, or None under another sweeper."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if not str(config.hydra.sweeper.get("_target_", "")).endswith("BasicSweeper"):
+        return None
+    parser = OverridesParser.create()
+    overrides = parser.parse_overrides(list(config.hydra.overrides.task))
+    # The sweeper's own `params` (a config-defined grid) join the command line's overrides, as BasicSweeper does.
+    params = config.hydra.sweeper.get("params") or {}
+    overrides += parser.parse_overrides([f"{k}={v}" for k, v in params.items()])
+    batches = BasicSweeper.split_arguments(overrides, max_batch_size=None)
+    return [job for batch in batches for job in batch]
+
+
+def check_jobs(jobs: list[list[str]], config_name: str) -> None:
+    """Compose and validate every job's config; exit with the first bad one's message before any job runs."""
+    from hydra import compose
+
+    from flashtree.experiments.config import ConfigError, to_run_config
+
+    for job in jobs:
+        try:
+            to_run_config(compose(config_name=config_name, overrides=job))
+        except ConfigError as exc:
+            print(f"flashtree: bad config ({' '.join(job)}): {exc}", file=sys.stderr)
+            raise SystemExit(2) from None

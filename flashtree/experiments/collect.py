@@ -1,0 +1,99 @@
+"""Collect every finished run under a sweep directory into one table, `summary.parquet` (one row per configuration).
+
+The table is derived from the runs' summary.json files, so it can be rebuilt at any time:
+    python -m flashtree.experiments.collect multirun/<name>
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from flashtree.experiments import records
+
+COLLECTED = "summary.parquet"
+SKIP_DIRS = {"wandb", ".submitit", ".hydra"}
+# Columns of the printed table, in order (all others stay in the parquet).
+SHOWN = ("dataset", "tree.n", "tree.width", "tau", "tau_ci_lo", "tau_ci_hi", "tau_oracle", "tokens_per_s",
+         "distinct_candidates", "tree_size", "prompts", "steps")
+LIST_COLUMNS = ("accept_per_depth", "accept_per_depth_ci_lo", "accept_per_depth_ci_hi", "reach_per_depth",
+                "accept_len_hist")
+
+
+def summaries(sweep_dir: Path) -> list[dict]:
+    """Finished runs' summaries under `sweep_dir` (any depth: override names may contain '/')."""
+    found = []
+    for root, dirs, files in os.walk(sweep_dir):
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
+        if records.SUMMARY in files:
+            summary = records.read_summary(Path(root))
+            if summary and summary.get("status") == "complete":
+                found.append(summary)
+    return found
+
+
+def row(summary: dict) -> dict:
+    params = summary.get("params", {})
+    out = {
+        "dataset": params.get("dataset.name"),
+        "target": params.get("target.name"),
+        "drafter": params.get("drafter.name"),
+        **params,
+    }
+    for key, value in summary.items():
+        if key in ("params", "config", "versions", "git", "wandb", "status"):
+            continue
+        out[key] = value
+    out["git_commit"] = (summary.get("git") or {}).get("commit")
+    out["wandb_dir"] = (summary.get("wandb") or {}).get("dir")
+    return out
+
+
+def collect(sweep_dir, write: bool = True) -> pd.DataFrame:
+    """The collected table of `sweep_dir`; written atomically to <sweep_dir>/summary.parquet when `write`."""
+    sweep_dir = Path(sweep_dir)
+    rows = [row(s) for s in summaries(sweep_dir)]
+    df = pd.DataFrame(rows)
+    if len(df):
+        keys = [c for c in ("dataset", "target", "drafter", "tree.n", "tree.width", "seed") if c in df]
+        df = df.sort_values(keys, kind="stable").reset_index(drop=True)
+        # Options dicts and other mixed objects do not round-trip through parquet; keep them as text.
+        for col in df.columns:
+            if col not in LIST_COLUMNS and df[col].map(lambda v: isinstance(v, (dict, list))).any():
+                df[col] = df[col].map(str)
+    if write:
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=sweep_dir, prefix=f".{COLLECTED}.", suffix=".tmp")
+        os.close(fd)
+        df.to_parquet(tmp, index=False)
+        os.replace(tmp, sweep_dir / COLLECTED)
+    return df
+
+
+def format_table(df: pd.DataFrame) -> str:
+    if not len(df):
+        return "(no finished runs)"
+    shown = df[[c for c in SHOWN if c in df]].copy()
+    for c in ("tau", "tau_ci_lo", "tau_ci_hi", "tau_oracle", "distinct_candidates", "tree_size"):
+        if c in shown:
+            shown[c] = shown[c].map(lambda v: f"{v:.3f}" if pd.notna(v) else "-")
+    if "tokens_per_s" in shown:
+        shown["tokens_per_s"] = shown["tokens_per_s"].map(lambda v: f"{v:.1f}" if pd.notna(v) else "-")
+    return shown.to_string(index=False)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sweep_dir", type=Path)
+    args = parser.parse_args(argv)
+    df = collect(args.sweep_dir)
+    print(format_table(df))
+    print(f"\n{len(df)} runs -> {args.sweep_dir / COLLECTED}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""Figures of a collected results table (summary.parquet): where does width pay?
+
+    python -m flashtree.experiments.plots multirun/<name>      # writes <dir>/figures/*.png
+
+Each function takes the collected table (one row per configuration; columns dataset, tree.n, tree.width, tau,
+accept_per_depth, tokens_per_s, ...) and returns a matplotlib Figure (None when the table lacks what it needs).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+
+def _grid(df: pd.DataFrame, value: str) -> dict[str, pd.DataFrame]:
+    """Per dataset: a (N rows x W columns) table of `value`, averaged over any other varied key."""
+    return {
+        name: part.pivot_table(index="tree.n", columns="tree.width", values=value, aggfunc="mean").sort_index()
+        for name, part in df.groupby("dataset", sort=True)
+    }
+
+
+def _axes(count: int, width: float = 4.2, height: float = 3.4):
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, count, figsize=(width * count, height), squeeze=False)
+    return fig, axes[0]
+
+
+def tau_heatmaps(df: pd.DataFrame):
+    """τ over the (N, W) grid, one panel per dataset (shared colour scale)."""
+    grids = _grid(df, "tau")
+    fig, axes = _axes(len(grids))
+    lo = min(g.min().min() for g in grids.values())
+    hi = max(g.max().max() for g in grids.values())
+    for ax, (name, g) in zip(axes, grids.items()):
+        im = ax.imshow(g.to_numpy(), origin="lower", cmap="viridis", vmin=lo, vmax=hi, aspect="auto")
+        ax.set_xticks(range(len(g.columns)), [str(c) for c in g.columns])
+        ax.set_yticks(range(len(g.index)), [str(i) for i in g.index])
+        for (i, j), v in np.ndenumerate(g.to_numpy()):
+            if np.isfinite(v):
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="w" if v < (lo + hi) / 2 else "k", fontsize=8)
+        ax.set(title=f"τ — {name}", xlabel="W (verify tokens)", ylabel="N (candidates)")
+    fig.colorbar(im, ax=list(axes), shrink=0.8, label="τ (tokens / verify step)")
+    return fig
+
+
+def tau_lines(df: pd.DataFrame):
+    """τ against W, one line per N, one panel per dataset, with the prompts' 95% CI as a band when known."""
+    fig, axes = _axes(df["dataset"].nunique())
+    for ax, (name, part) in zip(axes, df.groupby("dataset", sort=True)):
+        for n, line in part.groupby("tree.n", sort=True):
+            line = line.groupby("tree.width", as_index=False)[["tau", "tau_ci_lo", "tau_ci_hi"]].mean()
+            ax.plot(line["tree.width"], line["tau"], marker="o", label=f"N={n}")
+            if line["tau_ci_lo"].notna().all():
+                ax.fill_between(line["tree.width"], line["tau_ci_lo"], line["tau_ci_hi"], alpha=0.15)
+        ax.set_xscale("log", base=2)
+        ax.set(title=f"τ vs W — {name}", xlabel="W (verify tokens)", ylabel="τ")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def depth_curves(df: pd.DataFrame):
+    """Conditional acceptance per depth, P(d accepted | d-1 accepted), for each N at the widest W."""
+    fig, axes = _axes(df["dataset"].nunique())
+    for ax, (name, part) in zip(axes, df.groupby("dataset", sort=True)):
+        widest = part[part["tree.width"] == part["tree.width"].max()]
+        for _, row in widest.sort_values("tree.n").iterrows():
+            acc = np.asarray(row["accept_per_depth"], dtype=float)
+            ax.plot(np.arange(1, len(acc) + 1), acc, marker="o", label=f"N={row['tree.n']}")
+        ax.set(title=f"acceptance per depth — {name} (W={part['tree.width'].max()})", xlabel="depth d",
+               ylabel="P(d | d-1)", ylim=(0, 1.02))
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def gain_table(df: pd.DataFrame) -> pd.DataFrame:
+    """τ(N, W) / τ(N=1, W) − 1 per dataset: what the extra candidates buy over the chain at the same width."""
+    chain = df[df["tree.n"] == 1].groupby(["dataset", "tree.width"])["tau"].mean().rename("tau_chain")
+    out = df.groupby(["dataset", "tree.n", "tree.width"], as_index=False)["tau"].mean()
+    out = out.join(chain, on=["dataset", "tree.width"])
+    out["gain"] = out["tau"] / out["tau_chain"] - 1
+    return out
+
+
+def gain_over_chain(df: pd.DataFrame):
+    if not (df["tree.n"] == 1).any():
+        return None
+    gains = gain_table(df)
+    fig, axes = _axes(gains["dataset"].nunique())
+    for ax, (name, part) in zip(axes, gains.groupby("dataset", sort=True)):
+        for w, line in part.groupby("tree.width", sort=True):
+            ax.plot(line["tree.n"], 100 * line["gain"], marker="o", label=f"W={w}")
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set(title=f"τ gain over chain (N=1) — {name}", xlabel="N (candidates)", ylabel="gain (%)")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def tokens_per_s(df: pd.DataFrame):
+    """Measured tokens/s per (N, W) (replayed rows carry no timing and are left out)."""
+    timed = df[df["tokens_per_s"].notna()] if "tokens_per_s" in df else df.iloc[:0]
+    if not len(timed):
+        return None
+    fig, axes = _axes(timed["dataset"].nunique())
+    for ax, (name, part) in zip(axes, timed.groupby("dataset", sort=True)):
+        for n, line in part.groupby("tree.n", sort=True):
+            line = line.groupby("tree.width", as_index=False)["tokens_per_s"].mean()
+            ax.plot(line["tree.width"], line["tokens_per_s"], marker="o", label=f"N={n}")
+        ax.set_xscale("log", base=2)
+        ax.set(title=f"tokens/s — {name}", xlabel="W (verify tokens)", ylabel="tokens/s")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+FIGURES = {
+    "tau_heatmap": tau_heatmaps,
+    "tau_lines": tau_lines,
+    "accept_per_depth": depth_curves,
+    "gain_over_chain": gain_over_chain,
+    "tokens_per_s": tokens_per_s,
+}
+
+
+def save_all(df: pd.DataFrame, out_dir) -> list[Path]:
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, make in FIGURES.items():
+        fig = make(df)
+        if fig is None:
+            continue
+        path = out_dir / f"{name}.png"
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def main(argv=None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    parser = argparse.ArgumentParser(description="Figures of a sweep's collected table.")
+    parser.add_argument("sweep_dir", type=Path)
+    parser.add_argument("--out", type=Path, default=None, help="default: <sweep_dir>/figures")
+    args = parser.parse_args(argv)
+    df = pd.read_parquet(args.sweep_dir / "summary.parquet")
+    for path in save_all(df, args.out or args.sweep_dir / "figures"):
+        print(path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""The job function of `experiments/replay.py`: record a prompt set once, replay the whole (N, W) grid over it.
+
+    <out>/recording.pt                   the recordings (reused while the measured config and N_max match)
+    <out>/tree.n=N,tree.width=W/         steps.parquet, prompts.parquet, summary.json per configuration (as sweeps)
+    <out>/summary.parquet                the collected table; <out>/replay_timing.json: record vs replay time
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+
+from flashtree import metrics
+from flashtree.experiments import records
+from flashtree.experiments.app import params_of
+from flashtree.experiments.config import ConfigError, to_run_config
+
+RECORDING = "recording.pt"
+
+
+def load_or_record(rc, out: Path):
+    """Recordings of every prompt, from <out>/recording.pt when it matches this config, else recorded now."""
+    from tqdm.auto import tqdm
+
+    from flashtree.datasets import encode_prompts, load_prompts
+    from flashtree.experiments.replay import RECORDING_VERSION, Recording, record
+    from flashtree.experiments.run import load, make_drafter, measured_config, stop_ids
+
+    key = {**measured_config(rc), "tree": None, "replay": None, "n_max": rc.replay.n_max, "v": RECORDING_VERSION}
+    digest = records.config_hash(key)
+    path = out / RECORDING
+    if path.is_file():
+        saved = torch.load(path, weights_only=False)
+        if saved.get("hash") == digest:
+            print(f"[flashtree] reusing {path} ({len(saved['recordings'])} prompts)")
+            return [Recording(**r) for r in saved["recordings"]], saved["record_time_s"]
+    model, tokenizer = load(rc)
+    if rc.drafter.name == "oracle":
+        raise ConfigError("drafter.name='oracle': its corruption follows the step count, not the position; replay "
+                          "needs a drafter whose candidates depend only on the context (default, prompt-lookup, flashmap)")
+    drafter = make_drafter(rc, model)
+    prompts = encode_prompts(tokenizer, load_prompts(rc.dataset.name, rc.dataset.limit, rc.dataset.split), rc.dataset.chat)
+    stop = stop_ids(model, tokenizer) if rc.engine.stop_at_eos else []
+    start = time.perf_counter()
+    recs = []
+    for ids in tqdm(prompts, desc="record", unit="prompt", disable=not rc.logger.progress, dynamic_ncols=True):
+        recs.append(record(model, drafter, ids, n_max=rc.replay.n_max, max_new_tokens=rc.engine.max_new_tokens,
+                           seed=rc.seed, stop_ids=stop))
+    elapsed = time.perf_counter() - start
+    torch.save({"hash": digest, "record_time_s": elapsed, "recordings": [dataclasses.asdict(r) for r in recs]}, path)
+    return recs, elapsed
+
+
+def write_config(rc, out: Path, n: int, w: int, steps_per_prompt, recs) -> dict:
+    """One (N, W) of the grid, written as a sweep run is."""
+    from flashtree.experiments.run import measured_config
+
+    cfg = dataclasses.replace(rc, tree=dataclasses.replace(rc.tree, n=n, width=w))
+    run_dir = out / f"tree.n={n},tree.width={w}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rows = [row for i, steps in enumerate(steps_per_prompt) for row in metrics.step_rows(steps, prompt=i)]
+    steps = metrics.steps_frame(rows)
+    import pandas as pd
+
+    prompts = pd.DataFrame([
+        {"prompt": i, "prompt_tokens": r.prompt_len, "new_tokens": r.end - r.prompt_len, "steps": len(s),
+         "wall_time_s": math.nan}  # replay measures acceptance, not speed
+        for i, (r, s) in enumerate(zip(recs, steps_per_prompt))
+    ], columns=list(metrics.PROMPT_COLUMNS))
+    params = {k: v for k, v in params_of(cfg).items() if not k.startswith("replay.")}
+    summary = {
+        "status": "complete",
+        "label": run_dir.name,
+        "mode": "replay",
+        "config_hash": records.config_hash({**measured_config(cfg), "mode": "replay"}),
+        **metrics.summarize(steps, prompts, recs[0].k if recs else 0),
+        "steps_schema_version": metrics.STEPS_SCHEMA_VERSION,
+        "params": params,
+        "config": dataclasses.asdict(cfg),
+        "versions": records.versions(),
+        "git": records.git_commit(),
+        "run_dir": str(run_dir.resolve()),
+    }
+    metrics.write_steps(steps, run_dir / records.STEPS)
+    prompts.to_parquet(run_dir / records.PROMPTS, index=False)
+    records.write_json_atomic(run_dir / records.SUMMARY, summary)
+    if cfg.logger.wandb.mode != "disabled":
+        from flashtree.experiments.run import _log_wandb
+
+        summary = _log_wandb(cfg, run_dir, summary, run_dir.name, steps)
+    return summary
+
+
+def run_replay(cfg: DictConfig) -> float:
+    from hydra.core.hydra_config import HydraConfig
+    from tqdm.auto import tqdm
+
+    from flashtree.experiments.collect import COLLECTED, collect, format_table
+    from flashtree.experiments.replay import replay
+
+    try:
+        rc = to_run_config(cfg)
+        out = Path(HydraConfig.get().runtime.output_dir)
+        recs, record_time = load_or_record(rc, out)
+    except ConfigError as exc:
+        print(f"flashtree: bad config: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    grid = [(n, w) for n in rc.replay.ns for w in rc.replay.widths]
+    replay_time = 0.0
+    for n, w in tqdm(grid, desc="replay", unit="config", disable=not rc.logger.progress, dynamic_ncols=True):
+        start = time.perf_counter()
+        steps = [replay(r, n, w) for r in recs]
+        replay_time += time.perf_counter() - start
+        write_config(rc, out, n, w, steps, recs)
+    timing = {"prompts": len(recs), "configs": len(grid), "record_time_s": record_time, "replay_time_s": replay_time}
+    records.write_json_atomic(out / "replay_timing.json", timing)
+    df = collect(out)
+    print(f"\n{format_table(df)}\n\n[flashtree] record {record_time:.1f}s, replay of {len(grid)} configs "
+          f"{replay_time:.1f}s; {len(df)} rows -> {out / COLLECTED}")
+    return float(df["tau"].max()) if len(df) else 0.0

@@ -1,0 +1,193 @@
+"""One run = one configuration over its prompts: load, generate with progress, write tables and summary, log W&B."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from functools import lru_cache
+from pathlib import Path
+
+from flashtree import metrics
+from flashtree.experiments import records
+from flashtree.experiments.config import NOT_MEASURED, RunConfig
+
+
+def measured_config(cfg: RunConfig) -> dict:
+    """The part of the config that changes what is measured (hashed for resume)."""
+    d = dataclasses.asdict(cfg)
+    return {k: v for k, v in d.items() if k not in NOT_MEASURED}
+
+
+def prompt_seed(seed: int, prompt: int) -> int:
+    """Generator seed of prompt `prompt`: fixed by (seed, prompt), whatever else the sweep varies."""
+    return (seed * 1_000_003 + prompt) % (2**63)
+
+
+@lru_cache(maxsize=2)
+def _load_target(name: str, dtype: str, device: str, cache_dir: str | None, seed: int):
+    # Cached per process: a basic-launcher sweep runs every configuration in one process and reuses the weights.
+    import torch
+
+    from flashtree.models import load_target
+
+    model, tokenizer = load_target(name, dtype=getattr(torch, dtype), cache_dir=cache_dir, seed=seed)
+    return model.to(device).eval(), tokenizer
+
+
+def load(cfg: RunConfig):
+    t = cfg.target
+    return _load_target(t.name, t.dtype, t.device, t.cache_dir, t.seed)
+
+
+def stop_ids(model, tokenizer) -> list[int]:
+    ids = set()
+    for source in (getattr(tokenizer, "eos_token_id", None), getattr(model.generation_config, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source:
+            ids.update(int(i) for i in source)
+    return sorted(ids)
+
+
+def greedy_reference(model, input_ids, max_new_tokens: int, stop: list[int] | None):
+    """The target's own greedy decoding (prompt included), as plain `generate` returns it."""
+    import torch
+
+    with torch.no_grad():
+        out = model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=stop or None,
+            pad_token_id=(stop or [0])[0],
+        )
+    return out
+
+
+def make_drafter(cfg: RunConfig, model, reference=None):
+    """The configured drafter; the oracle drafter is built per prompt from `reference`, the target's greedy decoding."""
+    from flashtree.drafters import load_drafter
+
+    options = dict(cfg.drafter.options)
+    if reference is not None:
+        options["sequences"] = [reference]
+    return load_drafter(cfg.drafter.name, model, **options)
+
+
+def generate_prompts(cfg: RunConfig, label: str):
+    """Run the engine over the configured prompts; returns (steps DataFrame, prompts DataFrame, K)."""
+    import pandas as pd
+    import torch
+    from tqdm.auto import tqdm
+
+    from flashtree.datasets import encode_prompts, load_prompts
+    from flashtree.engine import tree_generate
+
+    model, tokenizer = load(cfg)
+    prompts = load_prompts(cfg.dataset.name, limit=cfg.dataset.limit, split=cfg.dataset.split)
+    encoded = encode_prompts(tokenizer, prompts, chat=cfg.dataset.chat)
+    stop = stop_ids(model, tokenizer) if cfg.engine.stop_at_eos else []
+    device = cfg.target.device
+    e = cfg.engine
+    # The oracle drafter knows each prompt's greedy continuation (past max_new_tokens by a block or two).
+    per_prompt_drafter = cfg.drafter.name == "oracle" and "sequences" not in cfg.drafter.options
+    drafter = None if per_prompt_drafter else make_drafter(cfg, model)
+
+    def generate(ids, drafter, max_new, seed):
+        generator = torch.Generator(device=device).manual_seed(seed)
+        with torch.no_grad():
+            return tree_generate(
+                model, drafter, ids, n=cfg.tree.n, width=cfg.tree.width, max_new_tokens=max_new,
+                temperature=e.temperature, top_k=e.top_k, top_p=e.top_p, generator=generator,
+                stop_token_ids=stop or None,
+            )
+
+    step_rows, prompt_rows, k = [], [], None
+    bar = tqdm(encoded, desc=label, unit="prompt", disable=not cfg.logger.progress, dynamic_ncols=True)
+    committed = n_steps = 0
+    for i, ids in enumerate(bar):
+        input_ids = torch.tensor([ids], dtype=torch.long, device=device)
+        reference = None
+        if per_prompt_drafter:
+            reference = greedy_reference(model, input_ids, e.max_new_tokens + 16, stop)[0].tolist()
+        d = make_drafter(cfg, model, reference) if per_prompt_drafter else drafter
+        k = d.k
+        if e.warmup and i == 0:
+            generate(input_ids, d, min(4, e.max_new_tokens), 0)  # untimed: first-call allocations and lazy init
+            if per_prompt_drafter:
+                d = make_drafter(cfg, model, reference)  # a fresh oracle: its step counter restarts
+        result = generate(input_ids, d, e.max_new_tokens, prompt_seed(cfg.seed, i))
+        rows = metrics.step_rows(result.steps, prompt=i)
+        step_rows += rows
+        prompt_rows.append({
+            "prompt": i,
+            "prompt_tokens": len(ids),
+            "new_tokens": int(result.new_tokens[0]),
+            "steps": len(rows),
+            "wall_time_s": float(result.wall_time_s),
+        })
+        committed += sum(r["committed"] for r in rows)
+        n_steps += len(rows)
+        bar.set_postfix(tau=f"{committed / max(n_steps, 1):.3f}")
+    bar.close()
+    steps = metrics.steps_frame(step_rows)
+    prompts_df = pd.DataFrame(prompt_rows, columns=list(metrics.PROMPT_COLUMNS))
+    return steps, prompts_df, k if k is not None else 0
+
+
+def run_configuration(cfg: RunConfig, run_dir: Path, *, label: str, params: dict, log=print) -> dict:
+    """Run one configuration into `run_dir` (or reuse its finished results there) and return its summary."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    digest = records.config_hash(measured_config(cfg))
+    if cfg.resume:
+        done = records.finished(run_dir, digest)
+        if done is not None:
+            log(f"[flashtree] {label}: finished earlier, skipped (tau={done['tau']:.3f}; {run_dir})")
+            if cfg.logger.wandb.mode != "disabled" and not done.get("wandb"):
+                done = _log_wandb(cfg, run_dir, done, label)
+            return done
+
+    start = time.perf_counter()
+    steps, prompts_df, k = generate_prompts(cfg, label)
+    metrics.write_steps(steps, run_dir / records.STEPS)
+    prompts_df.to_parquet(run_dir / records.PROMPTS, index=False)
+    summary = {
+        "status": "complete",
+        "label": label,
+        "config_hash": digest,
+        **metrics.summarize(steps, prompts_df, k),
+        "run_time_s": time.perf_counter() - start,
+        "steps_schema_version": metrics.STEPS_SCHEMA_VERSION,
+        "params": params,
+        "config": dataclasses.asdict(cfg),
+        "versions": records.versions(),
+        "git": records.git_commit(),
+        "run_dir": str(run_dir.resolve()),
+    }
+    records.write_json_atomic(run_dir / records.SUMMARY, summary)
+    log(f"[flashtree] {label}: tau={summary['tau']:.3f} tokens/s={summary['tokens_per_s']:.1f} -> {run_dir}")
+    if cfg.logger.wandb.mode != "disabled":
+        summary = _log_wandb(cfg, run_dir, summary, label, steps)
+    return summary
+
+
+def _log_wandb(cfg: RunConfig, run_dir: Path, summary: dict, label: str, steps=None) -> dict:
+    from flashtree.experiments.wandb_log import log_run
+
+    info = log_run(cfg.logger.wandb, run_dir, summary, label=label, group=cfg.logger.wandb.group or cfg.name, steps=steps)
+    summary = {**summary, "wandb": info}
+    records.write_json_atomic(run_dir / records.SUMMARY, summary)
+    return summary
+
+
+def objective(summary: dict, cfg: RunConfig) -> float:
+    """What an optimising sweeper maximises: the chosen metric, 0 when a constraint is violated."""
+    o = cfg.objective
+    if o.min_tau is not None and not summary["tau"] >= o.min_tau:
+        return 0.0
+    if o.max_budget is not None and cfg.tree.width > o.max_budget:
+        return 0.0
+    value = summary.get(o.metric)
+    return float(value) if value is not None else 0.0

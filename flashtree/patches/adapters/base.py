@@ -1,0 +1,316 @@
+"""What every sglang adapter provides: probes, the patch list, and the release-specific primitives of the tree step.
+
+The primitives here follow the DSPARK component API of sglang 0.5.17 and 0.5.20 (the two agree on every call the
+tree step makes); `sglang_0_5_23` overrides what changed there.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from ..installer import Patch
+from ..toggles import ToggleError, TreeToggles
+from .probe import Has, Lacks, Sig, resolve
+
+WORKER = "sglang.srt.speculative.dspark_components.dspark_worker_v2:DSparkWorkerV2"
+PLANNER = "sglang.srt.speculative.dspark_components.dspark_planner"
+DRAFT = "sglang.srt.speculative.dspark_components.dspark_draft"
+VERIFY = "sglang.srt.speculative.dspark_components.dspark_verify"
+INJECT = "sglang.srt.speculative.dspark_components.dspark_kv_inject"
+SCHEDULER = "sglang.srt.managers.scheduler:Scheduler"
+TRITON = "sglang.srt.layers.attention.triton_backend"
+DFLASH_UTILS = "sglang.srt.speculative.dflash_utils"
+
+# flashtree's split-KV tree-verify kernel, resolved only when FLASHTREE_SPLITKV_VERIFY=1. Contract: sglang's
+# `TritonAttnBackend.verify_splitkv_fwd(q, k, v, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask,
+# causal, mask_indptr, max_extend_len, k_descale, v_descale, sm_scale, **kw) -> bool` (True = o written).
+SPLITKV_KERNEL = "flashtree.attention:verify_splitkv_fwd"
+
+
+@dataclass
+class Window:
+    """The W verify slots of each request: positions (bs, W), slot ids flat (bs*W,) and (bs, W)."""
+
+    positions_2d: torch.Tensor
+    cache_loc: torch.Tensor
+    cache_loc_2d: torch.Tensor
+    native: Any = None  # the release's own VerifyWindow
+
+
+@dataclass
+class Draft:
+    anchor: torch.Tensor  # (bs,) int64, the previous bonus (tree root)
+    candidates: torch.Tensor  # (bs, N, K) int64
+
+
+@dataclass
+class Verified:
+    logits_output: Any  # the release's LogitsProcessorOutput (hidden_states filled, FULL capture)
+    logits: torch.Tensor  # (bs*W, V)
+    hidden: torch.Tensor  # (bs*W, H)
+    can_run_cuda_graph: bool
+
+
+class SglangAdapter:
+    release = "?"
+    # Probes that must all pass for this adapter to be chosen.
+    probes: tuple = ()
+
+    # ---- selection -------------------------------------------------------------------------------------------
+    def mismatches(self) -> list[str]:
+        return [msg for msg in (p.check() for p in self.probes) if msg]
+
+    # ---- patches ---------------------------------------------------------------------------------------------
+    def patches(self, toggles: TreeToggles) -> list[Patch]:
+        from .. import admission, decode
+
+        worker_cls = resolve(WORKER)
+        scheduler_cls = resolve(SCHEDULER)
+        out: list[Patch] = []
+        if toggles.tree_enabled:
+            out.append(
+                Patch(worker_cls, "__init__", lambda orig: decode.make_worker_init(orig, self, toggles), "DSparkWorkerV2.__init__")
+            )
+            out.append(
+                Patch(
+                    worker_cls,
+                    "_forward_decode",
+                    lambda orig: decode.make_forward_decode(orig, self, toggles),
+                    "DSparkWorkerV2._forward_decode",
+                )
+            )
+            out.append(
+                Patch(
+                    scheduler_cls,
+                    "_add_request_to_queue",
+                    lambda orig: admission.make_add_request_to_queue(orig, toggles),
+                    "Scheduler._add_request_to_queue",
+                )
+            )
+            utils = importlib.import_module(DFLASH_UTILS)
+            out.append(
+                Patch(
+                    utils,
+                    "_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS",
+                    # Verify graphs on these backends are captured without a mask buffer; a tree needs one.
+                    lambda orig: _TaggableFrozenSet(orig - {"TritonAttnBackend"}),
+                    "dflash_utils._DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS",
+                )
+            )
+        if toggles.splitkv_verify:
+            backend_cls = resolve(f"{TRITON}:TritonAttnBackend")
+            kernel = load_splitkv_kernel()
+            out.append(
+                Patch(
+                    backend_cls,
+                    "__init__",
+                    lambda orig: make_triton_init(orig, kernel, self.has_shared_kv),
+                    "TritonAttnBackend.__init__",
+                )
+            )
+        return out
+
+    has_shared_kv = True  # TritonAttnBackend has use_verify_shared_kv (0.5.20+)
+
+    # ---- worker checks (at DSparkWorkerV2 construction) ------------------------------------------------------
+    def gamma(self, worker) -> int:
+        return int(worker.verify_num_draft_tokens) - 1
+
+    def page_size(self, worker) -> int:
+        return int(getattr(worker.model_runner, "page_size", 1) or 1)
+
+    # ---- the tree step's primitives --------------------------------------------------------------------------
+    def alloc_window(self, worker, batch, bs: int, draft_input) -> Window:
+        alloc = resolve(f"{PLANNER}:alloc_verify_window")
+        native = alloc(
+            batch=batch,
+            bs=bs,
+            device=worker.device,
+            verify_num_draft_tokens=worker.verify_num_draft_tokens,
+            block_pos_offsets=worker._block_pos_offsets,
+            model_runner=worker.model_runner,
+        )
+        return Window(native.positions_2d, native.verify_cache_loc, native.verify_cache_loc_2d, native)
+
+    def draft_forward(self, worker, batch, draft_input, window: Window, bs: int):
+        """One draft forward over the block -> (anchor (bs,), base logits (bs, K, V), draft hidden (bs, K, H))."""
+        proposer = worker._proposer
+        embed = self.embed_module(worker)
+        with worker._draft_context():
+            fwd = proposer._run_forward(
+                batch=batch,
+                draft_input=draft_input,
+                verify_window=window.native,
+                bs=bs,
+                device=worker.device,
+                embed_module=embed,
+                draft_sampler=None,
+                sampling_info=batch.sampling_info,
+            )
+            base, _tap = proposer.draft_model.compute_base_logits(fwd.raw_hidden)
+        k = proposer.gamma
+        return fwd.draft_block_ids[:, 0].clone(), base.view(bs, k, -1), fwd.draft_hidden_3d
+
+    def embed_module(self, worker):
+        proposer = worker._proposer
+        unwrap = resolve("sglang.srt.lora.layers:unwrap_lora_layer")
+        target_model = worker.target_worker.model_runner.model
+        return unwrap(
+            proposer.draft_model.embed_tokens if not proposer.sample_from_anchor else target_model.get_input_embeddings()
+        )
+
+    def verify_input_extra(self, batch) -> dict:
+        return {"live_seq_lens_cpu": batch.seq_lens_cpu}
+
+    def reserved_lens(self, draft_input):
+        """Host bound on the lengths after this step's reservation (used when batch.seq_lens_cpu is stale/None)."""
+        return draft_input.nxt_kv_lens_cpu, draft_input.nxt_kv_lens_sum
+
+    def sample_blocks(self, worker, base_logits, anchor, draft_hidden, n: int, sampler: Callable) -> torch.Tensor:
+        """N draws of the block through the draft's Markov head -> (bs, N, K). `sampler(step_logits) -> tokens`."""
+        bs = base_logits.shape[0]
+        head = worker._proposer.draft_model.markov_head
+
+        def step(step_logits: torch.Tensor, step_idx: int) -> torch.Tensor:
+            return sampler(step_logits)
+
+        tokens, _ = head.sample_block(
+            base_logits.repeat_interleave(n, dim=0),
+            first_prev_tokens=anchor.repeat_interleave(n, dim=0),
+            hidden_states=None if draft_hidden is None else draft_hidden.repeat_interleave(n, dim=0),
+            sampler=step,
+        )
+        return tokens.view(bs, n, -1)
+
+    def verify_input_cls(self):
+        return resolve("sglang.srt.speculative.dflash_info:DFlashVerifyInput")
+
+    def target_verify(self, worker, batch, draft_input, window: Window, ids_2d, positions_2d, custom_mask) -> Verified:
+        """Target forward over the W tree tokens of each request under `custom_mask` (FULL_MASK layout, flat bool)."""
+        capture = resolve("sglang.srt.model_executor.forward_batch_info:CaptureHiddenMode")
+        executor = worker._verify_executor
+        w = ids_2d.shape[1]
+        verify_input = self.verify_input_cls()(
+            draft_token=ids_2d.reshape(-1),
+            positions=positions_2d.reshape(-1),
+            draft_token_num=w,
+            custom_mask=custom_mask,
+            capture_hidden_mode=capture.FULL,
+            **self.verify_input_extra(batch),
+        )
+        batch.out_cache_loc = window.cache_loc
+        cpu_backup, sum_backup = batch.seq_lens_cpu, batch.seq_lens_sum
+        if not executor._verify_backend_self_adds_seq_lens():
+            if cpu_backup is not None:
+                batch.seq_lens_cpu = cpu_backup + w
+                batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+            elif self.reserved_lens(draft_input)[0] is not None:
+                reserved_cpu, reserved_sum = self.reserved_lens(draft_input)
+                batch.seq_lens_cpu = reserved_cpu
+                batch.seq_lens_sum = int(reserved_sum)
+        result = executor._forward_prepared_verify(
+            batch=batch, verify_input=verify_input, seq_lens_cpu_backup=cpu_backup, seq_lens_sum_backup=sum_backup
+        )
+        out = result.logits_output
+        if batch.sampling_info is not None:
+            adjust = resolve(f"{DFLASH_UTILS}:apply_dflash_verify_logits_adjustments")
+            adjust(next_token_logits=out.next_token_logits, sampling_info=batch.sampling_info, draft_token_num=w)
+        return Verified(out, out.next_token_logits, out.hidden_states, bool(result.can_run_cuda_graph))
+
+    def req_to_token(self, worker) -> torch.Tensor:
+        return worker.model_runner.req_to_token_pool.req_to_token
+
+    def inject_committed(self, worker, batch, hidden, cache_loc_2d, positions_2d, commit_lens) -> None:
+        """Write the draft's context K/V for the committed tokens (the first commit_lens[b] columns)."""
+        worker._verify_executor.kv_injector.inject_target_hidden(
+            target_hidden=hidden,
+            cache_loc=cache_loc_2d.reshape(-1),
+            cache_loc_2d=cache_loc_2d,
+            positions=positions_2d.reshape(-1),
+            commit_lens=commit_lens,
+        )
+
+    def publish_req_to_token_write(self, worker) -> None:
+        """The scheduler's next req_to_token write must wait for this step's reads (0.5.20+: a fresh event)."""
+        runner = worker.target_worker.model_runner
+        if torch.cuda.is_available() and hasattr(runner, "shared_read_done_event"):
+            event = torch.cuda.Event()
+            event.record()
+            runner.shared_read_done_event = event
+
+    def make_next_draft_input(self, bonus, new_seq_lens):
+        return resolve(f"{DRAFT}:make_next_draft_input")(bonus_tokens=bonus, new_seq_lens=new_seq_lens)
+
+    def batch_result(self, **kwargs):
+        return resolve("sglang.srt.managers.scheduler:GenerationBatchResult")(**kwargs)
+
+    def decode_idle(self, worker, on_publish):
+        return worker._decode_idle_result(on_publish=on_publish)
+
+
+class _TaggableFrozenSet(frozenset):
+    """frozenset subclass: accepts the installer's tag attribute."""
+
+
+def load_splitkv_kernel():
+    module_name, _, attr = SPLITKV_KERNEL.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as err:
+        raise ToggleError(
+            f"flashtree: FLASHTREE_SPLITKV_VERIFY=1 needs flashtree's split-KV verify kernel ({SPLITKV_KERNEL}), which "
+            f"this flashtree build lacks ({type(err).__name__}: {err}); allowed: 0 (sglang's own verify attention)"
+        ) from None
+
+
+def make_triton_init(original, kernel, has_shared_kv: bool):
+    def __init__(self, model_runner, *args, **kwargs):
+        original(self, model_runner, *args, **kwargs)
+        if getattr(model_runner, "is_draft_worker", False):
+            return  # the draft's block forward keeps sglang's attention
+        self.use_verify_splitkv = True
+        if has_shared_kv:
+            self.use_verify_shared_kv = False
+        self.verify_splitkv_fwd = torch.compiler.disable(kernel)
+
+    return __init__
+
+
+COMMON_PROBES = (
+    Sig(f"{WORKER}.__init__", ("self",), prefix=True),
+    Sig(f"{SCHEDULER}._add_request_to_queue", ("self", "req", "is_retracted")),
+    Has("sglang.srt.managers.schedule_batch:Req.set_finish_with_abort", ("error_msg",)),
+    Sig(f"{DRAFT}:make_next_draft_input", ("bonus_tokens", "new_seq_lens")),
+    Has(f"{VERIFY}:TargetVerifyExecutor._forward_prepared_verify", ("batch", "verify_input", "seq_lens_cpu_backup", "seq_lens_sum_backup")),
+    Has(f"{VERIFY}:TargetVerifyExecutor._verify_backend_self_adds_seq_lens"),
+    Has(f"{INJECT}:TargetHiddenKvInjector.inject_target_hidden", ("target_hidden", "cache_loc", "positions", "cache_loc_2d", "commit_lens")),
+    Has(f"{WORKER}._decode_idle_result", ("on_publish",)),
+    Has(f"{DFLASH_UTILS}:_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS"),
+    Has(f"{DFLASH_UTILS}:apply_dflash_verify_logits_adjustments", ("next_token_logits", "sampling_info", "draft_token_num")),
+    Has("sglang.srt.speculative.dflash_info:DFlashVerifyInput", ("draft_token", "positions", "draft_token_num", "custom_mask", "capture_hidden_mode")),
+    Has(f"{TRITON}:TritonAttnBackend.__init__", ("model_runner",)),
+    Has("sglang.srt.speculative.eagle_utils:build_tree_kernel_efficient", ("bonus_tokens", "parent_list", "top_scores_index", "draft_tokens", "seq_lens", "seq_lens_sum", "topk", "spec_steps", "num_verify_tokens", "tree_mask_mode")),
+)
+
+# 0.5.20 and later.
+LIVE_LENS_PROBES = (
+    Has("sglang.srt.speculative.dflash_info:DFlashVerifyInput", ("live_seq_lens_cpu",)),
+    Has("sglang.srt.lora.layers:unwrap_lora_layer"),
+    Has("sglang.srt.speculative.dflash_info_v2:DFlashDraftInputV2", ("nxt_kv_lens_cpu",)),
+)
+
+# 0.5.17 and 0.5.20 share the chain-era block API the tree step calls.
+CHAIN_ERA_PROBES = (
+    Sig(f"{WORKER}._forward_decode", ("self", "batch", "on_publish", "grammar_barrier")),
+    Sig(f"{PLANNER}:alloc_verify_window", ("batch", "bs", "device", "verify_num_draft_tokens", "block_pos_offsets", "model_runner")),
+    Sig(
+        f"{DRAFT}:DraftBlockProposer._run_forward",
+        ("self", "batch", "draft_input", "verify_window", "bs", "device", "embed_module", "draft_sampler", "sampling_info"),
+    ),
+    Has("sglang.srt.models.dspark:VanillaMarkov.sample_block", ("base_logits", "first_prev_tokens", "hidden_states", "sampler")),
+    Lacks(f"{TRITON}:TritonAttnBackend.__init__", ("dllm_fa4",)),
+)

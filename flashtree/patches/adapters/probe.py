@@ -1,0 +1,87 @@
+"""Signature probes: what an adapter requires of the installed sglang before it patches anything."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+
+def resolve(path: str) -> Any:
+    """'pkg.module:Attr.sub' -> the object. Raises LookupError with the reason."""
+    module_name, _, attr_path = path.partition(":")
+    try:
+        obj = importlib.import_module(module_name)
+    except Exception as err:  # noqa: BLE001 - any import failure means "not this release"
+        raise LookupError(f"cannot import {module_name}: {type(err).__name__}: {err}") from None
+    for part in filter(None, attr_path.split(".")):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise LookupError(f"{path}: no attribute {part!r}") from None
+    return obj
+
+
+def param_names(fn: Any) -> list[str]:
+    return list(inspect.signature(fn).parameters)
+
+
+@dataclass(frozen=True)
+class Sig:
+    """`path` is callable and its parameter names equal `params` (exact) or start with them (prefix=True)."""
+
+    path: str
+    params: tuple[str, ...]
+    prefix: bool = False
+
+    def check(self) -> str | None:
+        try:
+            got = param_names(resolve(self.path))
+        except LookupError as err:
+            return str(err)
+        except (TypeError, ValueError) as err:
+            return f"{self.path}: no signature ({err})"
+        want = list(self.params)
+        ok = got[: len(want)] == want if self.prefix else got == want
+        if ok:
+            return None
+        return f"{self.path}{'(...)' if self.prefix else ''}: parameters {got}, expected {'a prefix ' if self.prefix else ''}{want}"
+
+
+@dataclass(frozen=True)
+class Has:
+    """`path` resolves; when `params` is given, those names are among its parameters."""
+
+    path: str
+    params: tuple[str, ...] = ()
+
+    def check(self) -> str | None:
+        try:
+            obj = resolve(self.path)
+        except LookupError as err:
+            return str(err)
+        if self.params:
+            got = param_names(obj)
+            missing = [p for p in self.params if p not in got]
+            if missing:
+                return f"{self.path}: lacks parameters {missing} (has {got})"
+        return None
+
+
+@dataclass(frozen=True)
+class Lacks:
+    """`path` does not resolve (or, with `params`, lacks every one of those parameters)."""
+
+    path: str
+    params: tuple[str, ...] = ()
+
+    def check(self) -> str | None:
+        try:
+            obj = resolve(self.path)
+        except LookupError:
+            return None
+        if self.params:
+            present = [p for p in self.params if p in param_names(obj)]
+            return f"{self.path}: has parameters {present}, which this release does not" if present else None
+        return f"{self.path} exists, which this release does not have"

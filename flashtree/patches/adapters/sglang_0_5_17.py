@@ -1,0 +1,38 @@
+"""sglang 0.5.17: the release whose torch (2.11) matches the lent H200.
+
+Same DSPARK block API as 0.5.20 for every call the tree step makes. Differences that matter here: no
+`model_runner.shared_read_done_event` (the scheduler's write-after-read barrier waits on
+`model_worker.war_fastpath_runner.war_fastpath_read_done_event` when one was published, else on the whole forward
+stream), no `TritonAttnBackend.use_verify_shared_kv`.
+"""
+
+from __future__ import annotations
+
+from .base import CHAIN_ERA_PROBES, COMMON_PROBES, SCHEDULER, TRITON, SglangAdapter
+from .probe import Has, Lacks
+
+
+class Adapter(SglangAdapter):
+    release = "0.5.17"
+    has_shared_kv = False
+    probes = COMMON_PROBES + CHAIN_ERA_PROBES + (
+        Lacks(f"{TRITON}:_should_use_verify_shared_kv"),
+        Has(f"{SCHEDULER}._apply_war_barrier"),
+        Has("sglang.srt.speculative.dflash_info_v2:DFlashDraftInputV2", ("reserved_seq_lens_cpu",)),
+        Lacks("sglang.srt.speculative.dflash_info:DFlashVerifyInput", ("live_seq_lens_cpu",)),
+    )
+
+    def embed_module(self, worker):
+        # 0.5.17's proposer always embeds the block with the target's input embeddings.
+        return worker.target_worker.model_runner.model.get_input_embeddings()
+
+    def verify_input_extra(self, batch) -> dict:
+        return {}  # no live_seq_lens_cpu in 0.5.17's DFlashVerifyInput
+
+    def reserved_lens(self, draft_input):
+        return draft_input.reserved_seq_lens_cpu, draft_input.reserved_seq_lens_sum
+
+    def publish_req_to_token_write(self, worker) -> None:
+        # 0.5.17's barrier falls back to waiting on the whole forward stream unless a fast-path event is published.
+        # flashtree publishes none, so the coarse barrier covers the tree step's req_to_token reads and writes.
+        return None

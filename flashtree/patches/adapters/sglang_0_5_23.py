@@ -1,0 +1,85 @@
+"""sglang 0.5.23: the newest release.
+
+Changed since 0.5.20 in what the tree step calls: `alloc_verify_window` needs `seq_lens_cpu` and returns a
+`kv_loc_plan` (its `verify_cache_loc` holds virtual ids); `DraftBlockProposer._run_forward` gains `anchor_prepared`;
+the Markov head exposes `init_state` / `step_bias` instead of `sample_block`; the draft pool's ids come from
+`kv_injector.ids_for(plan)`; `_forward_decode` gains `coordination_plan` (DP attention). flashtree refuses, at worker
+start, configurations whose KV ids are translated (unified / fused draft pools): req_to_token holds virtual ids there.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import COMMON_PROBES, DRAFT, LIVE_LENS_PROBES, PLANNER, TRITON, WORKER, SglangAdapter, Window
+from .probe import Has, Sig, resolve
+
+
+class Adapter(SglangAdapter):
+    release = "0.5.23"
+    has_shared_kv = True
+    probes = COMMON_PROBES + LIVE_LENS_PROBES + (
+        Sig(f"{WORKER}._forward_decode", ("self", "batch", "on_publish", "grammar_barrier", "coordination_plan")),
+        Sig(f"{PLANNER}:alloc_verify_window", ("batch", "bs", "device", "verify_num_draft_tokens", "block_pos_offsets", "model_runner", "seq_lens_cpu"), prefix=True),
+        Has(f"{DRAFT}:DraftBlockProposer._run_forward", ("verify_window", "embed_module", "draft_sampler", "anchor_prepared")),
+        Has("sglang.srt.models.dspark:BaseDSparkMarkovHead.step_bias", ("prev_tokens", "hidden_states", "state")),
+        Has("sglang.srt.models.dspark:BaseDSparkMarkovHead.init_state"),
+        Has(f"{TRITON}:TritonAttnBackend.__init__", ("dllm_fa4",)),
+        Has("sglang.srt.speculative.dspark_components.dspark_kv_inject:TargetHiddenKvInjector.ids_for"),
+    )
+
+    def unsupported_worker(self, worker) -> str | None:
+        translator = getattr(worker.model_runner, "kv_index_translator", None)
+        if translator is not None and getattr(translator, "is_translating", False):
+            return "KV index translation (unified/fused draft KV pools) is on; the tree commit rewrites req_to_token"
+        return None
+
+    def alloc_window(self, worker, batch, bs: int, draft_input) -> Window:
+        alloc = resolve(f"{PLANNER}:alloc_verify_window")
+        seq_lens_cpu = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu
+        native = alloc(
+            batch=batch,
+            bs=bs,
+            device=worker.device,
+            verify_num_draft_tokens=worker.verify_num_draft_tokens,
+            block_pos_offsets=worker._block_pos_offsets,
+            model_runner=worker.model_runner,
+            seq_lens_cpu=seq_lens_cpu,
+        )
+        return Window(native.positions_2d, native.verify_cache_loc, native.verify_cache_loc_2d, native)
+
+    def draft_forward(self, worker, batch, draft_input, window: Window, bs: int):
+        proposer = worker._proposer
+        embed = self.embed_module(worker)
+        with worker._draft_context():
+            fwd = proposer._run_forward(
+                batch=batch,
+                draft_input=draft_input,
+                verify_window=window.native,
+                bs=bs,
+                device=worker.device,
+                embed_module=embed,
+                draft_sampler=None,
+                sampling_info=batch.sampling_info,
+                anchor_prepared=False,
+            )
+            base, _tap = proposer.draft_model.compute_base_logits(fwd.raw_hidden)
+        return fwd.draft_block_ids[:, 0].clone(), base.view(bs, proposer.gamma, -1), fwd.draft_hidden_3d
+
+    def sample_blocks(self, worker, base_logits, anchor, draft_hidden, n: int, sampler) -> torch.Tensor:
+        head = worker._proposer.draft_model.markov_head
+        bs, k, _v = base_logits.shape
+        base = base_logits.repeat_interleave(n, dim=0)
+        hidden = None if draft_hidden is None else draft_hidden.repeat_interleave(n, dim=0)
+        prev = anchor.repeat_interleave(n, dim=0)
+        state = head.init_state(hidden)
+        out = []
+        for j in range(k):
+            bias, state = head.step_bias(prev, hidden_states=None if hidden is None else hidden[:, j], state=state)
+            prev = sampler(base[:, j].to(bias.dtype) + bias)
+            out.append(prev)
+        return torch.stack(out, dim=1).view(bs, n, k)
+
+    def inject_committed(self, worker, batch, hidden, cache_loc_2d, positions_2d, commit_lens) -> None:
+        # Untranslated pools only (unsupported_worker refuses the others): virtual ids are the physical ids.
+        super().inject_committed(worker, batch, hidden, cache_loc_2d, positions_2d, commit_lens)

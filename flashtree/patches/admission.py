@@ -1,0 +1,53 @@
+"""Admission: requests the tree path cannot serve are refused on arrival with a clear error; the server keeps serving.
+
+Every request reaches the waiting queue through `Scheduler._add_request_to_queue` (new requests, and grammar requests
+once their grammar compiled), so the check lives there: an unsupported request is finished with sglang's own abort
+(`Req.set_finish_with_abort`, HTTP 400 `BadRequestError`) before sglang queues it, exactly as sglang's own request
+validation does; nothing else in the batch changes.
+"""
+
+from __future__ import annotations
+
+from .toggles import TreeToggles
+
+PREFIX = "flashtree"
+
+
+def unsupported_reason(req, toggles: TreeToggles) -> str | None:
+    """Why the tree path cannot serve `req` (None = it can)."""
+    sp = req.sampling_params
+    grammar = [name for name in ("json_schema", "regex", "ebnf", "structural_tag") if getattr(sp, name, None) is not None]
+    if grammar or getattr(req, "grammar", None) is not None:
+        what = f"grammar-constrained generation ({', '.join(grammar) or 'a server-side grammar'})"
+    elif getattr(req, "return_logprob", False):
+        what = "return_logprob"
+    elif getattr(req, "return_hidden_states", False):
+        what = "return_hidden_states"
+    elif getattr(req, "custom_logit_processor", None) is not None:
+        what = "a custom logit processor"
+    elif getattr(sp, "logit_bias", None):
+        what = "logit_bias"
+    elif (getattr(sp, "frequency_penalty", 0.0) or 0.0) != 0.0 or (getattr(sp, "presence_penalty", 0.0) or 0.0) != 0.0 or (
+        getattr(sp, "repetition_penalty", 1.0) or 1.0
+    ) != 1.0:
+        what = "frequency/presence/repetition penalties"
+    elif (getattr(sp, "min_p", 0.0) or 0.0) > 0.0:
+        what = "min_p sampling"
+    else:
+        return None
+    return (
+        f"{PREFIX}: this server runs flashtree tree speculative decoding (FLASHTREE_TREE_N={toggles.tree_n}), which "
+        f"cannot serve {what}. Send the request without it, or use a server started without FLASHTREE_TREE_N."
+    )
+
+
+def make_add_request_to_queue(original, toggles: TreeToggles):
+    def _add_request_to_queue(self, req, is_retracted: bool = False):
+        # Retracted requests were admitted before; already-finished ones carry their own error.
+        if not is_retracted and getattr(req, "to_finish", None) is None and getattr(req, "finished_reason", None) is None:
+            reason = unsupported_reason(req, toggles)
+            if reason is not None:
+                req.set_finish_with_abort(reason)
+        return original(self, req, is_retracted)
+
+    return _add_request_to_queue

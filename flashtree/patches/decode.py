@@ -1,0 +1,284 @@
+"""The tree decode step for DSparkWorkerV2 (release-agnostic; the adapter supplies the release-specific calls).
+
+One step, per running batch of bs requests (W = tree width with the root, K = gamma = draft block length):
+  1. the verify window: W KV slots per request at req_to_token[req, seq_len : seq_len + W] (DSPARK's own window);
+  2. one draft forward over the block, then N independent draws of the block through the draft's Markov head at
+     flashtree's draft temperature (flashtree's row sampler) -> candidates (bs, N, K);
+  3. flashtree's trie-vote builder -> W - 1 nodes; sglang's `build_tree_kernel_efficient` (EAGLE ABI through
+     `to_eagle`) -> the FULL_MASK tree mask and the node positions;
+  4. target verify through DSPARK's executor with that mask and those positions;
+  5. greedy walk (`verify_greedy`) or the lossless target-only sampled walk (`verify_sampled`);
+  6. commit without moving KV (page size 1): req_to_token's window is permuted so the accepted path's slots come
+     first; the draft's context K/V is injected for the committed path only, at sequential positions;
+  7. sglang's GenerationBatchResult, with per-request tree statistics in `logits_output.customized_info["flashtree"]`
+     ([candidates, distinct candidates, tree size, accepted depth] per step; they reach the response's meta_info).
+
+Batches the step does not take go to DSPARK's own decode unchanged: idle batches (DSPARK's idle result), DP-attention
+coordination, and sampled batches when N = 1 (DSPARK's chain rejection sampling uses the draft's probabilities and
+accepts more than the target-only walk can with one candidate).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from flashtree.tree import ancestor_mask, build_vote_tree, commit_plan, to_eagle, verify_greedy, verify_sampled
+from flashtree.tree.commit import apply_permutation
+from flashtree.tree.types import VoteTree
+
+from .toggles import ToggleError, TreeToggles
+
+logger = logging.getLogger("flashtree.patches")
+
+STATS_KEY = "flashtree"
+FUSED_SAMPLER = "flashtree.sampler.triton_sampler:sample_rows_triton"
+
+
+@dataclass
+class TreeState:
+    """Per-worker tree configuration, fixed at DSparkWorkerV2 construction."""
+
+    adapter: object
+    toggles: TreeToggles
+    gamma: int  # K: draft tokens per block
+    width: int  # W: verify tokens per request (root included) = DSPARK's window gamma + 1
+    tree_width: int  # the tree's own width (<= width); narrower trees are padded to `width`
+    generator: torch.Generator | None
+    sampler: object
+    steps: int = 0
+    fallbacks: dict = field(default_factory=dict)
+
+    def width_for(self, bs: int) -> int:
+        w = self.tree_width
+        if self.toggles.tree_budget > 0:
+            w = max(2, min(w, self.toggles.tree_budget // max(bs, 1)))
+        return w
+
+
+def _load_sampler(toggles: TreeToggles):
+    if not toggles.fused_sampler:
+        from flashtree.sampler.reference import sample_rows
+
+        return sample_rows
+    import importlib
+
+    module_name, _, attr = FUSED_SAMPLER.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as err:
+        raise ToggleError(
+            f"flashtree: FLASHTREE_FUSED_SAMPLER=1 needs {FUSED_SAMPLER}, which is not importable here "
+            f"({type(err).__name__}: {err}); allowed: 0 (flashtree's torch row sampler)"
+        ) from None
+
+
+def create_state(adapter, toggles: TreeToggles, worker) -> TreeState:
+    """Validate the toggles against this worker (raises ToggleError, a SystemExit) and build its tree state."""
+    gamma = adapter.gamma(worker)
+    window = gamma + 1
+    if toggles.tree_width and toggles.tree_width > window:
+        raise ToggleError(
+            f"flashtree: FLASHTREE_TREE_WIDTH={toggles.tree_width} exceeds DSPARK's verify window "
+            f"(--speculative-num-draft-tokens = gamma + 1 = {window}); allowed: 'auto' or an integer from 2 to {window}"
+        )
+    page = adapter.page_size(worker)
+    if page != 1:
+        raise ToggleError(
+            f"flashtree: the tree path commits by permuting req_to_token, which needs --page-size 1 (got {page}); "
+            "allowed: start the server with --page-size 1, or unset FLASHTREE_TREE_N"
+        )
+    refuse = getattr(adapter, "unsupported_worker", lambda w: None)(worker)
+    if refuse:
+        raise ToggleError(f"flashtree: FLASHTREE_TREE_N is set but {refuse}; unset FLASHTREE_TREE_N for this server")
+    device = torch.device(getattr(worker, "device", "cpu"))
+    generator = torch.Generator(device=device)
+    generator.manual_seed(toggles.seed)
+    state = TreeState(
+        adapter=adapter,
+        toggles=toggles,
+        gamma=gamma,
+        width=window,
+        tree_width=toggles.tree_width or window,
+        generator=generator,
+        sampler=_load_sampler(toggles),
+    )
+    logger.info("flashtree tree path on (sglang %s): %s, W=%d, gamma=%d", adapter.release, toggles.describe(), window, gamma)
+    return state
+
+
+def make_worker_init(original, adapter, toggles: TreeToggles):
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self._flashtree = create_state(adapter, toggles, self)
+
+    return __init__
+
+
+def make_forward_decode(original, adapter, toggles: TreeToggles):
+    def _forward_decode(self, batch, on_publish, *args, **kwargs):
+        state = getattr(self, "_flashtree", None)
+        if state is None:
+            raise RuntimeError(
+                "flashtree: DSparkWorkerV2 was built before flashtree patched it (no tree state); the plugin must load "
+                "before the worker is constructed"
+            )
+        reason = skip_reason(state, batch, args, kwargs)
+        if reason is not None:
+            state.fallbacks[reason] = state.fallbacks.get(reason, 0) + 1
+            return original(self, batch, on_publish, *args, **kwargs)
+        return tree_step(state, self, batch, on_publish)
+
+    return _forward_decode
+
+
+def skip_reason(state: TreeState, batch, args, kwargs) -> str | None:
+    if batch.forward_mode.is_idle():
+        return "idle"
+    if kwargs.get("coordination_plan") is not None or (len(args) > 1 and args[1] is not None):
+        return "dp-attention"
+    if getattr(batch, "has_grammar", False) or getattr(batch, "return_logprob", False):
+        return "refused-features"  # admission refuses these; a batch that still has them keeps DSPARK's own path
+    info = batch.sampling_info
+    all_greedy = info is None or info.is_all_greedy
+    if not all_greedy and state.toggles.tree_n == 1:
+        return "sampled-n1"
+    return None
+
+
+def pad_tree(tree: VoteTree, width: int, n: int) -> VoteTree:
+    """Append padding nodes (root children carrying node 1's token, never accepted) up to `width`."""
+    extra = width - tree.width
+    if extra <= 0:
+        return tree
+    bs = tree.batch_size
+
+    def pad(x, value):
+        return torch.cat([x, x.new_full((bs, extra), value)], dim=1)
+
+    return VoteTree(
+        tokens=torch.cat([tree.tokens, tree.tokens[:, :1].expand(bs, extra)], dim=1),
+        parents=pad(tree.parents, 0),
+        depth=pad(tree.depth, 1),
+        votes=pad(tree.votes, 0),
+        valid=pad(tree.valid, False),
+        first_candidate=pad(tree.first_candidate, n),
+        k=tree.k,
+    )
+
+
+def tree_mask_and_positions(tree: VoteTree, anchor, seq_lens, seq_lens_sum: int):
+    """sglang's EAGLE tree kernel over flashtree's tree: FULL_MASK (flat bool) and positions (bs*W,)."""
+    from .adapters.probe import resolve
+
+    build = resolve("sglang.srt.speculative.eagle_utils:build_tree_kernel_efficient")
+    mode = resolve("sglang.srt.speculative.eagle_utils:TreeMaskMode")
+    enc = to_eagle(tree)
+    out = build(
+        anchor,
+        enc.parent_list,
+        enc.top_scores_index,
+        enc.draft_tokens,
+        seq_lens,
+        seq_lens_sum,
+        enc.topk,
+        enc.spec_steps,
+        enc.num_verify_tokens,
+        tree_mask_mode=mode.FULL_MASK,
+    )
+    tree_mask, positions = out[0], out[1]
+    return tree_mask, positions
+
+
+def draw_candidates(state: TreeState, worker, base_logits, anchor, draft_hidden, n: int) -> torch.Tensor:
+    temperature = state.toggles.draft_temperature
+
+    def sampler(step_logits: torch.Tensor) -> torch.Tensor:
+        temps = torch.full((step_logits.shape[0],), temperature, dtype=torch.float32, device=step_logits.device)
+        return state.sampler(step_logits, temps, generator=state.generator)
+
+    return state.adapter.sample_blocks(worker, base_logits, anchor, draft_hidden, n, sampler)
+
+
+def walk(state: TreeState, tree: VoteTree, logits: torch.Tensor, sampling_info):
+    bs, w = tree.batch_size, tree.width
+    logits = logits.view(bs, w, -1)
+    if sampling_info is None or sampling_info.is_all_greedy:
+        return verify_greedy(tree, logits.argmax(dim=-1))
+    greedy = (sampling_info.top_ks.view(-1) <= 1)
+    temperature = torch.where(greedy, 0.0, sampling_info.temperatures.view(-1).float())
+    top_k = torch.where(greedy, 0, sampling_info.top_ks.view(-1).to(torch.long))
+    top_k = torch.where(top_k >= logits.shape[-1], 0, top_k)
+    top_p = sampling_info.top_ps.view(-1).float()
+    return verify_sampled(tree, logits, temperature, generator=state.generator, top_k=top_k, top_p=top_p)
+
+
+def tree_step(state: TreeState, worker, batch, on_publish):
+    adapter = state.adapter
+    draft_input = batch.spec_info
+    bs = len(batch.seq_lens)
+    w = state.width
+    prefix = batch.seq_lens
+
+    window = adapter.alloc_window(worker, batch, bs, draft_input)
+    anchor, base_logits, draft_hidden = adapter.draft_forward(worker, batch, draft_input, window, bs)
+    n = state.toggles.tree_n
+    candidates = draw_candidates(state, worker, base_logits, anchor, draft_hidden, n)
+    tree = pad_tree(build_vote_tree(candidates, state.width_for(bs)), w, n)
+
+    seq_lens_sum = int(batch.seq_lens_sum) if batch.seq_lens_sum is not None else int(prefix.sum())
+    tree_mask, positions = tree_mask_and_positions(tree, anchor, prefix, seq_lens_sum)
+    ids = torch.cat([anchor.view(bs, 1), tree.tokens], dim=1)
+    verified = adapter.target_verify(worker, batch, draft_input, window, ids, positions.view(bs, w), tree_mask)
+
+    result = walk(state, tree, verified.logits, batch.sampling_info)
+    plan = commit_plan(tree, result)
+    commit_lens = result.commit_len.to(torch.int32)
+
+    # Commit: permute the window so the accepted path's slots come first; inject the draft context for them.
+    apply_permutation(adapter.req_to_token(worker), batch.req_pool_indices, prefix, plan)
+    slots = window.cache_loc_2d.gather(1, plan.permutation)
+    hidden = verified.hidden.view(bs, w, -1)
+    hidden = hidden.gather(1, plan.permutation.unsqueeze(-1).expand(bs, w, hidden.shape[-1]))
+    adapter.inject_committed(worker, batch, hidden.reshape(bs * w, -1), slots, window.positions_2d, commit_lens)
+    adapter.publish_req_to_token_write(worker)
+
+    new_seq_lens = prefix + commit_lens.to(prefix.dtype)
+    out_tokens = result.tokens.clamp(min=0)  # (bs, K + 1) = (bs, W): committed tokens first, then filler
+    if out_tokens.shape[1] < w:
+        out_tokens = torch.cat([out_tokens, out_tokens.new_zeros((bs, w - out_tokens.shape[1]))], dim=1)
+    if on_publish is not None:
+        on_publish(new_seq_lens)
+
+    logits_output = verified.logits_output
+    logits_output.hidden_states = None
+    stats = tree_stats(tree, candidates, result.accept_len)
+    info = dict(getattr(logits_output, "customized_info", None) or {})
+    info[STATS_KEY] = stats
+    logits_output.customized_info = info
+    state.steps += 1
+
+    next_draft_input = adapter.make_next_draft_input(result.bonus, new_seq_lens)
+    return adapter.batch_result(
+        logits_output=logits_output,
+        next_token_ids=out_tokens.reshape(-1),
+        accept_lens=commit_lens,
+        block_accept_lens=commit_lens,
+        can_run_cuda_graph=verified.can_run_cuda_graph,
+        next_draft_input=next_draft_input,
+        speculative_num_draft_tokens=w,
+        new_seq_lens=new_seq_lens,
+    )
+
+
+def tree_stats(tree: VoteTree, candidates: torch.Tensor, accept_len: torch.Tensor) -> list:
+    """Per request: [candidates, distinct candidates, tree size, accepted depth] (host ints)."""
+    bs, n, _k = candidates.shape
+    same = (candidates.unsqueeze(2) == candidates.unsqueeze(1)).all(dim=-1)  # (bs, N, N)
+    earlier = torch.ones(n, n, dtype=torch.bool, device=candidates.device).tril(-1)
+    distinct = (~(same & earlier).any(dim=-1)).sum(dim=-1)
+    size = tree.valid.sum(dim=-1)
+    rows = torch.stack([torch.full_like(size, n), distinct, size, accept_len.to(size.dtype)], dim=1)
+    return rows.cpu().tolist()

@@ -1,0 +1,157 @@
+"""The FLASHTREE_* server toggles: read and validated here, and nowhere else.
+
+`read_toggles(environ)` returns None when no toggle is set (then flashtree leaves sglang alone), a `TreeToggles`
+otherwise. Any bad value raises `ToggleError` (a SystemExit: sglang's plugin loader swallows ordinary exceptions, and a
+server asked for trees must never come up silently as a chain) with one message naming the variable and what it
+accepts.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+PREFIX = "FLASHTREE_"
+
+
+class ToggleError(SystemExit):
+    """A FLASHTREE_* variable holds a value flashtree cannot use. Stops the server (SystemExit) with `message`."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass(frozen=True)
+class TreeToggles:
+    tree_n: int = 0  # max candidate blocks per request (0 = tree path off)
+    tree_width: int = 0  # W: verify tokens per request, root included (0 = auto: DSPARK's window, gamma + 1)
+    tree_budget: int = 0  # batch-wide verify-token budget; per-request width = clamp(budget // bs, 2, W) (0 = none)
+    draft_temperature: float = 1.0  # temperature of the N independent draft draws
+    splitkv_verify: bool = False  # split-KV tree-verify attention on the target's Triton backend
+    fused_sampler: bool = False  # flashtree's fused row sampler for the N draft draws
+    seed: int = 0  # seed of the draft-draw generator (per worker process)
+
+    @property
+    def tree_enabled(self) -> bool:
+        return self.tree_n > 0
+
+    def describe(self) -> str:
+        return ", ".join(f"{name}={getattr(self, name)}" for name in self.__dataclass_fields__)
+
+
+def _int_in(lo: int, hi: int) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        value = int(raw.strip(), 10)
+        if not lo <= value <= hi:
+            raise ValueError
+        return value
+
+    parse.allowed = f"an integer from {lo} to {hi}"  # type: ignore[attr-defined]
+    return parse
+
+
+def _width(raw: str) -> int:
+    if raw.strip().lower() == "auto":
+        return 0
+    value = int(raw.strip(), 10)
+    if not 2 <= value <= 256:
+        raise ValueError
+    return value
+
+
+_width.allowed = "'auto' (DSPARK's verify window, gamma + 1) or an integer from 2 to 256"  # type: ignore[attr-defined]
+
+
+def _positive_float(raw: str) -> float:
+    value = float(raw.strip())
+    if not (0.0 < value <= 100.0) or value != value:
+        raise ValueError
+    return value
+
+
+_positive_float.allowed = "a number > 0 and <= 100 (e.g. 1.0)"  # type: ignore[attr-defined]
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _flag(raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError
+
+
+_flag.allowed = "one of 1/0, true/false, yes/no, on/off"  # type: ignore[attr-defined]
+
+# variable -> (field, parser, help). Order is the README's order.
+TOGGLES: dict[str, tuple[str, Callable[[str], object], str]] = {
+    "FLASHTREE_TREE_N": ("tree_n", _int_in(0, 256), "max candidate blocks drawn per request; 0 or unset = tree path off"),
+    "FLASHTREE_TREE_WIDTH": ("tree_width", _width, "W, verify tokens per request (root included); must be <= gamma + 1"),
+    "FLASHTREE_TREE_BUDGET": (
+        "tree_budget",
+        _int_in(0, 1 << 20),
+        "batch-wide verify-token budget: each request gets W_eff = clamp(budget // bs, 2, W) tree nodes; 0 = no budget",
+    ),
+    "FLASHTREE_DRAFT_TEMPERATURE": (
+        "draft_temperature",
+        _positive_float,
+        "temperature of the N independent draft draws (greedy draws would all be the same block)",
+    ),
+    "FLASHTREE_SPLITKV_VERIFY": ("splitkv_verify", _flag, "split-KV tree-verify attention on the target's Triton backend"),
+    "FLASHTREE_FUSED_SAMPLER": ("fused_sampler", _flag, "flashtree's fused row sampler for the N draft draws"),
+    "FLASHTREE_SEED": ("seed", _int_in(0, (1 << 63) - 1), "seed of the draft-draw generator"),
+}
+
+# Variables other parts of flashtree read (not server toggles); never reported as unknown.
+_NOT_TOGGLES = {"FLASHTREE_TORCH", "FLASHTREE_SGLANG_REBUILD"}
+# Families a typo would come from: FLASHTREE_TREE_NN, FLASHTREE_SPLIT_KV_VERIFY, ...
+_TOGGLE_FAMILIES = ("FLASHTREE_TREE", "FLASHTREE_SPLIT", "FLASHTREE_FUSED", "FLASHTREE_DRAFT", "FLASHTREE_SEED")
+# Set without FLASHTREE_TREE_N they would do nothing; refuse rather than ignore them.
+_NEED_TREE = ("FLASHTREE_TREE_WIDTH", "FLASHTREE_TREE_BUDGET", "FLASHTREE_DRAFT_TEMPERATURE", "FLASHTREE_SEED")
+
+
+def read_toggles(environ: Mapping[str, str] | None = None) -> TreeToggles | None:
+    """Parse every FLASHTREE_* server toggle. None = nothing set (leave sglang alone). Raises ToggleError."""
+    env = os.environ if environ is None else environ
+    present = {k: v for k, v in env.items() if k.startswith(PREFIX) and k not in _NOT_TOGGLES}
+    for name in present:
+        if name not in TOGGLES and name.startswith(_TOGGLE_FAMILIES):
+            raise ToggleError(
+                f"flashtree: unknown toggle {name}; the server toggles are {', '.join(TOGGLES)} "
+                "(see flashtree/patches/README.md)"
+            )
+    set_ = {k: v for k, v in present.items() if k in TOGGLES and v.strip() != ""}
+    if not set_:
+        return None
+    values: dict[str, object] = {}
+    for name, raw in set_.items():
+        field, parse, _help = TOGGLES[name]
+        try:
+            values[field] = parse(raw)
+        except ValueError:
+            raise ToggleError(f"flashtree: {name}={raw!r} is invalid; allowed: {parse.allowed}") from None  # type: ignore[attr-defined]
+    toggles = TreeToggles(**values)  # type: ignore[arg-type]
+    if not toggles.tree_enabled:
+        orphans = [name for name in _NEED_TREE if name in set_]
+        if orphans:
+            raise ToggleError(
+                f"flashtree: {orphans[0]} is set but FLASHTREE_TREE_N is {'0' if 'FLASHTREE_TREE_N' in set_ else 'unset'}; "
+                "allowed: set FLASHTREE_TREE_N to an integer from 1 to 256 to turn the tree path on, or unset "
+                f"{orphans[0]}"
+            )
+    if not (toggles.tree_enabled or toggles.splitkv_verify or toggles.fused_sampler):
+        return None  # only explicit "off" values: nothing to install
+    if toggles.fused_sampler and not toggles.tree_enabled:
+        raise ToggleError(
+            "flashtree: FLASHTREE_FUSED_SAMPLER=1 only changes the tree path's draft draws; allowed: set "
+            "FLASHTREE_TREE_N to an integer from 1 to 256 as well, or set FLASHTREE_FUSED_SAMPLER=0"
+        )
+    return toggles

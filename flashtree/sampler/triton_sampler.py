@@ -1,0 +1,242 @@
+"""Fused row sampler in Triton: argmax for greedy rows, Gumbel-max with in-kernel Philox for sampled rows.
+
+Sampled rows use a two-level (hierarchical) Gumbel-max that reads the logits once:
+
+* pass 1, grid (rows, splits): the vocabulary is cut into tiles of BLOCK tokens; for each tile the program computes the
+  tile's log-mass lse_t = log sum_i exp(l_i / T) and adds one Gumbel draw per tile (Philox counter = (tile, row, draw,
+  0)); it keeps the best (lse_t + g_t) of its tiles. Greedy rows keep the tile maximum and its first index instead.
+* pass 2, grid (rows, draws): the best split's tile is the drawn tile, chosen with probability mass_t / total (the
+  Gumbel-max theorem over tiles); a Gumbel-max over the BLOCK logits of that tile alone (Philox counter = (token, row,
+  draw, 1)) then picks token i with probability p_i / mass_t. The product is p_i: exact categorical sampling with
+  Philox noise for one tile per draw, not one per vocabulary entry, so the kernel runs at the logits-read rate.
+
+Greedy rows (temperature <= 0) take the argmax, ties to the lowest token id, bit-identical to the reference. The
+N-candidate form draws N independent tokens per row from one read of the logits (N Gumbels per tile in pass 1).
+Top-k: the k-th largest scaled logit per row is found with `torch.topk` (fixed shapes) and applied as a threshold
+inside the kernels. Top-p falls back to the torch reference. bf16, fp16 and fp32 logits; no host synchronisation.
+"""
+
+from __future__ import annotations
+
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = 4096
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@triton.jit
+def _uniform(seed, c0, c1, c2, c3):
+    r, _, _, _ = tl.philox(seed, c0, c1, c2, c3)
+    # 24 high bits, centred: u in (0, 1) strictly, so -log(-log(u)) is finite
+    return ((r >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+
+
+@triton.jit
+def _pass1_kernel(
+    x_ptr, stride_r, temp_ptr, thr_ptr, seed_ptr,
+    gmax_ptr, garg_ptr, score_ptr, tile_ptr,
+    V, NT, TPS, S,
+    NDRAW: tl.constexpr, NDP: tl.constexpr, BLOCK: tl.constexpr, HAS_THR: tl.constexpr,
+):
+    r = tl.program_id(0)
+    s = tl.program_id(1)
+    row = x_ptr + r.to(tl.int64) * stride_r
+    temp = tl.load(temp_ptr + r).to(tl.float32)
+    t0 = s * TPS
+    t1 = tl.minimum(t0 + TPS, NT)
+    offs = tl.arange(0, BLOCK)
+    out = r * S + s
+    if temp <= 0:
+        best = -float("inf")
+        barg = 0
+        for t in range(t0, t1):
+            idx = t * BLOCK + offs
+            x = tl.load(row + idx, mask=idx < V, other=-float("inf")).to(tl.float32)
+            mx = tl.max(x, axis=0)
+            am = tl.argmax(x, axis=0)
+            upd = mx > best
+            barg = tl.where(upd, t * BLOCK + am, barg)
+            best = tl.where(upd, mx, best)
+        tl.store(gmax_ptr + out, best)
+        tl.store(garg_ptr + out, barg)
+    else:
+        seed = tl.load(seed_ptr)
+        scale = 1.4426950408889634 / temp
+        if HAS_THR:
+            thr = tl.load(thr_ptr + r)
+        dr = tl.arange(0, NDP)
+        bests = tl.full([NDP], -float("inf"), tl.float32)
+        btile = tl.zeros([NDP], tl.int32)
+        for t in range(t0, t1):
+            idx = t * BLOCK + offs
+            raw = tl.load(row + idx, mask=idx < V, other=-float("inf")).to(tl.float32)
+            x = raw * scale
+            if HAS_THR:
+                x = tl.where(raw / temp >= thr, x, -float("inf"))
+            mx = tl.max(x, axis=0)
+            safe = tl.where(mx == -float("inf"), 0.0, mx)
+            ssum = tl.sum(tl.exp2(x - safe), axis=0)
+            lse = tl.where(ssum > 0, (safe + tl.log2(ssum)) * 0.6931471805599453, -float("inf"))
+            u = _uniform(seed, (dr * 0 + t).to(tl.uint32), (dr * 0 + r).to(tl.uint32), dr.to(tl.uint32),
+                         (dr * 0).to(tl.uint32))
+            sc = lse - tl.log(-tl.log(u))
+            upd = sc > bests
+            btile = tl.where(upd, t, btile)
+            bests = tl.where(upd, sc, bests)
+        base = out * NDRAW
+        tl.store(score_ptr + base + dr, bests, mask=dr < NDRAW)
+        tl.store(tile_ptr + base + dr, btile, mask=dr < NDRAW)
+
+
+@triton.jit
+def _pass2_kernel(
+    x_ptr, stride_r, temp_ptr, thr_ptr, seed_ptr,
+    gmax_ptr, garg_ptr, score_ptr, tile_ptr, out_ptr,
+    V, S,
+    NDRAW: tl.constexpr, SP: tl.constexpr, BLOCK: tl.constexpr, HAS_THR: tl.constexpr,
+):
+    r = tl.program_id(0)
+    j = tl.program_id(1)
+    temp = tl.load(temp_ptr + r).to(tl.float32)
+    sp = tl.arange(0, SP)
+    if temp <= 0:
+        gm = tl.load(gmax_ptr + r * S + sp, mask=sp < S, other=-float("inf"))
+        ga = tl.load(garg_ptr + r * S + sp, mask=sp < S, other=0)
+        best = tl.max(gm, axis=0)
+        # splits hold increasing token ranges: the first split at the maximum holds its lowest index
+        first = tl.min(tl.where(gm == best, sp, SP), axis=0)
+        tok = tl.sum(tl.where(sp == first, ga, 0), axis=0)
+    else:
+        sc = tl.load(score_ptr + (r * S + sp) * NDRAW + j, mask=sp < S, other=-float("inf"))
+        tt = tl.load(tile_ptr + (r * S + sp) * NDRAW + j, mask=sp < S, other=0)
+        best = tl.max(sc, axis=0)
+        first = tl.min(tl.where(sc == best, sp, SP), axis=0)
+        t = tl.sum(tl.where(sp == first, tt, 0), axis=0)
+        seed = tl.load(seed_ptr)
+        offs = tl.arange(0, BLOCK)
+        idx = t * BLOCK + offs
+        raw = tl.load(x_ptr + r.to(tl.int64) * stride_r + idx, mask=idx < V, other=-float("inf")).to(tl.float32)
+        x = raw / temp
+        if HAS_THR:
+            thr = tl.load(thr_ptr + r)
+            x = tl.where(x >= thr, x, -float("inf"))
+        u = _uniform(seed, idx.to(tl.uint32), (offs * 0 + r).to(tl.uint32), (offs * 0 + j).to(tl.uint32),
+                     (offs * 0 + 1).to(tl.uint32))
+        y = x - tl.log(-tl.log(u))
+        tok = t * BLOCK + tl.argmax(y, axis=0)
+    tl.store(out_ptr + r * NDRAW + j, tok.to(tl.int64))
+
+
+_SMS: dict = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _SMS:
+        _SMS[key] = torch.cuda.get_device_properties(key).multi_processor_count
+    return _SMS[key]
+
+
+def _threshold(logits, temperature, top_k, max_top_k):
+    """(R,) float32 k-th largest scaled logit per row (-inf where top-k is off)."""
+    r, v = logits.shape
+    t = torch.where(temperature > 0, temperature.float(), 1.0).view(-1, 1)
+    scaled = logits.float() / t
+    if isinstance(top_k, int):
+        k = torch.full((r,), top_k, dtype=torch.long, device=logits.device)
+        kmax = min(max(top_k, 1), v)
+    else:
+        k = top_k.to(device=logits.device, dtype=torch.long).expand(r)
+        kmax = v if max_top_k is None else min(max_top_k, v)
+    k = k.clamp(max=v)
+    on = k > 0
+    vals = scaled.topk(kmax, dim=-1, sorted=True).values
+    kth = vals.gather(1, (torch.where(on, k, 1).clamp(max=kmax) - 1).view(-1, 1)).squeeze(1)
+    return torch.where(on, kth, float("-inf")).contiguous()
+
+
+def _sample(logits, temperature, ndraw, generator, top_k, max_top_k, block=None):
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be (R, V), got {tuple(logits.shape)}")
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    r, v = logits.shape
+    dev = logits.device
+    temperature = torch.as_tensor(temperature, device=dev, dtype=torch.float32).expand(r).contiguous()
+    out = torch.empty(r, ndraw, dtype=torch.int64, device=dev)
+    if r == 0:
+        return out
+    blk = block or min(BLOCK, max(16, triton.next_power_of_2(v)))
+    nt = triton.cdiv(v, blk)
+    want = max(1, (4 * _sm_count(dev) + r - 1) // r)
+    tps = triton.cdiv(nt, min(want, nt))
+    s = triton.cdiv(nt, tps)
+    gmax = torch.empty(r * s, dtype=torch.float32, device=dev)
+    garg = torch.empty(r * s, dtype=torch.int32, device=dev)
+    score = torch.empty(r * s * ndraw, dtype=torch.float32, device=dev)
+    tile = torch.empty(r * s * ndraw, dtype=torch.int32, device=dev)
+    seed = torch.randint(0, 2**62, (1,), device=dev, generator=generator, dtype=torch.int64)
+    has_thr = top_k is not None
+    thr = _threshold(logits, temperature, top_k, max_top_k) if has_thr else temperature
+    _pass1_kernel[(r, s)](logits, logits.stride(0), temperature, thr, seed, gmax, garg, score, tile, v, nt, tps, s,
+                          NDRAW=ndraw, NDP=max(2, triton.next_power_of_2(ndraw)), BLOCK=blk, HAS_THR=has_thr,
+                          num_warps=8)
+    _pass2_kernel[(r, ndraw)](logits, logits.stride(0), temperature, thr, seed, gmax, garg, score, tile, out, v, s,
+                              NDRAW=ndraw, SP=max(2, triton.next_power_of_2(s)), BLOCK=blk, HAS_THR=has_thr,
+                              num_warps=8)
+    return out
+
+
+def sample_rows_triton(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    generator: torch.Generator | None = None,
+    top_k: torch.Tensor | int | None = None,
+    top_p: torch.Tensor | float | None = None,
+    max_top_k: int | None = None,
+    block: int | None = None,
+) -> torch.Tensor:
+    """Same signature and distribution as `flashtree.sampler.reference.sample_rows`: (R, V), (R,) -> (R,) int64.
+
+    Greedy rows are bit-identical to the reference. `top_k` may be an int or a per-row tensor (<= 0: off); with a
+    tensor, `max_top_k` (a static bound) keeps the threshold search to a top-k of that size instead of a full sort.
+    `top_p` is served by the torch reference (not fused).
+    """
+    if top_p is not None:
+        from .reference import sample_rows
+
+        tk = None if top_k is None else torch.as_tensor(top_k, device=logits.device).expand(logits.shape[0])
+        tp = torch.as_tensor(top_p, device=logits.device, dtype=torch.float32).expand(logits.shape[0])
+        return sample_rows(logits, torch.as_tensor(temperature, device=logits.device).expand(logits.shape[0]),
+                           generator=generator, top_k=tk, top_p=tp)
+    return _sample(logits, temperature, 1, generator, top_k, max_top_k, block).view(-1)
+
+
+def sample_candidates_triton(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    n: int,
+    generator: torch.Generator | None = None,
+    top_k: torch.Tensor | int | None = None,
+    max_top_k: int | None = None,
+    block: int | None = None,
+) -> torch.Tensor:
+    """N-candidate form: (R, V) logits -> (R, n) int64, n independent draws per row from one read of the logits
+    (greedy rows repeat their argmax)."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    return _sample(logits, temperature, n, generator, top_k, max_top_k, block)
+
+
+def floor_us(rows: int, vocab: int, dtype: torch.dtype, bandwidth: float = 4.25e12) -> float:
+    """The logits-read floor in microseconds at `bandwidth` bytes/s."""
+    return rows * vocab * torch.finfo(dtype).bits / 8 / bandwidth * 1e6
+
+
+__all__ = ["sample_rows_triton", "sample_candidates_triton", "floor_us", "BLOCK"]

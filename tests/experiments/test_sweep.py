@@ -1,0 +1,116 @@
+"""A real 2 x 2 multirun on a tiny model: collected table, τ, W&B offline run; resume after an interruption."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from flashtree.experiments.wandb_log import SUMMARY_FILE, offline_runs, offline_summary
+
+from .helpers import TINY, run_app
+
+
+def direct_tau(n: int, width: int) -> float:
+    """τ of the same configuration computed straight from the engine, outside the experiment layer."""
+    from flashtree.datasets import encode_prompts, load_prompts
+    from flashtree.drafters import load_drafter
+    from flashtree.engine import tree_generate
+    from flashtree.models import load_target
+
+    model, tok = load_target("tiny-llama")
+    stop = [tok.eos_token_id]
+    committed = steps = 0
+    for ids in encode_prompts(tok, load_prompts("builtin", limit=2)):
+        x = torch.tensor([ids])
+        ref = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=28, do_sample=False,
+                             eos_token_id=stop, pad_token_id=stop[0])
+        drafter = load_drafter("oracle", model, sequences=[ref[0].tolist()])
+        res = tree_generate(model, drafter, x, n=n, width=width, max_new_tokens=12, stop_token_ids=stop)
+        committed += sum(s.accept_len + 1 for s in res.steps)
+        steps += len(res.steps)
+    return committed / steps
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    sweep = tmp_path_factory.mktemp("grid") / "sweep"
+    proc = run_app("sweep.py", ["--multirun", *TINY, "tree.n=1,4", "tree.width=4,8", f"hydra.sweep.dir={sweep}"],
+                   cwd=sweep.parent)
+    return sweep, proc
+
+
+def test_grid_collects_one_row_per_configuration_with_the_engines_tau(grid):
+    sweep, proc = grid
+    table = pd.read_parquet(sweep / "summary.parquet")
+    assert len(table) == 4
+    assert sorted(zip(table["tree.n"], table["tree.width"])) == [(1, 4), (1, 8), (4, 4), (4, 8)]
+    assert {"dataset", "tau", "accept_per_depth", "tokens_per_s"} <= set(table.columns)
+    assert (table["dataset"] == "builtin").all()
+    taus = {}
+    for _, row in table.iterrows():
+        n, w = int(row["tree.n"]), int(row["tree.width"])
+        taus[n, w] = row["tau"]
+        assert row["tau"] == pytest.approx(direct_tau(n, w), abs=1e-12)
+        steps = pd.read_parquet(f"{row['run_dir']}/steps.parquet")
+        assert row["tau"] == pytest.approx(steps["committed"].mean())
+        # τ = 1 + Σ_d P(accept_len >= d): the per-depth figures add up.
+        assert row["tau"] == pytest.approx(1 + sum(row["reach_per_depth"]))
+    assert max(taus.values()) > 1.5  # the oracle gives real acceptance, so the check above is not vacuous
+    assert "tree.n" in proc.stdout and "4 runs" in proc.stdout  # the printed table
+
+
+def test_wandb_offline_run_holds_the_summary(grid):
+    sweep, _ = grid
+    (run_dir,) = sweep.glob("*tree.n=4,tree.width=8")
+    local = json.loads((run_dir / "summary.json").read_text())
+    (wandb_run,) = offline_runs(run_dir)
+    logged = offline_summary(wandb_run)  # decoded from the run's .wandb log, as `wandb sync` reads it
+    assert logged["tau"] == pytest.approx(local["tau"])
+    assert logged["accept_per_depth"] == pytest.approx(local["accept_per_depth"])
+    assert json.loads((wandb_run / "files" / SUMMARY_FILE).read_text())["tau"] == pytest.approx(local["tau"])
+    assert local["wandb"]["mode"] == "offline"
+
+
+def test_interrupted_sweep_keeps_finished_runs_and_resume_skips_them(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ["--multirun", *TINY, "logger.wandb.mode=disabled", "tree.n=1,2", "tree.width=4", f"hydra.sweep.dir={sweep}"]
+    stop = "+hydra.callbacks.stop._target_=tests.experiments.helpers.InterruptAfterFirstJob"
+    first = run_app("sweep.py", [*args, stop], cwd=tmp_path, check=False)
+    assert first.returncode != 0
+    (done,) = sweep.glob("*tree.n=1,tree.width=4")  # run dirs are named by every override
+    assert (done / "summary.json").is_file() and (done / "steps.parquet").is_file()
+    assert not list(sweep.glob("*tree.n=2,tree.width=4/summary.json"))
+    assert len(pd.read_parquet(sweep / "summary.parquet")) == 1  # collected after every job
+    stamp = (done / "summary.json").stat().st_mtime_ns
+
+    again = run_app("sweep.py", args, cwd=tmp_path)
+    assert "tree.n=1,tree.width=4: finished earlier, skipped" in again.stdout
+    assert "tree.n=2,tree.width=4: finished earlier" not in again.stdout
+    assert (done / "summary.json").stat().st_mtime_ns == stamp
+    table = pd.read_parquet(sweep / "summary.parquet")
+    assert sorted(table["tree.n"]) == [1, 2]
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [("tree.width=1", "tree.width"), ("tree.n=0", "tree.n"), ("dataset=nope", "dataset"),
+     ("dataset.name=nope", "dataset.name"), ("logger.wandb.mode=sometimes", "logger.wandb.mode")],
+)
+def test_bad_override_fails_naming_the_key(tmp_path, override, key):
+    proc = run_app("sweep.py", [*TINY, override, f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path, check=False)
+    assert proc.returncode != 0
+    message = proc.stdout + proc.stderr
+    assert key in message, message
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_bad_value_in_a_grid_fails_before_any_job(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = run_app("sweep.py", ["--multirun", *TINY, "tree.width=4,1", f"hydra.sweep.dir={sweep}"], cwd=tmp_path,
+                   check=False)
+    assert proc.returncode != 0
+    assert "tree.width=1" in proc.stderr
+    assert not list(sweep.rglob("summary.json"))

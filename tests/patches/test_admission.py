@@ -1,0 +1,102 @@
+"""Admission on the real Scheduler._add_request_to_queue with real Req objects."""
+
+from __future__ import annotations
+
+import pytest
+
+import flashtree.patches as patches
+from flashtree.patches.toggles import TreeToggles
+
+
+def make_scheduler():
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+    from sglang.srt.managers.scheduler import Scheduler
+
+    sched = object.__new__(Scheduler)  # the real method on a scheduler without GPUs, model or sockets
+    sched.disaggregation_mode = DisaggregationMode.NULL
+    sched.waiting_queue = []
+    sched.processed_tokens_counter = 0
+    sched._set_or_validate_priority = lambda req: True
+    sched._abort_on_queued_limit = lambda req: False
+    sched._prefetch_kvcache = lambda req, *a, **k: None
+    sched._release_aborted_request = lambda req: None
+    return sched
+
+
+def make_req(rid, **sampling):
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    return Req(rid, "hello", [5, 6, 7], SamplingParams(max_new_tokens=8, **sampling), vocab_size=128)
+
+
+def arrive(sched, reqs):
+    from sglang.srt.managers.scheduler import Scheduler
+
+    for req in reqs:
+        Scheduler._add_request_to_queue(sched, req)
+
+
+def batch():
+    return [
+        make_req("greedy", temperature=0.0),
+        make_req("json", json_schema='{"type": "object"}'),
+        make_req("sampled", temperature=0.7, top_p=0.9),
+        make_req("regex", regex="[ab]+"),
+    ]
+
+
+@pytest.mark.usefixtures("tp_rank0")
+def test_unsupported_request_gets_flashtree_error_others_unaffected():
+    patches.install(TreeToggles(tree_n=8))
+    sched = make_scheduler()
+    reqs = batch()
+    arrive(sched, reqs)
+    assert [r.rid for r in sched.waiting_queue] == ["greedy", "json", "sampled", "regex"]
+    by = {r.rid: r for r in reqs}
+    for rid in ("json", "regex"):
+        err = by[rid].to_finish.to_json()
+        assert err["type"] == "abort" and err["status_code"] == 400
+        assert err["message"].startswith("flashtree: this server runs flashtree tree speculative decoding (FLASHTREE_TREE_N=8)")
+        assert "grammar-constrained generation" in err["message"] and "Send the request without it" in err["message"]
+        assert by[rid].grammar is None
+    for rid in ("greedy", "sampled"):
+        assert by[rid].to_finish is None and by[rid].finished_reason is None
+        assert list(by[rid].origin_input_ids) == [5, 6, 7]  # sglang's abort would have shrunk it
+    assert by["sampled"].sampling_params.temperature == 0.7
+
+
+@pytest.mark.usefixtures("tp_rank0")
+def test_other_refusals_and_retracted_requests():
+    patches.install(TreeToggles(tree_n=2))
+    sched = make_scheduler()
+    logprob = make_req("lp")
+    logprob.return_logprob = True
+    penalty = make_req("pen", frequency_penalty=0.5)
+    arrive(sched, [logprob, penalty])
+    assert "cannot serve return_logprob" in logprob.to_finish.message
+    assert "frequency/presence/repetition penalties" in penalty.to_finish.message
+    from sglang.srt.managers.scheduler import Scheduler
+
+    retracted = make_req("retracted", json_schema='{"type": "object"}')
+    Scheduler._add_request_to_queue(sched, retracted, is_retracted=True)
+    assert retracted.to_finish is None  # admitted before (its grammar path); retraction does not re-judge it
+
+
+@pytest.mark.usefixtures("tp_rank0")
+def test_same_request_served_with_toggles_off():
+    sched = make_scheduler()
+    reqs = batch()
+    arrive(sched, reqs)
+    assert all(r.to_finish is None for r in reqs)
+    assert [r.rid for r in sched.waiting_queue] == ["greedy", "json", "sampled", "regex"]
+
+
+@pytest.mark.usefixtures("tp_rank0")
+def test_sglang_own_abort_is_left_alone():
+    patches.install(TreeToggles(tree_n=8))
+    sched = make_scheduler()
+    req = make_req("bad", json_schema='{"type": "object"}')
+    req.set_finish_with_abort("sglang: prompt too long")
+    arrive(sched, [req])
+    assert req.to_finish.message == "sglang: prompt too long"

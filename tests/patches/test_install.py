@@ -1,0 +1,180 @@
+"""Installing on the real sglang classes: exactly the intended attributes, idempotent, reversible; clear refusals."""
+
+from __future__ import annotations
+
+import importlib
+import types
+
+import pytest
+
+import flashtree.patches as patches
+from flashtree.patches import adapters, installer
+from flashtree.patches.toggles import TreeToggles
+
+W = "sglang.srt.speculative.dspark_components.dspark_worker_v2:DSparkWorkerV2"
+S = "sglang.srt.managers.scheduler:Scheduler"
+T = "sglang.srt.layers.attention.triton_backend:TritonAttnBackend"
+U = "sglang.srt.speculative.dflash_utils:"
+P = "sglang.srt.speculative.dspark_components.dspark_planner:"
+
+
+def owner(path: str):
+    module, _, attr = path.partition(":")
+    obj = importlib.import_module(module)
+    return getattr(obj, attr) if attr else obj
+
+
+OWNERS = [W, S, T, U, P]
+TREE_KEYS = {
+    (W, "__init__"),
+    (W, "_forward_decode"),
+    (S, "_add_request_to_queue"),
+    (U, "_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS"),
+}
+
+
+def snapshot() -> dict:
+    return {(p, k): v for p in OWNERS for k, v in dict(vars(owner(p))).items()}
+
+
+def diff(before: dict, after: dict) -> set:
+    return {key for key in before.keys() | after.keys() if before.get(key, "<absent>") is not after.get(key, "<absent>")}
+
+
+def test_adapter_matches_installed_release(sglang_release):
+    adapter = adapters.select_adapter()
+    assert adapter.release == sglang_release
+    others = [cls() for cls in adapters.ADAPTERS if cls.release != sglang_release]
+    assert all(o.mismatches() for o in others), "another release's probes pass too: probes do not tell releases apart"
+
+
+def test_install_replaces_exactly_the_tree_attributes_and_uninstall_restores():
+    before = snapshot()
+    keys = patches.install(TreeToggles(tree_n=4))
+    after = snapshot()
+    assert diff(before, after) == TREE_KEYS
+    for path, name in TREE_KEYS:
+        assert installer.is_flashtree(vars(owner(path))[name])
+    assert "TritonAttnBackend" not in owner(U)._DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS
+    assert "FlashInferAttnBackend" in owner(U)._DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS
+    # The wrapper still knows the original.
+    assert owner(W)._forward_decode.__wrapped__ is before[(W, "_forward_decode")]
+
+    again = patches.install(TreeToggles(tree_n=4))
+    assert again == keys
+    assert diff(after, snapshot()) == set(), "a second install changed something"
+    assert installer.installed_keys() == keys
+
+    restored = patches.uninstall()
+    assert sorted(restored) == sorted(keys)
+    assert diff(before, snapshot()) == set()
+
+
+def test_unset_toggles_change_nothing():
+    before = snapshot()
+    patches.register()
+    assert patches.install(environ={}) == []
+    assert diff(before, snapshot()) == set()
+    assert installer.installed_keys() == []
+
+
+def test_register_reads_environment(monkeypatch):
+    before = snapshot()
+    monkeypatch.setenv("FLASHTREE_TREE_N", "2")
+    patches.register()
+    assert diff(before, snapshot()) == TREE_KEYS
+
+
+def test_bad_toggle_touches_nothing(monkeypatch):
+    before = snapshot()
+    monkeypatch.setenv("FLASHTREE_TREE_N", "8")
+    monkeypatch.setenv("FLASHTREE_TREE_BUDGET", "a lot")
+    with pytest.raises(SystemExit, match=r"FLASHTREE_TREE_BUDGET='a lot' is invalid; allowed: an integer from 0 to"):
+        patches.register()
+    assert diff(before, snapshot()) == set()
+
+
+def test_unsupported_version_is_refused_untouched(monkeypatch):
+    before = snapshot()
+    monkeypatch.setattr(adapters, "installed_version", lambda: "0.5.99")
+    monkeypatch.setenv("FLASHTREE_TREE_N", "8")
+    with pytest.raises(SystemExit) as exc:
+        patches.register()
+    msg = str(exc.value)
+    assert "sglang 0.5.99 is not a supported release; supported releases: 0.5.17, 0.5.20, 0.5.23" in msg
+    assert diff(before, snapshot()) == set()
+
+
+def test_signature_drift_is_refused_untouched(monkeypatch, sglang_release):
+    """Same version string, but a probed signature changed (a patched wheel, a backport): refuse."""
+    planner = owner(P)
+
+    def alloc_verify_window(*, batch, bs, device, verify_num_draft_tokens, page_table):
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(planner, "alloc_verify_window", alloc_verify_window)
+    before = snapshot()
+    with pytest.raises(SystemExit) as exc:
+        patches.install(TreeToggles(tree_n=8))
+    msg = str(exc.value)
+    assert f"sglang {sglang_release} is not a supported release" in msg and "alloc_verify_window" in msg
+    assert diff(before, snapshot()) == set()
+
+
+def test_splitkv_without_kernel_is_refused_untouched():
+    before = snapshot()
+    with pytest.raises(SystemExit, match="FLASHTREE_SPLITKV_VERIFY=1 needs flashtree's split-KV verify kernel"):
+        patches.install(TreeToggles(tree_n=4, splitkv_verify=True))
+    assert diff(before, snapshot()) == set()
+    assert installer.installed_keys() == []
+
+
+def test_splitkv_with_kernel_patches_triton_backend(monkeypatch):
+    calls = []
+
+    def verify_splitkv_fwd(*args, **kwargs):
+        calls.append(len(args))
+        return False
+
+    monkeypatch.setitem(__import__("sys").modules, "flashtree.attention", types.SimpleNamespace(verify_splitkv_fwd=verify_splitkv_fwd))
+    before = snapshot()
+    patches.install(TreeToggles(splitkv_verify=True))
+    assert diff(before, snapshot()) == {(T, "__init__")}
+    backend_cls = owner(T)
+    original_init = before[(T, "__init__")]
+
+    def fake_original(self, model_runner, *a, **k):  # what sglang's __init__ leaves on a CUDA-less box
+        self.use_verify_splitkv = False
+        self.use_verify_shared_kv = False
+        self.verify_splitkv_fwd = None
+
+    init = backend_cls.__init__
+    assert init.__wrapped__ is original_init
+    # Exercise the wrapper's own logic around a stand-in original (sglang's real __init__ needs a model runner).
+    from flashtree.patches.adapters.base import make_triton_init
+
+    wrapped = make_triton_init(fake_original, verify_splitkv_fwd, True)
+    target = types.SimpleNamespace()
+    wrapped(target, types.SimpleNamespace(is_draft_worker=False))
+    assert target.use_verify_splitkv is True and target.use_verify_shared_kv is False
+    assert target.verify_splitkv_fwd(1, 2, 3) is False and calls == [3]
+    draft = types.SimpleNamespace()
+    wrapped(draft, types.SimpleNamespace(is_draft_worker=True))
+    assert draft.use_verify_splitkv is False
+    patches.uninstall()
+    assert diff(before, snapshot()) == set()
+
+
+def test_worker_checks_width_and_page_size():
+    from flashtree.patches.decode import create_state
+
+    adapter = adapters.select_adapter()
+    worker = types.SimpleNamespace(verify_num_draft_tokens=8, model_runner=types.SimpleNamespace(page_size=1), device="cpu")
+    state = create_state(adapter, TreeToggles(tree_n=4), worker)
+    assert (state.gamma, state.width, state.tree_width) == (7, 8, 8)
+    assert create_state(adapter, TreeToggles(tree_n=4, tree_width=5), worker).tree_width == 5
+    with pytest.raises(SystemExit, match=r"FLASHTREE_TREE_WIDTH=9 exceeds DSPARK's verify window .* = 8\); allowed: 'auto' or an integer from 2 to 8"):
+        create_state(adapter, TreeToggles(tree_n=4, tree_width=9), worker)
+    worker.model_runner.page_size = 16
+    with pytest.raises(SystemExit, match=r"needs --page-size 1 \(got 16\)"):
+        create_state(adapter, TreeToggles(tree_n=4), worker)
