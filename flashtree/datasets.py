@@ -64,6 +64,15 @@ NAMES = ("builtin", *SOURCES)
 GSM8K_SPLITS = ("first_half", "second_half")
 
 
+def canonical_name(name: str) -> str:
+    """The prompt set's registry name for `name` (accepts mtbench, human_eval, built-in, ...)."""
+    key = name.lower().replace("_", "-")
+    key = {"mtbench": "mt-bench", "human-eval": "humaneval", "built-in": "builtin"}.get(key, key)
+    if key not in NAMES:
+        raise ValueError(f"unknown prompt set {name!r}: use one of {', '.join(NAMES)}")
+    return key
+
+
 def load_prompts(name: str, limit: int | None = None, split: str | None = None) -> list[str]:
     """The first user turn of every record of prompt set `name`, in file order, the first `limit` of them.
 
@@ -71,10 +80,7 @@ def load_prompts(name: str, limit: int | None = None, split: str | None = None) 
         (the first human turn of the ~17,671 records the truncated file still holds; empty turns skipped).
     split: gsm8k only: "first_half" (rows 0..659) or "second_half" (rows 660..1318, held out from tuning on the first).
     """
-    key = name.lower().replace("_", "-")
-    key = {"mtbench": "mt-bench", "human-eval": "humaneval", "built-in": "builtin"}.get(key, key)
-    if key not in NAMES:
-        raise ValueError(f"unknown prompt set {name!r}: use one of {', '.join(NAMES)}")
+    key = canonical_name(name)
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
     if split is not None and key != "gsm8k":

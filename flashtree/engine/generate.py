@@ -163,7 +163,7 @@ def tree_generate(
         step += 1
 
     for rec, c in zip(steps, drawn):
-        rec.oracle_len = _oracle_len(c, reqs[rec.request].tokens[rec.position :])
+        rec.oracle_len = oracle_len(c, reqs[rec.request].tokens[rec.position :], rec.accept_len)
     return GenerateResult(
         sequences=_pad_rows([r.tokens for r in reqs], pad_token_id, target),
         acceptance_length=sum(s.accept_len + 1 for s in steps) / max(len(steps), 1),
@@ -224,13 +224,15 @@ def _truncate(r: _Request, first_new: int, stops: torch.Tensor, max_new_tokens: 
         r.done = True
 
 
-def _oracle_len(cands: torch.Tensor, future: torch.Tensor) -> int:
-    """Longest prefix of the committed continuation that any candidate matches (the union of all N, W unbounded)."""
-    k = min(cands.shape[1], future.numel())
+def oracle_len(cands: torch.Tensor, continuation: torch.Tensor, accept_len: int) -> int:
+    """Longest prefix of the committed continuation that any of the (N, K) candidates matches: the accept length of
+    the union of all N (W unbounded). That union contains the tree, so it is at least `accept_len`; near the end of a
+    request the continuation is cut at max_new_tokens and would otherwise undercount it."""
+    k = min(cands.shape[1], continuation.numel())
     if k == 0:
-        return 0
-    match = torch.cumprod((cands[:, :k] == future[:k]).to(torch.int32), dim=1)
-    return int(match.sum(dim=1).max())
+        return accept_len
+    match = torch.cumprod((cands[:, :k] == continuation[:k]).to(torch.int32), dim=1)
+    return max(accept_len, int(match.sum(dim=1).max()))
 
 
 def _pad_rows(rows: list[torch.Tensor], pad_token_id: int | None, target) -> torch.Tensor:

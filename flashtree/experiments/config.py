@@ -28,13 +28,12 @@ def _check(ok: bool, key: str, value: Any, why: str) -> None:
 
 def canonical_dataset(name: str) -> str:
     """The prompt-set name `flashtree.datasets.load_prompts` uses for `name` (it accepts the same aliases)."""
-    from flashtree.datasets import NAMES
+    from flashtree.datasets import NAMES, canonical_name
 
-    key = name.lower().replace("_", "-")
-    key = {"mtbench": "mt-bench", "human-eval": "humaneval", "built-in": "builtin"}.get(key, key)
-    if key not in NAMES:
-        raise ConfigError(f"dataset.name={name!r}: unknown prompt set; use one of {', '.join(NAMES)} (e.g. dataset=gsm8k)")
-    return key
+    try:
+        return canonical_name(name)
+    except ValueError:
+        raise ConfigError(f"dataset.name={name!r}: unknown prompt set; use one of {', '.join(NAMES)} (e.g. dataset=gsm8k)") from None
 
 
 @dataclass

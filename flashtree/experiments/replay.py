@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from flashtree.drafters.base import DraftState
+from flashtree.engine.generate import oracle_len
 from flashtree.engine.records import StepRecord
 from flashtree.tree import build_vote_tree, verify_greedy
 
@@ -110,7 +111,7 @@ def replay(rec: Recording, n: int, width: int) -> list[StepRecord]:
     """The steps a direct greedy run with N = n, W = width makes on the recorded prompt."""
     if not 1 <= n <= rec.n_max:
         raise ValueError(f"tree.n={n}: the recording holds N_max = {rec.n_max} candidates per position")
-    g, k = rec.sequence, rec.k
+    g = rec.sequence
     committed = g[: rec.end]  # what the run keeps (the engine truncates at the stop / budget)
     pos, step, steps = rec.prompt_len, 0, []
     while pos < rec.end:
@@ -123,9 +124,6 @@ def replay(rec: Recording, n: int, width: int) -> list[StepRecord]:
         res = verify_greedy(tree, choice)
         a = int(res.accept_len[0])
         path = res.path[0, 1 : a + 1]
-        future = committed[pos:]
-        kk = min(k, future.numel())
-        oracle = int(torch.cumprod((cands[:, :kk] == future[:kk]).int(), dim=1).sum(dim=1).max()) if kk else 0
         steps.append(StepRecord(
             request=0,
             step=step,
@@ -136,7 +134,7 @@ def replay(rec: Recording, n: int, width: int) -> list[StepRecord]:
             accept_len=a,
             accepted_path=tuple(path.tolist()),
             accepted_depth_votes=tuple(tree.votes[0, path - 1].tolist()),
-            oracle_len=oracle,
+            oracle_len=oracle_len(cands, committed[pos:], a),
         ))
         pos += a + 1
         step += 1

@@ -97,10 +97,12 @@ def _pass2_kernel(
     x_ptr, stride_r, temp_ptr, thr_ptr, seed_ptr,
     gmax_ptr, garg_ptr, score_ptr, tile_ptr, out_ptr,
     V, S,
-    NDRAW: tl.constexpr, SP: tl.constexpr, BLOCK: tl.constexpr, HAS_THR: tl.constexpr,
+    NDRAW: tl.constexpr, DPP: tl.constexpr, SP: tl.constexpr, BLOCK: tl.constexpr, HAS_THR: tl.constexpr,
 ):
+    # program (r, c): draws c * DPP .. + DPP of row r, one per row of a [DPP, BLOCK] tile
     r = tl.program_id(0)
-    j = tl.program_id(1)
+    j = tl.program_id(1) * DPP + tl.arange(0, DPP)
+    jm = j < NDRAW
     temp = tl.load(temp_ptr + r).to(tl.float32)
     sp = tl.arange(0, SP)
     if temp <= 0:
@@ -109,26 +111,30 @@ def _pass2_kernel(
         best = tl.max(gm, axis=0)
         # splits hold increasing token ranges: the first split at the maximum holds its lowest index
         first = tl.min(tl.where(gm == best, sp, SP), axis=0)
-        tok = tl.sum(tl.where(sp == first, ga, 0), axis=0)
+        tok = tl.sum(tl.where(sp == first, ga, 0), axis=0) + j * 0
     else:
-        sc = tl.load(score_ptr + (r * S + sp) * NDRAW + j, mask=sp < S, other=-float("inf"))
-        tt = tl.load(tile_ptr + (r * S + sp) * NDRAW + j, mask=sp < S, other=0)
-        best = tl.max(sc, axis=0)
-        first = tl.min(tl.where(sc == best, sp, SP), axis=0)
-        t = tl.sum(tl.where(sp == first, tt, 0), axis=0)
+        off2 = (r * S + sp[None, :]) * NDRAW + j[:, None]
+        m2 = (sp[None, :] < S) & jm[:, None]
+        sc = tl.load(score_ptr + off2, mask=m2, other=-float("inf"))
+        tt = tl.load(tile_ptr + off2, mask=m2, other=0)
+        best = tl.max(sc, axis=1)
+        first = tl.min(tl.where(sc == best[:, None], sp[None, :], SP), axis=1)
+        t = tl.sum(tl.where(sp[None, :] == first[:, None], tt, 0), axis=1)
         seed = tl.load(seed_ptr)
         offs = tl.arange(0, BLOCK)
-        idx = t * BLOCK + offs
-        raw = tl.load(x_ptr + r.to(tl.int64) * stride_r + idx, mask=idx < V, other=-float("inf")).to(tl.float32)
+        idx = t[:, None] * BLOCK + offs[None, :]
+        raw = tl.load(x_ptr + r.to(tl.int64) * stride_r + idx, mask=(idx < V) & jm[:, None],
+                      other=-float("inf")).to(tl.float32)
         x = raw / temp
         if HAS_THR:
             thr = tl.load(thr_ptr + r)
             x = tl.where(x >= thr, x, -float("inf"))
-        u = _uniform(seed, idx.to(tl.uint32), (offs * 0 + r).to(tl.uint32), (offs * 0 + j).to(tl.uint32),
-                     (offs * 0 + 1).to(tl.uint32))
+        z = idx * 0
+        u = _uniform(seed, idx.to(tl.uint32), (z + r).to(tl.uint32), (z + j[:, None]).to(tl.uint32),
+                     (z + 1).to(tl.uint32))
         y = x - tl.log(-tl.log(u))
-        tok = t * BLOCK + tl.argmax(y, axis=0)
-    tl.store(out_ptr + r * NDRAW + j, tok.to(tl.int64))
+        tok = t * BLOCK + tl.argmax(y, axis=1)
+    tl.store(out_ptr + r * NDRAW + j, tok.to(tl.int64), mask=jm)
 
 
 _SMS: dict = {}
@@ -187,8 +193,9 @@ def _sample(logits, temperature, ndraw, generator, top_k, max_top_k, block=None)
     _pass1_kernel[(r, s)](logits, logits.stride(0), temperature, thr, seed, gmax, garg, score, tile, v, nt, tps, s,
                           NDRAW=ndraw, NDP=max(2, triton.next_power_of_2(ndraw)), BLOCK=blk, HAS_THR=has_thr,
                           num_warps=8)
-    _pass2_kernel[(r, ndraw)](logits, logits.stride(0), temperature, thr, seed, gmax, garg, score, tile, out, v, s,
-                              NDRAW=ndraw, SP=max(2, triton.next_power_of_2(s)), BLOCK=blk, HAS_THR=has_thr,
+    dpp = min(max(1, triton.next_power_of_2(ndraw)), max(1, 4096 // blk))
+    _pass2_kernel[(r, triton.cdiv(ndraw, dpp))](logits, logits.stride(0), temperature, thr, seed, gmax, garg, score,
+                              tile, out, v, s, NDRAW=ndraw, DPP=dpp, SP=max(2, triton.next_power_of_2(s)), BLOCK=blk, HAS_THR=has_thr,
                               num_warps=8)
     return out
 
