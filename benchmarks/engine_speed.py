@@ -25,7 +25,7 @@ def main() -> None:
     ap.add_argument("--datasets", default="gsm8k,humaneval,mtbench")
     ap.add_argument("--prompts", type=int, default=6, help="prompts per dataset")
     ap.add_argument("--new", type=int, default=64, help="new tokens per prompt")
-    ap.add_argument("--configs", default="1x4,4x8,8x16", help="NxW pairs")
+    ap.add_argument("--configs", default="1x4,1x16,4x4,4x16,8x4,8x16", help="NxW pairs")
     args = ap.parse_args()
 
     torch.manual_seed(0)

