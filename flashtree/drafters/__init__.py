@@ -6,7 +6,7 @@ from .base import DraftState, Drafter, Proposal
 from .oracle import OracleDrafter
 from .prompt_lookup import PromptLookupDrafter
 
-NAMES = ("default", "prompt-lookup", "flashmap", "oracle")
+NAMES = ("default", "prompt-lookup", "flashmap", "dspark", "oracle")
 
 
 def load_drafter(name: str, target, **options) -> Drafter:
@@ -16,6 +16,9 @@ def load_drafter(name: str, target, **options) -> Drafter:
     "flashmap": FlashMapDrafter. Options: model (a FlashMapDraftModel, a local folder or a hub id) or config (a
         FlashMapConfig or dict, random init with `seed`; neither: a tiny random config fitting the target), dtype,
         temperature, num_steps.
+    "dspark": DSparkDrafter (flashtree.drafters.dspark_drafter). Options: path (a DSPARK draft checkpoint folder in
+        sglang's layout) or model (a flashtree.dspark.DSparkDraftModel), temperature (draft temperature of the N
+        candidates; 0 = all greedy), greedy_first (candidate 0 is the greedy block), k (<= block_size), dtype.
     "oracle": OracleDrafter. Options: sequences (required: each request's reference greedy tokens, prompt included),
         k, rate, decoys, seed, strict.
     A drafter whose vocabulary, hidden size or layers do not fit the target raises ValueError here, before any work.
@@ -28,6 +31,10 @@ def load_drafter(name: str, target, **options) -> Drafter:
 
         build = {o: options.pop(o) for o in ("model", "config", "seed", "dtype") if o in options}
         drafter = FlashMapDrafter(build_flashmap_model(target, **build), target, **options)
+    elif key == "dspark":
+        from .dspark_drafter import build_dspark_drafter
+
+        drafter = build_dspark_drafter(target, **options)
     elif key == "oracle":
         if "sequences" not in options:
             raise ValueError("the oracle drafter needs sequences=: the target's greedy decoding of each prompt")

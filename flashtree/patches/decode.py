@@ -8,8 +8,9 @@ One step, per running batch of bs requests (W = tree width with the root, K = ga
      `to_eagle`) -> the FULL_MASK tree mask and the node positions;
   4. target verify through DSPARK's executor with that mask and those positions;
   5. greedy walk (`verify_greedy`) or the lossless target-only sampled walk (`verify_sampled`);
-  6. commit without moving KV (page size 1): req_to_token's window is permuted so the accepted path's slots come
-     first; the draft's context K/V is injected for the committed path only, at sequential positions;
+  6. commit: page size 1 permutes req_to_token's window so the accepted path's slots come first (no KV moves); paged
+     KV copies the accepted nodes' target KV into the window's first offsets (the pool's own move_kv_cache); the
+     draft's context K/V is injected for the committed path only, at sequential positions;
   7. sglang's GenerationBatchResult, with per-request tree statistics in `logits_output.customized_info["flashtree"]`
      ([candidates, distinct candidates, tree size, accepted depth] per step; they reach the response's meta_info).
 
@@ -45,6 +46,7 @@ class TreeState:
     toggles: TreeToggles
     gamma: int  # K: draft tokens per block
     width: int  # W: verify tokens per request (root included) = DSPARK's window gamma + 1
+    page_size: int  # 1: commit by permuting req_to_token; > 1: commit by copying the accepted KV
     tree_width: int  # the tree's own width (<= width); narrower trees are padded to `width`
     generator: torch.Generator | None
     sampler: object
@@ -86,10 +88,12 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeState:
         )
     page = adapter.page_size(worker)
     if page != 1:
-        raise ToggleError(
-            f"flashtree: the tree path commits by permuting req_to_token, which needs --page-size 1 (got {page}); "
-            "allowed: start the server with --page-size 1, or unset FLASHTREE_TREE_N"
-        )
+        missing = adapter.copy_commit_unsupported(worker)
+        if missing:
+            raise ToggleError(
+                f"flashtree: with --page-size {page} the tree path commits by copying the accepted KV, but {missing}; "
+                "allowed: start the server with --page-size 1, or unset FLASHTREE_TREE_N"
+            )
     refuse = getattr(adapter, "unsupported_worker", lambda w: None)(worker)
     if refuse:
         raise ToggleError(f"flashtree: FLASHTREE_TREE_N is set but {refuse}; unset FLASHTREE_TREE_N for this server")
@@ -101,6 +105,7 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeState:
         toggles=toggles,
         gamma=gamma,
         width=window,
+        page_size=page,
         tree_width=toggles.tree_width or window,
         generator=generator,
         sampler=_load_sampler(toggles),
@@ -237,9 +242,15 @@ def tree_step(state: TreeState, worker, batch, on_publish):
     plan = commit_plan(tree, result)
     commit_lens = result.commit_len.to(torch.int32)
 
-    # Commit: permute the window so the accepted path's slots come first; inject the draft context for them.
-    apply_permutation(adapter.req_to_token(worker), batch.req_pool_indices, prefix, plan)
-    slots = window.cache_loc_2d.gather(1, plan.permutation)
+    # Commit. Page size 1: permute the window in req_to_token so the accepted path's slots come first (no KV moves).
+    # Paged KV: a slot's page offset is its position's, so the window stays put and the accepted nodes' target KV is
+    # copied to offsets 1..accept_len. Then the draft context is injected for the committed tokens only.
+    if state.page_size == 1:
+        apply_permutation(adapter.req_to_token(worker), batch.req_pool_indices, prefix, plan)
+        slots = window.cache_loc_2d.gather(1, plan.permutation)
+    else:
+        adapter.copy_committed_kv(worker, window.cache_loc_2d, plan)
+        slots = window.cache_loc_2d
     hidden = verified.hidden.view(bs, w, -1)
     hidden = hidden.gather(1, plan.permutation.unsqueeze(-1).expand(bs, w, hidden.shape[-1]))
     adapter.inject_committed(worker, batch, hidden.reshape(bs * w, -1), slots, window.positions_2d, commit_lens)

@@ -20,11 +20,21 @@ from flashtree.tree.encode import child_links
 V, GAMMA, BS, H = 32, 5, 3, 2
 W = GAMMA + 1
 MAX_LEN = 160
+# The stand-in target's next-token distribution: three plausible tokens (offsets from its greedy token), the rest ~0.
+SUPPORT_OFFSETS, SUPPORT_LOGITS = (0, 5, 11), (1.0, 0.5, 0.0)
 
 
 def target_next(context: list[int]) -> int:
     """The stand-in target's greedy next token: depends on the whole context (a wrong tree mask shows)."""
     return (7 * sum(context) + 3 * len(context) + 1) % V
+
+
+def target_logits(context: list[int]) -> torch.Tensor:
+    logits = torch.full((V,), -30.0)
+    top = target_next(context)
+    for off, val in zip(SUPPORT_OFFSETS, SUPPORT_LOGITS):
+        logits[(top + off) % V] = val
+    return logits
 
 
 def reference(prompt: list[int], n: int) -> list[int]:
@@ -35,26 +45,46 @@ def reference(prompt: list[int], n: int) -> list[int]:
 
 
 class StandIns:
-    """Target KV pool, draft KV pool and the two model forwards, over a real req_to_token table."""
+    """Target KV pool, draft KV pool and the two model forwards, over a real req_to_token table.
 
-    def __init__(self, prompts, refs):
-        self.refs = refs
-        slots = torch.randperm(BS * MAX_LEN, generator=torch.Generator().manual_seed(1)) + 1  # slot 0 = dummy
-        self.req_to_token = torch.zeros((BS + 1, MAX_LEN), dtype=torch.int64)
-        self.rows = torch.tensor([2, 0, 3][:BS])
-        self.req_to_token[self.rows] = slots.view(BS, MAX_LEN)
-        self.kv = torch.full((BS * MAX_LEN + 1, 2), -1, dtype=torch.int64)  # target KV: (position, token) per slot
-        self.draft_kv = torch.full((BS * MAX_LEN + 1, H), -1.0)
+    page_size 1: every position gets its own random slot. page_size P > 1: positions map to slots through random
+    pages, slot = page * P + position % P (the paged layout a copy commit must preserve)."""
+
+    def __init__(self, prompts, refs, page_size: int = 1):
+        bs = len(prompts)
+        self.refs, self.page_size = refs, page_size
+        g = torch.Generator().manual_seed(1)
+        self.req_to_token = torch.zeros((bs + 1, MAX_LEN), dtype=torch.int64)
+        self.rows = torch.tensor([2, 0, 3] if bs == 3 else list(range(1, bs + 1)))
+        if page_size == 1:
+            slots = torch.randperm(bs * MAX_LEN, generator=g) + 1  # slot 0 = dummy
+            self.req_to_token[self.rows] = slots.view(bs, MAX_LEN)
+        else:
+            pages_per_req = MAX_LEN // page_size
+            pages = (torch.randperm(bs * pages_per_req, generator=g) + 1).view(bs, pages_per_req)  # page 0 = dummy
+            pos = torch.arange(MAX_LEN)
+            self.req_to_token[self.rows] = pages[:, pos // page_size] * page_size + pos % page_size
+        n_slots = int(self.req_to_token.max()) + 1
+        self.kv = torch.full((n_slots, 2), -1, dtype=torch.int64)  # target KV: (position, token) per slot
+        self.draft_kv = torch.full((n_slots, H), -1.0)
         for b, p in enumerate(prompts):
             s = self.req_to_token[self.rows[b], : len(p)]
             self.kv[s, 0] = torch.arange(len(p))
             self.kv[s, 1] = torch.tensor(p)
-        self.gen = torch.Generator().manual_seed(0)
+        self.moves = 0
 
     def context(self, b: int, seq_len: int) -> list[int]:
         slots = self.req_to_token[self.rows[b], :seq_len]
         assert torch.equal(self.kv[slots, 0], torch.arange(seq_len)), "req_to_token prefix is not sequential"
         return self.kv[slots, 1].tolist()
+
+    def move_kv_cache(self, tgt_loc, src_loc):
+        """MHATokenToKVPool.move_kv_cache's contract, copying pair by pair in reverse order (as a parallel copy
+        kernel may): a call whose copies depend on each other corrupts the pool here."""
+        assert tgt_loc.shape == src_loc.shape and tgt_loc.dim() == 1
+        for t, s_ in reversed(list(zip(tgt_loc.tolist(), src_loc.tolist()))):
+            self.kv[t] = self.kv[s_]
+        self.moves += 1
 
 
 class StandInAdapter:
@@ -74,16 +104,19 @@ class StandInAdapter:
         return Window(cols, loc.reshape(-1), loc, None)
 
     def draft_forward(self, worker, batch, draft_input, window, bs):
-        # A draft that knows the right block but puts only 60% on each right token (the rest on a per-depth decoy).
+        # A draft that knows the target's greedy block from the request's actual context but puts only 60% on each
+        # greedy token (the rest on a per-depth decoy).
         anchor = draft_input.bonus_tokens.view(-1)
         base = torch.full((bs, GAMMA, V), -30.0)
         for b in range(bs):
             L = int(batch.seq_lens[b])
-            right = self.world.refs[b][L + 1 : L + 1 + GAMMA]
-            for j, tok in enumerate(right):
+            ctx = self.world.context(b, L) + [int(anchor[b])]
+            for j in range(GAMMA):
+                tok = target_next(ctx)
                 decoy = (tok + 1 + j) % V
                 base[b, j, tok] = 0.0
                 base[b, j, decoy] = -0.4055  # log(0.4/0.6)
+                ctx.append(tok)
         return anchor, base, None
 
     def target_verify(self, worker, batch, draft_input, window, ids_2d, positions_2d, custom_mask):
@@ -92,7 +125,7 @@ class StandInAdapter:
         # A target writes KV for every verify token at its window slot.
         world.kv[window.cache_loc, 0] = positions_2d.reshape(-1)
         world.kv[window.cache_loc, 1] = ids_2d.reshape(-1)
-        logits = torch.full((bs, W, V), -10.0)
+        logits = torch.full((bs, W, V), -30.0)
         offset = 0
         for b in range(bs):
             L = int(batch.seq_lens[b])
@@ -104,7 +137,7 @@ class StandInAdapter:
                 seen = rows[i, L:].nonzero().flatten()
                 tokens = ids_2d[b, seen]
                 assert positions_2d[b, i] == L + len(seen) - 1, "position must be prefix + depth"
-                logits[b, i, target_next(prefix + tokens.tolist())] = 10.0
+                logits[b, i] = target_logits(prefix + tokens.tolist())
         hidden = torch.stack([positions_2d.reshape(-1).float(), ids_2d.reshape(-1).float()], dim=1)
         out = types.SimpleNamespace(next_token_logits=logits.view(bs * W, V), hidden_states=hidden, customized_info=None)
         return Verified(out, out.next_token_logits, hidden, False)
@@ -134,25 +167,33 @@ def tree_kernels():
     sglang_cpu.force_triton_tree_kernels()
 
 
-def run(n: int, steps: int):
+def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1, on_step=None):
+    """Decode `steps` tree steps. Greedy rows (all rows without sampling_info, else rows with top_k == 1) are checked
+    token for token against the stand-in target's sequential greedy decode; every row's commit is checked for the
+    req_to_token / KV layout, the draft-context injection and the step's bookkeeping. Returns (accept-length
+    histogram, tree state, generated tokens per request, world)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.dspark_components.dspark_draft import make_next_draft_input
 
     real = adapters.select_adapter()
-    prompts = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9]][:BS]
+    prompts = prompts or [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9]]
+    bs = len(prompts)
     refs = [reference(p, MAX_LEN - len(p) - 2 * W) for p in prompts]
-    world = StandIns(prompts, refs)
+    world = StandIns(prompts, refs, page_size)
     adapter = StandInAdapter(real, world)
     worker = types.SimpleNamespace(
         verify_num_draft_tokens=W,
         device="cpu",
-        model_runner=types.SimpleNamespace(page_size=1),
+        model_runner=types.SimpleNamespace(page_size=page_size, token_to_kv_pool=world),
         _proposer=types.SimpleNamespace(draft_model=types.SimpleNamespace(markov_head=real_markov_head())),
     )
     state = create_state(adapter, TreeToggles(tree_n=n, seed=5), worker)
+    greedy_rows = [True] * bs if sampling_info is None else (sampling_info.top_ks <= 1).tolist()
     seq_lens = torch.tensor([len(p) for p in prompts])
     bonus = torch.tensor([r[len(p)] for r, p in zip(refs, prompts)])
+    generated = [[int(bonus[b])] for b in range(bs)]
     draft_input = make_next_draft_input(bonus_tokens=bonus, new_seq_lens=seq_lens)
+    initial_table = world.req_to_token.clone()
     published, accepts = [], Counter()
     for _ in range(steps):
         if int(seq_lens.max()) + 2 * W >= MAX_LEN - 2 * W:
@@ -163,35 +204,43 @@ def run(n: int, steps: int):
             seq_lens_sum=int(seq_lens.sum()),
             req_pool_indices=world.rows.clone(),
             forward_mode=ForwardMode.DECODE,
-            sampling_info=None,
+            sampling_info=sampling_info,
             spec_info=draft_input,
             has_grammar=False,
             return_logprob=False,
         )
         res = tree_step(state, worker, batch, published.append)
         commit = res.accept_lens.to(torch.int64)
-        assert res.accept_lens.dtype == torch.int32 and res.next_token_ids.shape == (BS * W,)
+        assert res.accept_lens.dtype == torch.int32 and res.next_token_ids.shape == (bs * W,)
         assert torch.equal(res.new_seq_lens, seq_lens + commit)
         assert torch.equal(published[-1], res.new_seq_lens)
-        out = res.next_token_ids.view(BS, W)
-        for b in range(BS):
+        out = res.next_token_ids.view(bs, W)
+        for b in range(bs):
             L, c = int(seq_lens[b]), int(commit[b])
-            # Committed tokens: the anchor's successors, exactly the target's sequential greedy decode.
-            assert out[b, :c].tolist() == refs[b][L + 1 : L + 1 + c]
-            assert int(res.next_draft_input.bonus_tokens[b]) == refs[b][L + c]
-            # req_to_token after commit: positions 0 .. L + c - 1 hold the sequential KV (anchor + accepted drafts).
-            assert world.context(b, L + c) == refs[b][: L + c]
+            ctx = world.context(b, L + c)  # asserts positions 0 .. L + c - 1 hold sequential KV
+            # req_to_token after commit: the prefix, the anchor and the accepted drafts, in order.
+            assert ctx == prompts[b] + generated[b] + out[b, : c - 1].tolist()
+            assert int(res.next_draft_input.bonus_tokens[b]) == int(out[b, c - 1])
+            if greedy_rows[b]:
+                # Committed tokens: the anchor's successors, exactly the target's sequential greedy decode.
+                assert out[b, :c].tolist() == refs[b][L + 1 : L + 1 + c]
             # The draft context was injected for the committed tokens only, at their sequential positions.
             slots = world.req_to_token[world.rows[b], L : L + c]
             assert world.draft_kv[slots, 0].tolist() == list(range(L, L + c))
-            assert world.draft_kv[slots, 1].tolist() == refs[b][L : L + c]
+            assert world.draft_kv[slots, 1].tolist() == ctx[L : L + c]
+            generated[b].extend(out[b, :c].tolist())
             accepts[c - 1] += 1
+        if page_size > 1:
+            # Paged KV: the table never changes; the accepted KV moved instead.
+            assert torch.equal(world.req_to_token, initial_table)
         stats = res.logits_output.customized_info["flashtree"]
-        assert [s[0] for s in stats] == [n] * BS and all(1 <= s[1] <= n and 1 <= s[2] <= W - 1 for s in stats)
+        assert [s[0] for s in stats] == [n] * bs and all(1 <= s[1] <= n and 1 <= s[2] <= W - 1 for s in stats)
         assert [s[3] for s in stats] == (commit - 1).tolist()
+        if on_step is not None:
+            on_step(res)
         seq_lens = res.new_seq_lens
         draft_input = res.next_draft_input
-    return accepts, state
+    return accepts, state, generated, world
 
 
 @pytest.mark.usefixtures("tree_kernels")
@@ -215,7 +264,7 @@ def test_tree_step_matches_sequential_greedy_decode(monkeypatch):
         return result
 
     monkeypatch.setattr(decode, "walk", walk)
-    accepts, state = run(n=4, steps=40)
+    accepts, state, _gen, _world = run(n=4, steps=40)
     assert state.steps > 0
     assert all(accepts[d] > 0 for d in range(GAMMA)), f"not rejected at every depth: {sorted(accepts.items())}"
     assert sum(v for d, v in accepts.items() if d >= 2) > 0, sorted(accepts.items())
@@ -284,6 +333,129 @@ def test_n1_chain_equals_dspark_chain_accept(monkeypatch):
         return result
 
     monkeypatch.setattr(decode, "walk", walk)
-    accepts, state = run(n=1, steps=12)
+    accepts, state, _gen, _world = run(n=1, steps=12)
     assert len(checked) == state.steps > 0
     assert sum(accepts.values()) == BS * state.steps
+
+
+@pytest.mark.usefixtures("tree_kernels")
+def test_paged_kv_commit_copies_accepted_kv():
+    """Page size 4: req_to_token stays as allocated (paged layout intact); the accepted nodes' KV is copied to the
+    window's first offsets through the pool's move_kv_cache; commits still equal the sequential greedy decode."""
+    accepts, state, _gen, world = run(n=4, steps=25, page_size=4)
+    assert state.page_size == 4 and world.moves == state.steps * GAMMA  # one move_kv_cache call per depth per step
+    assert sum(v for d, v in accepts.items() if d >= 2) > 0, sorted(accepts.items())
+
+
+def test_paged_kv_needs_a_pool_that_moves_kv():
+    worker = types.SimpleNamespace(
+        verify_num_draft_tokens=W, device="cpu",
+        model_runner=types.SimpleNamespace(page_size=16, token_to_kv_pool=object()),
+    )
+    with pytest.raises(SystemExit, match=r"with --page-size 16 the tree path commits by copying the accepted KV, but the target KV pool \(object\) has no move_kv_cache"):
+        create_state(adapters.select_adapter(), TreeToggles(tree_n=4), worker)
+
+
+def torch_tree_mask_and_positions(tree, anchor, seq_lens, seq_lens_sum):
+    """sglang's FULL_MASK layout (per request W rows of prefix + W booleans, flat) and positions, in torch."""
+    from flashtree.tree import ancestor_mask, tree_positions
+
+    block = ancestor_mask(tree)
+    rows = [torch.cat([torch.ones(W, int(L), dtype=torch.bool), block[b]], dim=1).flatten() for b, L in enumerate(seq_lens)]
+    return torch.cat(rows), tree_positions(tree, seq_lens).reshape(-1)
+
+
+def chi2_critical_001(dof: int) -> float:
+    """Chi-square critical value at p = 0.001 (Wilson-Hilferty; within 1% of the table for dof >= 3)."""
+    z = 3.0902
+    return dof * (1 - 2 / (9 * dof) + z * (2 / (9 * dof)) ** 0.5) ** 3
+
+
+@pytest.mark.usefixtures("tree_kernels")
+def test_sampled_walk_is_lossless_in_a_mixed_batch(monkeypatch):
+    """Temperature 0.7 rows (N = 4) are served by the lossless target-only walk: the first two sampled tokens after
+    the anchor follow the target's own two-step distribution (chi-square, seeded). top_k = 1 rows in the same batch
+    equal the greedy decode token for token. Each step's walk equals flashtree.tree.verify_sampled on the same draws
+    with the per-row settings taken from sglang's sampling info (greedy rows at temperature 0)."""
+    import flashtree.patches.decode as decode
+    from flashtree.tree import verify_sampled
+
+    prompt = [4, 4, 2, 7]
+    bs, temp = 1600, 0.7
+    # sglang's Triton tree-mask kernel costs ~0.2 s per request under the interpreter; the greedy tests above run it,
+    # here the same FULL_MASK layout comes from flashtree's torch encoders so the sample can be large.
+    monkeypatch.setattr(decode, "tree_mask_and_positions", torch_tree_mask_and_positions)
+    greedy = torch.arange(bs) % 8 == 0
+    sampling_info = types.SimpleNamespace(
+        is_all_greedy=False,
+        temperatures=torch.where(greedy, 1.0, temp).view(-1, 1),
+        top_ks=torch.where(greedy, 1, 1 << 30).to(torch.int32),
+        top_ps=torch.ones(bs),
+    )
+    real_walk = decode.walk
+    replayed = []
+
+    def walk(state, tree, logits, info):
+        before = state.generator.get_state()
+        result = real_walk(state, tree, logits, info)
+        replay = torch.Generator().set_state(before)
+        want = verify_sampled(
+            tree, logits.view(bs, W, V), torch.where(greedy, 0.0, temp), generator=replay, top_k=torch.zeros(bs, dtype=torch.long)
+        )
+        assert torch.equal(want.tokens, result.tokens) and torch.equal(want.accept_len, result.accept_len)
+        replayed.append(True)
+        return result
+
+    monkeypatch.setattr(decode, "walk", walk)
+    accepts, state, generated, _world = run(n=4, steps=2, prompts=[prompt] * bs, sampling_info=sampling_info)
+    assert len(replayed) == state.steps == 2
+    sampled_rows = [b for b in range(bs) if not greedy[b]]
+    assert sum(v for d, v in accepts.items() if d >= 2) > 0, "no sampled step accepted two drafts"
+
+    # The exact two-step distribution of the stand-in target after prompt + anchor, at temperature 0.7.
+    anchor = generated[0][0]
+    ctx = prompt + [anchor]
+    p1 = (target_logits(ctx) / temp).softmax(-1)
+    cells, expected = [], []
+    for t1 in p1.nonzero().flatten().tolist():
+        if p1[t1] < 1e-6:
+            continue
+        p2 = (target_logits(ctx + [t1]) / temp).softmax(-1)
+        for t2 in p2.nonzero().flatten().tolist():
+            if p2[t2] >= 1e-6:
+                cells.append((t1, t2))
+                expected.append(float(p1[t1] * p2[t2]))
+    counts = Counter((generated[b][1], generated[b][2]) for b in sampled_rows)
+    assert set(counts) <= set(cells), f"tokens outside the target's support: {set(counts) - set(cells)}"
+    n = len(sampled_rows)
+    stat = sum((counts.get(c, 0) - n * e) ** 2 / (n * e) for c, e in zip(cells, expected))
+    assert stat < chi2_critical_001(len(cells) - 1), f"chi-square {stat:.1f} over {len(cells)} cells, counts {counts}"
+    # And the walk did not just copy the draft: tokens the draft never favours (offset 11) were sampled too.
+    assert any(t1 == (target_next(ctx) + 11) % V for (t1, _t2) in counts)
+
+
+def test_n1_sampled_batches_keep_dspark_chain_sampling():
+    """FLASHTREE_TREE_N=1: sampled batches go to DSPARK's own decode (chain rejection sampling with the draft's
+    probabilities); greedy batches take the tree step."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    import flashtree.patches.decode as decode
+
+    calls = []
+    original = lambda self, batch, on_publish, *a, **k: calls.append("dspark") or "dspark-result"  # noqa: E731
+    adapter = adapters.select_adapter()
+    fwd = decode.make_forward_decode(original, adapter, TreeToggles(tree_n=1))
+    worker = types.SimpleNamespace(
+        verify_num_draft_tokens=W, device="cpu", model_runner=types.SimpleNamespace(page_size=1)
+    )
+    worker._flashtree = create_state(adapter, TreeToggles(tree_n=1), worker)
+
+    def batch(all_greedy):
+        info = types.SimpleNamespace(is_all_greedy=all_greedy)
+        return types.SimpleNamespace(forward_mode=ForwardMode.DECODE, sampling_info=info, has_grammar=False, return_logprob=False)
+
+    assert fwd(worker, batch(False), None) == "dspark-result" and calls == ["dspark"]
+    assert worker._flashtree.fallbacks == {"sampled-n1": 1}
+    assert decode.skip_reason(worker._flashtree, batch(True), (), {}) is None
+    worker._flashtree.toggles = TreeToggles(tree_n=4)
+    assert decode.skip_reason(worker._flashtree, batch(False), (), {}) is None

@@ -25,10 +25,6 @@ SCHEDULER = "sglang.srt.managers.scheduler:Scheduler"
 TRITON = "sglang.srt.layers.attention.triton_backend"
 DFLASH_UTILS = "sglang.srt.speculative.dflash_utils"
 
-# flashtree's split-KV tree-verify kernel, resolved only when FLASHTREE_SPLITKV_VERIFY=1. Contract: sglang's
-# `TritonAttnBackend.verify_splitkv_fwd(q, k, v, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask,
-# causal, mask_indptr, max_extend_len, k_descale, v_descale, sm_scale, **kw) -> bool` (True = o written).
-SPLITKV_KERNEL = "flashtree.attention:verify_splitkv_fwd"
 
 
 @dataclass
@@ -102,19 +98,26 @@ class SglangAdapter:
                 )
             )
         if toggles.splitkv_verify:
+            from .. import splitkv
+
             backend_cls = resolve(f"{TRITON}:TritonAttnBackend")
-            kernel = load_splitkv_kernel()
+            kernel = splitkv.load_kernel()
             out.append(
                 Patch(
                     backend_cls,
                     "__init__",
-                    lambda orig: make_triton_init(orig, kernel, self.has_shared_kv),
+                    lambda orig: splitkv.make_triton_init(orig, kernel, self.has_shared_kv, self.splitkv_declined),
                     "TritonAttnBackend.__init__",
                 )
             )
         return out
 
     has_shared_kv = True  # TritonAttnBackend has use_verify_shared_kv (0.5.20+)
+    # Calls flashtree's split-KV verify declined, by reason (they ran sglang's own extend attention instead).
+    splitkv_declined: dict
+
+    def __init__(self):
+        self.splitkv_declined = {}
 
     # ---- worker checks (at DSparkWorkerV2 construction) ------------------------------------------------------
     def gamma(self, worker) -> int:
@@ -234,6 +237,29 @@ class SglangAdapter:
             commit_lens=commit_lens,
         )
 
+    def target_kv_pool(self, worker):
+        return getattr(worker.model_runner, "token_to_kv_pool", None)  # DSparkWorkerV2.model_runner: the target's
+
+    def copy_commit_unsupported(self, worker) -> str | None:
+        """Why the paged-KV copy commit cannot run on this worker (None = it can)."""
+        pool = self.target_kv_pool(worker)
+        if not callable(getattr(pool, "move_kv_cache", None)):
+            return f"the target KV pool ({type(pool).__name__}) has no move_kv_cache"
+        return None
+
+    def copy_committed_kv(self, worker, window_slots_2d: torch.Tensor, plan) -> None:
+        """Paged KV: copy each accepted node's target KV (all layers) from its window slot to the slot of its depth.
+
+        One `move_kv_cache(tgt, src)` call per depth, over all requests at once: a call's copies never touch each other's
+        slots (one slot per request), and depth order keeps the plan's rule that no destination is a later source, so
+        the pool's copy kernel may run a call's copies in any order. Masked-off entries copy a slot onto itself.
+        """
+        pool = self.target_kv_pool(worker)
+        src = window_slots_2d.gather(1, plan.copy_src)
+        dst = window_slots_2d.gather(1, plan.copy_dst)
+        for j in range(src.shape[1]):
+            pool.move_kv_cache(dst[:, j].contiguous(), src[:, j].contiguous())
+
     def publish_req_to_token_write(self, worker) -> None:
         """The scheduler's next req_to_token write must wait for this step's reads (0.5.20+: a fresh event)."""
         runner = worker.target_worker.model_runner
@@ -254,30 +280,6 @@ class SglangAdapter:
 
 class _TaggableFrozenSet(frozenset):
     """frozenset subclass: accepts the installer's tag attribute."""
-
-
-def load_splitkv_kernel():
-    module_name, _, attr = SPLITKV_KERNEL.partition(":")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as err:
-        raise ToggleError(
-            f"flashtree: FLASHTREE_SPLITKV_VERIFY=1 needs flashtree's split-KV verify kernel ({SPLITKV_KERNEL}), which "
-            f"this flashtree build lacks ({type(err).__name__}: {err}); allowed: 0 (sglang's own verify attention)"
-        ) from None
-
-
-def make_triton_init(original, kernel, has_shared_kv: bool):
-    def __init__(self, model_runner, *args, **kwargs):
-        original(self, model_runner, *args, **kwargs)
-        if getattr(model_runner, "is_draft_worker", False):
-            return  # the draft's block forward keeps sglang's attention
-        self.use_verify_splitkv = True
-        if has_shared_kv:
-            self.use_verify_shared_kv = False
-        self.verify_splitkv_fwd = torch.compiler.disable(kernel)
-
-    return __init__
 
 
 COMMON_PROBES = (

@@ -1,0 +1,357 @@
+"""flashtree's Triton kernels against their peers on one GPU, in one run.
+
+    python benchmarks/bench_kernels.py --out results/         # prints tables, writes kernels.jsonl
+
+Per shape: flashtree's time (eager and CUDA-graph replay), each peer's time (flashmap 0.1.0 if importable, SDPA,
+flex_attention, sglang's Triton extend attention if importable, torch argmax / Gumbel-max), the memory floor at the
+measured copy rate, the ratios, and an output check. Times are triton.testing.do_bench medians in microseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from flashtree.attention import tree_attention_triton, tree_attention_paged_triton  # noqa: E402
+from flashtree.sampler.triton_sampler import sample_candidates_triton, sample_rows_triton  # noqa: E402
+from flashtree.tree import build_vote_tree, commit_plan, to_eagle, verify_greedy  # noqa: E402
+from flashtree.tree.triton_build import build_vote_tree_eagle_triton  # noqa: E402
+from flashtree.tree.triton_walk import walk_and_commit_triton  # noqa: E402
+
+ROWS: list = []
+OUT_FILE = None
+
+
+def log(**kw):
+    ROWS.append(kw)
+    line = json.dumps(kw)
+    print(line, flush=True)
+    if OUT_FILE:
+        with open(OUT_FILE, "a") as fh:
+            fh.write(line + "\n")
+
+
+def bench(fn, rep=40):
+    return triton.testing.do_bench(fn, warmup=5, rep=rep, return_mode="median") * 1e3
+
+
+def graphed(fn):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
+
+
+def try_graph(fn):
+    try:
+        return bench(graphed(fn))
+    except Exception as e:  # noqa: BLE001
+        print("graph failed:", repr(e)[:300], flush=True)
+        return None
+
+
+def ratio(a, b):
+    return None if a is None or b is None else round(a / b, 2)
+
+
+def ceiling():
+    x = torch.empty(2 * 1024**3, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    ms = triton.testing.do_bench(lambda: y.copy_(x), warmup=5, rep=50, return_mode="median")
+    bw = 2 * x.numel() / (ms * 1e-3)
+    del x, y
+    torch.cuda.empty_cache()
+    log(kind="ceiling", copy_TBps=round(bw / 1e12, 3))
+    return bw
+
+
+def anchor_candidates(bs, n, k, vocab=50):
+    base = torch.randint(0, vocab, (bs, 1, k), device="cuda")
+    flip = torch.rand(bs, n, k, device="cuda") < 0.25
+    return torch.where(flip, torch.randint(0, vocab, (bs, n, k), device="cuda"), base)
+
+
+def part_builder():
+    try:
+        from flashmap.sglang.tree import build_tree_abi
+
+        comp = torch.compile(build_tree_abi, dynamic=True)
+    except Exception as e:  # noqa: BLE001
+        print("flashmap not importable:", repr(e)[:200])
+        build_tree_abi = comp = None
+    for bs, n, k, w in [(1, 8, 15, 16), (16, 8, 15, 16), (64, 8, 15, 16), (64, 32, 15, 32), (256, 16, 15, 16)]:
+        cands = anchor_candidates(bs, n, k)
+        fn = lambda: build_vote_tree_eagle_triton(cands, w)  # noqa: E731
+        tree, enc = fn()
+        ref = build_vote_tree(cands, w)
+        same_ref = all(torch.equal(getattr(tree, f), getattr(ref, f)) for f in
+                       ["tokens", "parents", "depth", "votes", "valid", "first_candidate"])
+        same_ref &= torch.equal(enc.parent_list, to_eagle(ref).parent_list)
+        row = dict(kind="tree_build", bs=bs, n=n, k=k, width=w, same_as_reference=same_ref,
+                   flashtree_eager_us=bench(fn), flashtree_graph_us=try_graph(fn))
+        if build_tree_abi is not None:
+            tok, ids, _ = build_tree_abi(cands, w)
+            row["same_as_flashmap"] = bool(torch.equal(tok, enc.draft_tokens) and torch.equal(ids, enc.top_scores_index))
+            row["flashmap_eager_us"] = bench(lambda: build_tree_abi(cands, w))
+            f2 = lambda: comp(cands, w)  # noqa: E731
+            f2()
+            row["flashmap_compiled_graph_us"] = try_graph(f2)
+            row["speedup_vs_flashmap_graph"] = ratio(row["flashmap_compiled_graph_us"], row["flashtree_graph_us"])
+        log(**row)
+
+
+def part_walk():
+    for bs, n, k, w in [(1, 8, 15, 16), (64, 8, 15, 16), (64, 32, 15, 32), (256, 16, 15, 16)]:
+        cands = anchor_candidates(bs, n, k)
+        tree, _ = build_vote_tree_eagle_triton(cands, w)
+        # targets that follow the first child often: deep acceptance
+        tgt = torch.randint(0, 50, (bs, w), device="cuda")
+        ref_tree = build_vote_tree(cands, w)
+        for c in range(w - 1, 0, -1):
+            p = ref_tree.parents[:, c - 1]
+            keep = ref_tree.valid[:, c - 1] & (torch.rand(bs, device="cuda") < 0.9)
+            tgt[keep, p[keep]] = ref_tree.tokens[keep, c - 1]
+        seq = torch.randint(100, 4000, (bs,), device="cuda")
+        r2t = torch.arange(bs * 8192, device="cuda", dtype=torch.int32).view(bs, 8192)
+        rows = torch.arange(bs, device="cuda")
+        starts = seq.clone()
+        res_ref = verify_greedy(ref_tree, tgt)
+        plan_ref = commit_plan(ref_tree, res_ref)
+        res, plan, _ = walk_and_commit_triton(tree, tgt, seq)
+        same = all(torch.equal(getattr(res, f), getattr(res_ref, f)) for f in ["path", "accept_len", "bonus", "tokens"])
+        same &= all(torch.equal(getattr(plan, f), getattr(plan_ref, f)) for f in
+                    ["permutation", "copy_src", "copy_dst", "copy_mask", "kv_len"])
+        fn = lambda: walk_and_commit_triton(tree, tgt, seq, r2t, rows, starts)  # noqa: E731
+
+        def whole():  # the tree path's own kernels in a step: build, then walk + commit
+            t, _ = build_vote_tree_eagle_triton(cands, w)
+            return walk_and_commit_triton(t, tgt, seq, r2t, rows, starts)
+
+        log(kind="walk_commit", bs=bs, n=n, k=k, width=w, same_as_reference=same,
+            mean_accept=round(res.accept_len.float().mean().item(), 2),
+            flashtree_eager_us=bench(fn), flashtree_graph_us=try_graph(fn),
+            build_plus_walk_graph_us=try_graph(whole),
+            torch_reference_eager_us=bench(lambda: commit_plan(ref_tree, verify_greedy(ref_tree, tgt))))
+
+
+def part_sampler(bw):
+    try:
+        from flashmap.sglang.kernels import sample_rows as fm_sample
+    except Exception as e:  # noqa: BLE001
+        print("flashmap sampler not importable:", repr(e)[:200])
+        fm_sample = None
+    for rows, vocab, dtype in [(15, 151936, torch.bfloat16), (960, 32768, torch.bfloat16),
+                               (960, 151936, torch.bfloat16), (960, 151936, torch.float32)]:
+        logits = torch.randn(rows, vocab, device="cuda").to(dtype)
+        t_samp = torch.full((rows,), 0.7, device="cuda")
+        t_greedy = torch.zeros(rows, device="cuda")
+        floor = rows * vocab * logits.element_size() / bw * 1e6
+        same = torch.equal(sample_rows_triton(logits, t_greedy), logits.argmax(-1))
+        row = dict(kind="sampler", rows=rows, vocab=vocab, dtype=str(dtype).split(".")[-1], floor_us=floor,
+                   greedy_equals_torch_argmax=same)
+        fs = lambda: sample_rows_triton(logits, t_samp)  # noqa: E731
+        fg = lambda: sample_rows_triton(logits, t_greedy)  # noqa: E731
+        row["flashtree_sample_eager_us"] = bench(fs)
+        row["flashtree_sample_graph_us"] = try_graph(fs)
+        row["flashtree_greedy_eager_us"] = bench(fg)
+        row["flashtree_greedy_graph_us"] = try_graph(fg)
+        row["torch_argmax_us"] = bench(lambda: logits.argmax(-1))
+        row["torch_argmax_graph_us"] = try_graph(lambda: logits.argmax(-1))
+
+        def gumbel():
+            u = torch.rand(rows, vocab, device="cuda")
+            return (logits.float() / 0.7 - torch.log(-torch.log(u))).argmax(-1)
+
+        row["torch_gumbel_us"] = bench(gumbel)
+        if fm_sample is not None and dtype == torch.bfloat16:
+            greedy = torch.zeros(rows, dtype=torch.int32, device="cuda")
+            seed = torch.zeros((), dtype=torch.int64, device="cuda")
+            fm = lambda: fm_sample(logits, t_samp, greedy, seed)  # noqa: E731
+            row["flashmap_us"] = bench(fm)
+            row["flashmap_graph_us"] = try_graph(fm)
+        row["sample_graph_vs_floor"] = ratio(row["flashtree_sample_graph_us"], floor)
+        row["greedy_graph_vs_floor"] = ratio(row["flashtree_greedy_graph_us"], floor)
+        row["greedy_vs_torch_argmax_graph"] = ratio(row["flashtree_greedy_graph_us"], row["torch_argmax_graph_us"])
+        log(**row)
+    # N-candidate form: 8 draws per row from one read
+    logits = torch.randn(960, 151936, device="cuda").to(torch.bfloat16)
+    t = torch.full((960,), 0.7, device="cuda")
+    fn = lambda: sample_candidates_triton(logits, t, 8)  # noqa: E731
+    log(kind="sampler_candidates", rows=960, vocab=151936, n=8, flashtree_eager_us=bench(fn),
+        flashtree_graph_us=try_graph(fn), floor_us=960 * 151936 * 2 / bw * 1e6)
+
+
+def tree_mask(bs, L):
+    allowed = torch.zeros(bs, L, L, dtype=torch.bool)
+    idx = torch.arange(bs)
+    for i in range(L):
+        allowed[:, i, i] = True
+        if i:
+            p = torch.randint(0, i, (bs,))
+            allowed[idx, i] |= allowed[idx, p]
+    return allowed.cuda()
+
+
+def part_attention(bw, with_flex=True):
+    try:
+        from flashmap.sglang.verify_attention import SplitKVVerify
+    except Exception as e:  # noqa: BLE001
+        print("flashmap attention not importable:", repr(e)[:200])
+        SplitKVVerify = None
+    try:
+        from sglang.srt.layers.attention.triton_ops.extend_attention import extend_attention_fwd
+    except Exception as e:  # noqa: BLE001
+        print("sglang extend_attention_fwd not importable (no sglang on this machine):", repr(e)[:120])
+        extend_attention_fwd = None
+    flex = None
+    if with_flex:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        flex = torch.compile(flex_attention, dynamic=False)
+    hq, hkv, d = 32, 8, 128
+    for bs, prefix, L in [(1, 4096, 16), (1, 32768, 16), (8, 4096, 16), (32, 4096, 32), (64, 2048, 16),
+                          (64, 8192, 16)]:
+        total = bs * prefix + 64
+        k_buf = torch.randn(total, hkv, d, dtype=torch.bfloat16, device="cuda")
+        v_buf = torch.randn(total, hkv, d, dtype=torch.bfloat16, device="cuda")
+        kv_indices = (torch.randperm(total - 64, device="cuda")[: bs * prefix] + 64).to(torch.int64)
+        kv_indptr = torch.arange(0, bs + 1, device="cuda", dtype=torch.int32) * prefix
+        qo_indptr = torch.arange(0, bs + 1, device="cuda", dtype=torch.int32) * L
+        q = torch.randn(bs * L, hq, d, dtype=torch.bfloat16, device="cuda")
+        k = torch.randn(bs * L, hkv, d, dtype=torch.bfloat16, device="cuda")
+        v = torch.randn(bs * L, hkv, d, dtype=torch.bfloat16, device="cuda")
+        allowed = tree_mask(bs, L)
+        qlen = allowed.reshape(-1).to(torch.uint8)
+        kp = k_buf[kv_indices].view(bs, prefix, hkv, d)
+        vp = v_buf[kv_indices].view(bs, prefix, hkv, d)
+        kk = torch.cat([kp, k.view(bs, L, hkv, d)], 1).transpose(1, 2).contiguous()
+        vv = torch.cat([vp, v.view(bs, L, hkv, d)], 1).transpose(1, 2).contiguous()
+        del kp, vp
+        qq = q.view(bs, L, hq, d).transpose(1, 2).contiguous()
+        full = torch.ones(bs, 1, L, prefix + L, dtype=torch.bool, device="cuda")
+        full[:, 0, :, prefix:] = allowed
+        ref = torch.empty(bs * L, hq, d, dtype=torch.float32, device="cuda")
+        for b in range(bs):  # fp32 reference, request by request
+            r = torch.nn.functional.scaled_dot_product_attention(qq[b:b + 1].float(), kk[b:b + 1].float(),
+                                                                 vv[b:b + 1].float(), attn_mask=full[b:b + 1],
+                                                                 enable_gqa=True)
+            ref[b * L:(b + 1) * L] = r[0].transpose(0, 1)
+
+        def err(o):
+            return ((o.float() - ref).norm() / ref.norm()).item()
+
+        o1 = torch.empty_like(q)
+        f1 = lambda: tree_attention_triton(q, k, v, k_buf, v_buf, kv_indptr, kv_indices, qlen, L, out=o1)  # noqa
+        f1()
+        floor = bs * prefix * hkv * d * 2 * 2 / bw * 1e6
+        row = dict(kind="verify_attn", bs=bs, prefix=prefix, L=L, floor_us=floor, flashtree_err=err(o1),
+                   flashtree_eager_us=bench(f1), flashtree_graph_us=try_graph(f1))
+        if SplitKVVerify is not None:
+            o2 = torch.empty_like(q)
+            sk = SplitKVVerify()
+            sk.qlen_mask = True
+            f2 = lambda: sk(q, k, v, o2, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, qlen, False, None, L)  # noqa
+            f2()
+            row.update(flashmap_err=err(o2), flashmap_eager_us=bench(f2), flashmap_graph_us=try_graph(f2))
+        if extend_attention_fwd is not None:
+            o3 = torch.empty_like(q)
+            fm = torch.ones(bs, L, prefix + L, dtype=torch.bool, device="cuda")
+            fm[:, :, prefix:] = allowed
+            fm = fm.reshape(-1)
+            mip = torch.arange(0, bs + 1, device="cuda", dtype=torch.int64) * (L * (prefix + L))
+            f3 = lambda: extend_attention_fwd(q, k, v, o3, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, fm,  # noqa
+                                              True, mip, L, 1.0, 1.0, skip_prefix_custom_mask=True)
+            try:
+                f3()
+                row.update(sglang_err=err(o3), sglang_eager_us=bench(f3), sglang_graph_us=try_graph(f3))
+            except Exception as e:  # noqa: BLE001
+                print("sglang extend failed", repr(e)[:200])
+        sd = lambda: torch.nn.functional.scaled_dot_product_attention(qq, kk, vv, attn_mask=full, enable_gqa=True)  # noqa
+        row.update(sdpa_eager_us=bench(sd), sdpa_graph_us=try_graph(sd))
+        if flex is not None:
+            try:
+                tm = allowed
+
+                def mask_mod(b, h, qi, ki):
+                    return (ki < prefix) | tm[b, qi, (ki - prefix).clamp(min=0)]
+
+                bm = create_block_mask(mask_mod, bs, None, L, prefix + L, device="cuda", BLOCK_SIZE=128)
+                fx = lambda: flex(qq, kk, vv, block_mask=bm, enable_gqa=True)  # noqa: E731
+                fx()
+                row.update(flex_graph_us=try_graph(fx))
+            except Exception as e:  # noqa: BLE001
+                print("flex failed", repr(e)[:200])
+        g = row["flashtree_graph_us"]
+        row["flashtree_graph_vs_floor"] = ratio(g, floor)
+        for peer in ["flashmap_graph_us", "sglang_graph_us", "sdpa_graph_us", "flex_graph_us"]:
+            if row.get(peer) is not None:
+                row["speedup_vs_" + peer[:-3]] = ratio(row[peer], g)
+        log(**row)
+        del k_buf, v_buf, kk, vv, ref
+        torch.cuda.empty_cache()
+    # paged layout at bs 64 / 8192
+    bs, prefix, L = 64, 8192, 16
+    for page in (16, 64):
+        npages = bs * prefix // page + 4
+        kc = torch.randn(npages, page, hkv, d, dtype=torch.bfloat16, device="cuda")
+        vc = torch.randn(npages, page, hkv, d, dtype=torch.bfloat16, device="cuda")
+        pt = (torch.randperm(npages - 4, device="cuda")[: bs * prefix // page] + 4).view(bs, -1).to(torch.int32)
+        lens = torch.full((bs,), prefix, device="cuda", dtype=torch.int32)
+        q = torch.randn(bs * L, hq, d, dtype=torch.bfloat16, device="cuda")
+        k = torch.randn(bs * L, hkv, d, dtype=torch.bfloat16, device="cuda")
+        v = torch.randn(bs * L, hkv, d, dtype=torch.bfloat16, device="cuda")
+        qlen = tree_mask(bs, L).reshape(-1).to(torch.uint8)
+        o = torch.empty_like(q)
+        fp = lambda: tree_attention_paged_triton(q, k, v, kc, vc, pt, lens, page, qlen, L, out=o)  # noqa: E731
+        fp()
+        floor = bs * prefix * hkv * d * 2 * 2 / bw * 1e6
+        g = try_graph(fp)
+        log(kind="verify_attn_paged", bs=bs, prefix=prefix, L=L, page=page, floor_us=floor, flashtree_eager_us=bench(fp),
+            flashtree_graph_us=g, flashtree_graph_vs_floor=ratio(g, floor))
+        del kc, vc
+        torch.cuda.empty_cache()
+
+
+def main():
+    global OUT_FILE
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="results")
+    ap.add_argument("--parts", default="builder,walk,sampler,attention")
+    ap.add_argument("--no-flex", action="store_true")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    OUT_FILE = os.path.join(a.out, "kernels.jsonl")
+    open(OUT_FILE, "w").close()
+    log(kind="env", torch=torch.__version__, triton=triton.__version__, gpu=torch.cuda.get_device_name(),
+        python=sys.version.split()[0], date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    torch.manual_seed(0)
+    bw = ceiling()
+    parts = {"builder": part_builder, "walk": part_walk, "sampler": lambda: part_sampler(bw),
+             "attention": lambda: part_attention(bw, not a.no_flex)}
+    for name in a.parts.split(","):
+        t = time.time()
+        try:
+            parts[name]()
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            log(kind="error", part=name, error=repr(e)[:500])
+        print(f"# {name} took {time.time() - t:.1f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

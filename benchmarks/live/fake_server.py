@@ -1,0 +1,59 @@
+"""A stand-in for sglang's HTTP server, to check client.py on a machine without a GPU.
+
+usage: python fake_server.py PORT MODE     MODE: plain | tree | broken (greedy outputs differ) | refuse-all
+Greedy output = a function of the prompt; sampled output = draws from a fixed per-position distribution; `tree` adds
+flashtree statistics to meta_info and refuses regex requests the way flashtree's admission does (HTTP 400).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+PORT, MODE = int(sys.argv[1]), sys.argv[2]
+rng = random.Random(PORT)
+
+
+def one(ids, sp):
+    n = sp.get("max_new_tokens", 16)
+    if sp.get("temperature", 0) > 0:
+        out = [rng.choices([5, 6, 7, 8], weights=[5, 3, 1, 1])[0] for _ in range(n)]
+    else:
+        out = [(sum(ids) * 31 + 7 * i) % 32000 for i in range(n)]
+        if MODE == "broken":
+            out[3] += 1
+    meta = {"id": "x", "spec_accept_length": 2.5, "spec_accept_histogram": [1, 2, 3]}
+    if MODE == "tree":
+        meta["flashtree"] = [[8, 3, 7, 2], [8, 2, 7, 0]]
+    return {"text": "ab" * (n // 2), "output_ids": out, "meta_info": meta}
+
+
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def _send(self, code, obj):
+        raw = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def do_GET(self):
+        self._send(200, {}) if self.path == "/health" else self._send(404, {})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        sp = body.get("sampling_params", {})
+        if MODE == "tree" and sp.get("regex"):
+            return self._send(400, {"error": {"message": "flashtree: this server runs flashtree tree speculative decoding (FLASHTREE_TREE_N=8), which cannot serve grammar-constrained generation (regex)."}})
+        ids = body["input_ids"]
+        if ids and isinstance(ids[0], list):
+            return self._send(200, [one(i, sp) for i in ids])
+        return self._send(200, one(ids, sp))
+
+
+ThreadingHTTPServer(("127.0.0.1", PORT), H).serve_forever()

@@ -1,0 +1,264 @@
+"""Split-KV tree-verify attention in Triton.
+
+One program per (request, KV head, row block, split). Its rows are the G query heads that share the KV head times
+the L verify tokens (row r = token r // G, head h * G + r % G: GQA packing), so each prefix key and value is read once
+per KV head for all of them. The prefix is cut into S splits when the batch alone cannot fill the GPU; the last split
+also attends the L fresh verify tokens under the tree mask, which is read only on each request's L x L block. With
+S = 1 the program normalises and writes the output itself; otherwise a merge kernel combines the splits by their
+log-sum-exp. Only shapes are read on the host: graph-capturable.
+
+Layouts: sglang's (`k_buffer`/`v_buffer (slots, Hkv, D)`, `kv_indptr`, `kv_indices`) and paged (`k_cache`/`v_cache
+(pages, page_size, Hkv, D)`, `page_table (bs, max_pages)`, `prefix_lens (bs,)`). Masks: QLEN (each request's L x L
+block) or sglang's FULL layout (`mask_indptr` given; prefix columns skipped).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _verify_kernel(
+    q_ptr, k_ptr, v_ptr, kb_ptr, vb_ptr,
+    kv_indptr, kv_indices, page_table, prefix_lens, pt_stride,
+    mask_ptr, mask_indptr,
+    o_ptr, po_ptr, plse_ptr,
+    qk_scale,
+    s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_kbt, s_kbh, s_vbt, s_vbh, s_ot, s_oh,
+    HKV: tl.constexpr, G: tl.constexpr, L: tl.constexpr, LP: tl.constexpr,
+    D: tl.constexpr, BD: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr,
+    BM: tl.constexpr, RB: tl.constexpr, BN: tl.constexpr, S: tl.constexpr,
+    PAGED: tl.constexpr, PAGE: tl.constexpr, MASK_FULL: tl.constexpr, DIRECT: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1) // RB
+    rb = tl.program_id(1) % RB
+    s = tl.program_id(2)
+    rows = rb * BM + tl.arange(0, BM)
+    row_ok = rows < G * L
+    t = rows // G
+    hq = h * G + rows % G
+    d = tl.arange(0, BD)
+    dv = tl.arange(0, BDV)
+    q = tl.load(q_ptr + (b * L + t).to(tl.int64)[:, None] * s_qt + hq[:, None] * s_qh + d[None, :],
+                mask=row_ok[:, None] & (d[None, :] < D), other=0.0)
+    if DOT_F32:  # the CPU interpreter (triton 3.7) mis-multiplies bf16 dots; compute them in fp32 there
+        q = q.to(tl.float32)
+    if PAGED:
+        prefix = tl.load(prefix_lens + b).to(tl.int32)
+        kv_start = 0
+    else:
+        kv_start = tl.load(kv_indptr + b)
+        prefix = (tl.load(kv_indptr + b + 1) - kv_start).to(tl.int32)
+    m_i = tl.full([BM], float("-inf"), tl.float32)
+    l_i = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, BDV], tl.float32)
+    chunk = tl.cdiv(tl.cdiv(prefix, S), BN) * BN
+    lo = s * chunk
+    hi = tl.minimum(lo + chunk, prefix)
+    kb_h = kb_ptr + h * s_kbh
+    vb_h = vb_ptr + h * s_vbh
+    for start in range(lo, hi, BN):
+        n = start + tl.arange(0, BN)
+        nm = n < hi
+        if PAGED:
+            page = tl.load(page_table + b.to(tl.int64) * pt_stride + n // PAGE, mask=nm, other=0)
+            slot = page.to(tl.int64) * PAGE + n % PAGE
+        else:
+            slot = tl.load(kv_indices + kv_start + n, mask=nm, other=0).to(tl.int64)
+        kk = tl.load(kb_h + slot[:, None] * s_kbt + d[None, :], mask=nm[:, None] & (d[None, :] < D), other=0.0)
+        if DOT_F32:
+            kk = kk.to(tl.float32)
+        sc = tl.dot(q, tl.trans(kk)) * qk_scale
+        sc = tl.where(nm[None, :], sc, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(sc - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        vt = tl.load(vb_h + slot[:, None] * s_vbt + dv[None, :], mask=nm[:, None] & (dv[None, :] < DV), other=0.0)
+        if DOT_F32:
+            acc = acc * alpha[:, None] + tl.dot(p, vt.to(tl.float32))
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+        m_i = m_new
+    if s == S - 1:
+        j = tl.arange(0, LP)
+        jm = j < L
+        tok = (b * L + j).to(tl.int64)
+        kk = tl.load(k_ptr + tok[:, None] * s_kt + h * s_kh + d[None, :], mask=jm[:, None] & (d[None, :] < D),
+                     other=0.0)
+        if DOT_F32:
+            kk = kk.to(tl.float32)
+        sc = tl.dot(q, tl.trans(kk)) * qk_scale
+        mm = row_ok[:, None] & jm[None, :]
+        if MASK_FULL:
+            moff = tl.load(mask_indptr + b) + t[:, None].to(tl.int64) * (prefix + L) + prefix + j[None, :]
+        else:
+            moff = b.to(tl.int64) * (L * L) + t[:, None] * L + j[None, :]
+        allowed = tl.load(mask_ptr + moff, mask=mm, other=0) != 0
+        sc = tl.where(allowed, sc, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(sc - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        vt = tl.load(v_ptr + tok[:, None] * s_vt + h * s_vh + dv[None, :], mask=jm[:, None] & (dv[None, :] < DV),
+                     other=0.0)
+        if DOT_F32:
+            acc = acc * alpha[:, None] + tl.dot(p, vt.to(tl.float32))
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+        m_i = m_new
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    if DIRECT:
+        tl.store(o_ptr + (b * L + t).to(tl.int64)[:, None] * s_ot + hq[:, None] * s_oh + dv[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (dv[None, :] < DV))
+    else:
+        part = ((b * HKV + h) * RB + rb) * S + s
+        lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
+        r = tl.arange(0, BM)
+        tl.store(plse_ptr + part.to(tl.int64) * BM + r, lse)
+        tl.store(po_ptr + part.to(tl.int64) * (BM * BDV) + r[:, None] * BDV + dv[None, :], out)
+
+
+@triton.jit
+def _merge_kernel(
+    po_ptr, plse_ptr, o_ptr, s_ot, s_oh,
+    HKV: tl.constexpr, G: tl.constexpr, L: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr,
+    BM: tl.constexpr, RB: tl.constexpr, S: tl.constexpr, SP: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1) // RB
+    rb = tl.program_id(1) % RB
+    r = tl.arange(0, BM)
+    rows = rb * BM + r
+    row_ok = rows < G * L
+    t = rows // G
+    hq = h * G + rows % G
+    dv = tl.arange(0, BDV)
+    sp = tl.arange(0, SP)
+    base = ((b * HKV + h) * RB + rb) * S
+    lse = tl.load(plse_ptr + (base + sp[None, :]).to(tl.int64) * BM + r[:, None], mask=sp[None, :] < S,
+                  other=float("-inf"))  # [BM, SP]
+    mx = tl.max(lse, axis=1)
+    mx = tl.where(mx == float("-inf"), 0.0, mx)
+    w = tl.exp2(lse - mx[:, None])
+    den = tl.sum(w, axis=1)
+    acc = tl.zeros([BM, BDV], tl.float32)
+    for s in range(S):
+        ws = tl.sum(tl.where(sp[None, :] == s, w, 0.0), axis=1)
+        po = tl.load(po_ptr + (base + s).to(tl.int64) * (BM * BDV) + r[:, None] * BDV + dv[None, :])
+        acc += ws[:, None] * po
+    out = acc / tl.where(den > 0, den, 1.0)[:, None]
+    tl.store(o_ptr + (b * L + t).to(tl.int64)[:, None] * s_ot + hq[:, None] * s_oh + dv[None, :],
+             out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (dv[None, :] < DV))
+
+
+_SMS: dict = {}
+
+
+def _sm_count(device) -> int:
+    if device.type != "cuda":
+        return 8
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _SMS:
+        _SMS[key] = torch.cuda.get_device_properties(key).multi_processor_count
+    return _SMS[key]
+
+
+def _np2(x: int, lo: int = 16) -> int:
+    return max(lo, triton.next_power_of_2(x))
+
+
+def _config(g, L, d, dv, interp):
+    rows = g * L
+    cap = 128 if max(d, dv) <= 128 else 64
+    bm = min(cap, _np2(rows))
+    bn = 64 if max(d, dv) <= 128 else 32
+    warps = 8 if bm * max(d, dv) >= 128 * 128 else 4
+    stages = 3 if max(d, dv) <= 128 else 2
+    return bm, triton.cdiv(rows, bm), bn, warps, stages
+
+
+def _run(q, k, v, kb, vb, kv_indptr, kv_indices, page_table, prefix_lens, page, custom_mask, L, sm_scale,
+         mask_indptr, out, num_splits):
+    tokens, hq, d = q.shape
+    hkv = k.shape[1]
+    dv = v.shape[2]
+    if hq % hkv:
+        raise ValueError(f"query heads ({hq}) must be a multiple of KV heads ({hkv})")
+    if tokens % L:
+        raise ValueError(f"q has {tokens} tokens, not a multiple of L = {L}")
+    if custom_mask is None:
+        raise ValueError("tree verify attention needs the tree mask (custom_mask)")
+    g = hq // hkv
+    bs = tokens // L
+    if out is None:
+        out = torch.empty(tokens, hq, dv, dtype=q.dtype, device=q.device)
+    if bs == 0:
+        return out
+    scale = (d ** -0.5 if sm_scale is None else sm_scale) * 1.4426950408889634
+    interp = q.device.type != "cuda"
+    bm, rb, bn, warps, stages = _config(g, L, d, dv, interp)
+    if num_splits is None:
+        progs = bs * hkv * rb
+        sms = _sm_count(q.device)
+        num_splits = 1 if progs >= sms else min(64, triton.cdiv(2 * sms, progs))
+    s = int(num_splits)
+    direct = s == 1
+    bdv = _np2(dv)
+    if direct:
+        po = plse = out
+    else:
+        po = torch.empty(bs * hkv * rb * s * bm * bdv, dtype=torch.float32, device=q.device)
+        plse = torch.empty(bs * hkv * rb * s * bm, dtype=torch.float32, device=q.device)
+    paged = page_table is not None
+    mask = custom_mask if custom_mask.dtype != torch.bool else custom_mask.view(torch.uint8)
+    dummy = kv_indptr if not paged else prefix_lens
+    _verify_kernel[(bs, hkv * rb, s)](
+        q, k, v, kb, vb,
+        kv_indptr if not paged else dummy, kv_indices if not paged else dummy,
+        page_table if paged else dummy, prefix_lens if paged else dummy, page_table.stride(0) if paged else 0,
+        mask, mask_indptr if mask_indptr is not None else dummy,
+        out, po, plse, scale,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        kb.stride(0), kb.stride(1), vb.stride(0), vb.stride(1), out.stride(0), out.stride(1),
+        HKV=hkv, G=g, L=L, LP=_np2(L), D=d, BD=_np2(d), DV=dv, BDV=bdv, BM=bm, RB=rb, BN=bn, S=s,
+        PAGED=paged, PAGE=page, MASK_FULL=mask_indptr is not None, DIRECT=direct, DOT_F32=interp,
+        num_warps=warps, num_stages=stages,
+    )
+    if not direct:
+        _merge_kernel[(bs, hkv * rb)](po, plse, out, out.stride(0), out.stride(1), HKV=hkv, G=g, L=L, DV=dv,
+                                      BDV=bdv, BM=bm, RB=rb, S=s, SP=_np2(s, 2), num_warps=4)
+    return out
+
+
+def _check_inner(x, name):
+    if x.stride(-1) != 1:
+        raise ValueError(f"{name} must be contiguous in its last (head-dim) axis")
+
+
+def tree_attention_triton(q, k, v, k_buffer, v_buffer, kv_indptr, kv_indices, custom_mask, L, sm_scale=None,
+                          mask_indptr=None, out=None, num_splits=None):
+    """Same signature and result as `tree_attention_reference` (sglang's layout); returns (bs*L, Hq, DV)."""
+    for x, n in [(q, "q"), (k, "k"), (v, "v"), (k_buffer, "k_buffer"), (v_buffer, "v_buffer")]:
+        _check_inner(x, n)
+    return _run(q, k, v, k_buffer, v_buffer, kv_indptr, kv_indices, None, None, 1, custom_mask, L, sm_scale,
+                mask_indptr, out, num_splits)
+
+
+def tree_attention_paged_triton(q, k, v, k_cache, v_cache, page_table, prefix_lens, page_size, custom_mask, L,
+                                sm_scale=None, mask_indptr=None, out=None, num_splits=None):
+    """Paged layout, same signature and result as `tree_attention_paged_reference`."""
+    hkv = k_cache.shape[-2]
+    kb = k_cache.reshape(-1, hkv, k_cache.shape[-1])
+    vb = v_cache.reshape(-1, hkv, v_cache.shape[-1])
+    for x, n in [(q, "q"), (k, "k"), (v, "v"), (kb, "k_cache"), (vb, "v_cache")]:
+        _check_inner(x, n)
+    return _run(q, k, v, kb, vb, None, None, page_table, prefix_lens, page_size, custom_mask, L, sm_scale,
+                mask_indptr, out, num_splits)

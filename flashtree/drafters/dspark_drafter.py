@@ -1,0 +1,194 @@
+"""DSPARK drafter: a flashtree-trained (or any sglang-format) DSPARK draft checkpoint in the reference engine.
+
+One draft forward per request gives the block's base logits (the block depends only on the context and the anchor);
+the N candidates are N walks of the Markov head over them:
+  temperature 0      every candidate is the greedy block (argmax at each step, the previous choice feeding the
+                     Markov bias): N > 1 adds no node, the tree is the chain;
+  temperature T > 0  candidate 0 is the greedy block when `greedy_first` (default), the others sample each step from
+                     softmax((base_j + bias(prev)) / T) by inverse CDF, with block_size uniforms per candidate drawn
+                     from the generator candidate after candidate, so the first n candidates of a draw of N are the
+                     draw of n (what replay needs).
+The draft keeps per-request context K/V for every position with target KV (the context grows with `advance`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..dspark.checkpoint import load_checkpoint
+from ..dspark.model import DSparkDraftModel, block_ids
+from .base import DraftState, Proposal
+
+
+def check_dspark_target(config, target) -> None:
+    """A clear error if a DSPARK draft with `config` cannot draft for `target` (before any work)."""
+    text = target.config.get_text_config()
+    vocab = int(target.get_output_embeddings().weight.shape[0])
+    problems = []
+    if config.vocab_size != vocab:
+        problems.append(f"vocabulary {config.vocab_size} != the target's {vocab}")
+    if config.hidden_size != text.hidden_size:
+        problems.append(f"hidden size {config.hidden_size} != the target's {text.hidden_size}")
+    if config.num_target_layers != text.num_hidden_layers:
+        problems.append(f"it was built for a {config.num_target_layers}-layer target, this one has {text.num_hidden_layers}")
+    bad = [i for i in config.target_layer_ids if not 0 <= i < text.num_hidden_layers - 1]
+    if bad:
+        problems.append(f"target_layer_ids {bad} are not layers 0..{text.num_hidden_layers - 2}")
+    if problems:
+        raise ValueError("DSPARK drafter does not fit this target: " + "; ".join(problems))
+
+
+class DSparkDrafter:
+    """Drafts with a DSparkDraftModel, reading the target's hidden states through DraftState.hidden.
+
+    k: draft tokens per candidate, at most the checkpoint's block_size (default: block_size); a shorter block runs
+        the first k block rows, as sglang does with a smaller --speculative-num-draft-tokens.
+    """
+
+    def __init__(self, model: DSparkDraftModel, target, *, temperature: float = 0.0, greedy_first: bool = True,
+                 k: int | None = None):
+        cfg = model.config
+        check_dspark_target(cfg, target)
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        k = cfg.block_size if k is None else int(k)
+        if not 1 <= k <= cfg.block_size:
+            raise ValueError(f"k={k}: the draft proposes 1..{cfg.block_size} tokens per block (its block_size)")
+        self.model = model.eval()
+        self.config = cfg
+        self.k = k
+        self.vocab_size = cfg.vocab_size
+        self.target_hidden_size = cfg.hidden_size
+        self.hidden_layers = tuple(cfg.target_layer_ids)
+        self.temperature = float(temperature)
+        self.greedy_first = bool(greedy_first)
+        self.embed_tokens = target.get_input_embeddings()
+        self.lm_head = target.get_output_embeddings()
+        self._kv: list[list[tuple[torch.Tensor, torch.Tensor]]] = []  # per request, per layer (K, V) (1, kvh, C, d)
+        self._lengths: list[int] = []  # context positions held per request
+        self._anchors: list[int] = []
+        self._device = next(model.parameters()).device
+
+    # ---- context ----------------------------------------------------------------------------------------------------
+
+    def start(self, state: DraftState) -> None:
+        bs = state.tokens.shape[0]
+        cfg = self.config
+        shape = (1, cfg.num_key_value_heads, 0, cfg.head_dim)
+        dtype = next(self.model.parameters()).dtype
+        self._kv = [[(torch.zeros(shape, dtype=dtype, device=self._device),) * 2 for _ in self.model.layers]
+                    for _ in range(bs)]
+        self._lengths = [0] * bs
+        self._extend(state)
+
+    def advance(self, state: DraftState) -> None:
+        if len(self._kv) != state.tokens.shape[0]:
+            raise RuntimeError("advance() with a different batch than start(): call start() for a new generation")
+        self._extend(state)
+
+    @torch.no_grad()
+    def _extend(self, state: DraftState) -> None:
+        missing = [i for i in self.hidden_layers if i not in state.hidden]
+        if missing:
+            raise ValueError(f"DraftState.hidden lacks the target layers {missing} that the DSPARK drafter reads")
+        features = torch.cat([state.hidden[i] for i in self.hidden_layers], dim=-1).to(self._device)
+        lengths = state.lengths.tolist()
+        for b in range(len(self._kv)):
+            end = lengths[b] - 1  # positions with target KV: 0 .. end - 1; the anchor sits at `end`
+            have = self._lengths[b]
+            if end < have:
+                raise ValueError(f"request {b}: the context shrank from {have} to {end} positions")
+            if end > have:
+                ctx = self.model.project_context(features[b : b + 1, have:end])
+                pos = torch.arange(have, end, device=self._device).view(1, -1)
+                new = self.model.context_kv(ctx, pos)
+                self._kv[b] = [(torch.cat([k0, k1], dim=2), torch.cat([v0, v1], dim=2))
+                               for (k0, v0), (k1, v1) in zip(self._kv[b], new)]
+                self._lengths[b] = end
+        self._anchors = state.tokens.gather(1, (state.lengths - 1)[:, None])[:, 0].tolist()
+
+    # ---- drafting ---------------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def base_logits(self) -> torch.Tensor:
+        """(bs, k, V) float32 base logits of every request's block (before the Markov bias)."""
+        if not self._kv:
+            raise RuntimeError("propose() before start(): the drafter has no context")
+        cfg, k = self.config, self.k
+        rows = []
+        for b, kv in enumerate(self._kv):
+            c = self._lengths[b]
+            anchor = torch.tensor([self._anchors[b]], device=self._device)
+            ids = block_ids(anchor, k, cfg.mask_token_id)  # (1, k)
+            embeds = self.embed_tokens(ids.to(self.embed_tokens.weight.device)).to(self._device)
+            embeds = embeds.to(next(self.model.parameters()).dtype)
+            pos = torch.arange(c, c + k, device=self._device).view(1, -1)
+            mask = torch.ones(1, k, c + k, dtype=torch.bool, device=self._device)
+            hidden = self.model.block_hidden(embeds, pos, kv, mask)
+            logits = self.lm_head(hidden.to(self.lm_head.weight.dtype).to(self.lm_head.weight.device))
+            rows.append(logits[0].float().to(self._device))
+        return torch.stack(rows)
+
+    @torch.no_grad()
+    def propose(self, n: int, generator: torch.Generator | None = None) -> Proposal:
+        if n < 1:
+            raise ValueError(f"n (candidates) must be >= 1, got {n}")
+        base = self.base_logits()
+        bs, k, _ = base.shape
+        anchors = torch.tensor(self._anchors, device=self._device)
+        sampled = self.temperature > 0 and not (self.greedy_first and n == 1)
+        if sampled:
+            # block_size uniforms per candidate, drawn candidate after candidate (prefix-stable in n)
+            device = generator.device if generator is not None else torch.device("cpu")
+            u = torch.stack([
+                torch.stack([torch.rand(k, generator=generator, device=device) for _ in range(n)])
+                for _ in range(bs)
+            ]).to(self._device)
+        rows = n if sampled else 1
+        prev = anchors[:, None].expand(bs, rows).reshape(-1)
+        out = []
+        for j in range(k):
+            step = base[:, j, None, :] + self.model.markov_bias(prev).float().view(bs, rows, -1)
+            choice = step.argmax(dim=-1)  # (bs, rows)
+            if sampled:
+                probs = torch.softmax(step / self.temperature, dim=-1)
+                cdf = probs.cumsum(dim=-1)
+                target = (u[:, :, j] * cdf[..., -1]).unsqueeze(-1).contiguous()
+                draw = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+                draw = draw.clamp_max(step.shape[-1] - 1)
+                if self.greedy_first:
+                    draw[:, 0] = choice[:, 0]
+                choice = draw
+            out.append(choice)
+            prev = choice.reshape(-1)
+        blocks = torch.stack(out, dim=-1)  # (bs, rows, k)
+        if not sampled:
+            blocks = blocks.expand(bs, n, k)
+        return Proposal(candidates=blocks.contiguous())
+
+
+def build_dspark_drafter(target, *, path=None, model=None, temperature: float = 0.0, greedy_first: bool = True,
+                         k: int | None = None, dtype: torch.dtype | None = None) -> DSparkDrafter:
+    """A DSparkDrafter from a checkpoint folder `path` (sglang layout) or a DSparkDraftModel `model`, on the target's
+    device and in its dtype (unless `dtype`)."""
+    if (path is None) == (model is None):
+        raise ValueError("the dspark drafter needs exactly one of path= (a checkpoint folder) or model=")
+    weight = target.get_output_embeddings().weight
+    dtype = dtype or weight.dtype
+    if path is not None:
+        folder = os.path.expanduser(str(path))
+        if not os.path.isdir(folder):
+            raise FileNotFoundError(
+                f"DSPARK draft checkpoint {folder!r} does not exist; train one with "
+                "`python experiments/train_drafter.py` or `bash scripts/train_drafter_h200.sh`"
+            )
+        from ..dspark.config import DSparkConfig
+
+        check_dspark_target(DSparkConfig.load(folder), target)  # the config first: no weights read for a misfit
+        model = load_checkpoint(folder, dtype=dtype, device=weight.device)
+    elif not isinstance(model, DSparkDraftModel):
+        raise TypeError(f"model must be a flashtree DSparkDraftModel, got {type(model).__name__}")
+    model = model.to(device=weight.device, dtype=dtype)
+    return DSparkDrafter(model, target, temperature=temperature, greedy_first=greedy_first, k=k)

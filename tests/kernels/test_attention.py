@@ -1,0 +1,104 @@
+import pytest
+import torch
+
+from flashtree.attention import (tree_attention_paged_reference, tree_attention_paged_triton,
+                                 tree_attention_reference, tree_attention_triton)
+
+from .common import CUDA, DEV, tree_mask
+
+
+def rel_err(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def make(bs, hq, hkv, d, L, lens, dtype, g, full=False):
+    total = int(lens.sum()) + 16
+    kb = torch.randn(total, hkv, d, generator=g).to(dtype)
+    vb = torch.randn(total, hkv, d, generator=g).to(dtype)
+    indptr = torch.zeros(bs + 1, dtype=torch.int32)
+    indptr[1:] = lens.cumsum(0)
+    idx = (torch.randperm(total - 16, generator=g)[: int(lens.sum())] + 16).to(torch.int64)
+    q = torch.randn(bs * L, hq, d, generator=g).to(dtype)
+    k = torch.randn(bs * L, hkv, d, generator=g).to(dtype)
+    v = torch.randn(bs * L, hkv, d, generator=g).to(dtype)
+    allowed = tree_mask(bs, L, g)
+    if full:
+        rows, mip = [], torch.zeros(bs + 1, dtype=torch.int64)
+        for b in range(bs):
+            m = torch.ones(L, int(lens[b]) + L, dtype=torch.bool)
+            m[:, int(lens[b]):] = allowed[b]
+            rows.append(m.flatten())
+            mip[b + 1] = mip[b] + m.numel()
+        mask = torch.cat(rows)
+    else:
+        mask, mip = allowed.flatten().to(torch.uint8), None
+    return q, k, v, kb, vb, indptr, idx, mask, mip
+
+
+CASES = [
+    # bs, hq, hkv, d, L, max prefix, dtype, splits, full mask
+    (2, 4, 2, 64, 4, 50, torch.bfloat16, None, False),
+    (3, 8, 2, 128, 5, 70, torch.float16, 3, True),
+    (1, 6, 1, 64, 3, 0, torch.bfloat16, 2, False),  # empty prefix, G = 6 (not a power of two)
+    (2, 16, 1, 64, 8, 40, torch.bfloat16, 1, False),  # G = 16
+    (2, 2, 2, 256, 4, 33, torch.bfloat16, 2, True),  # G = 1, head dim 256
+]
+if CUDA:
+    CASES += [
+        (1, 32, 8, 128, 16, 4096, torch.bfloat16, None, False),
+        (8, 32, 8, 128, 16, 4096, torch.bfloat16, None, True),
+        (4, 32, 8, 128, 32, 2000, torch.float16, None, False),
+        (3, 16, 1, 256, 16, 1500, torch.bfloat16, None, False),
+        (5, 64, 4, 64, 16, 3000, torch.bfloat16, None, True),
+    ]
+
+
+@pytest.mark.parametrize("bs,hq,hkv,d,L,maxp,dtype,splits,full", CASES)
+def test_attention_sglang_layout(bs, hq, hkv, d, L, maxp, dtype, splits, full):
+    g = torch.Generator().manual_seed(bs * 31 + d + L)
+    lens = torch.randint(0, maxp + 1, (bs,), generator=g)
+    lens[0] = maxp
+    q, k, v, kb, vb, indptr, idx, mask, mip = make(bs, hq, hkv, d, L, lens, dtype, g, full)
+    args = [x.to(DEV) for x in (q, k, v, kb, vb, indptr, idx, mask)]
+    mipd = None if mip is None else mip.to(DEV)
+    ref = tree_attention_reference(q.to(DEV).float(), k.to(DEV).float(), v.to(DEV).float(), kb.to(DEV).float(),
+                                   vb.to(DEV).float(), args[5], args[6], args[7], L, mask_indptr=mipd)
+    out = tree_attention_triton(*args, L, mask_indptr=mipd, num_splits=splits)
+    assert out.dtype == dtype and out.shape == q.shape
+    assert rel_err(out, ref) <= 1e-2
+
+
+@pytest.mark.parametrize("page", [16, 64])
+def test_attention_paged_layout(page):
+    g = torch.Generator().manual_seed(page)
+    bs, hq, hkv, d, L = (3, 8, 2, 64, 4) if not CUDA else (16, 32, 8, 128, 16)
+    lens = torch.tensor([37, 5, 64]) if not CUDA else torch.randint(1, 3000, (bs,), generator=g)
+    maxpages = (int(lens.max()) + page - 1) // page
+    npages = bs * maxpages + 3
+    kc = torch.randn(npages, page, hkv, d, generator=g).to(torch.bfloat16)
+    vc = torch.randn(npages, page, hkv, d, generator=g).to(torch.bfloat16)
+    pt = torch.randperm(npages, generator=g)[: bs * maxpages].view(bs, maxpages).to(torch.int32)
+    q = torch.randn(bs * L, hq, d, generator=g).to(torch.bfloat16)
+    k = torch.randn(bs * L, hkv, d, generator=g).to(torch.bfloat16)
+    v = torch.randn(bs * L, hkv, d, generator=g).to(torch.bfloat16)
+    mask = tree_mask(bs, L, g).flatten()
+    dq = [x.to(DEV) for x in (q, k, v, kc, vc, pt, lens)]
+    ref = tree_attention_paged_reference(*[x.float() for x in dq[:5]], dq[5], dq[6], page, mask.to(DEV), L)
+    for splits in (1, 3):
+        out = tree_attention_paged_triton(*dq, page, mask.to(DEV), L, num_splits=splits)
+        assert rel_err(out, ref) <= 1e-2
+
+
+def test_tree_mask_is_applied():
+    """A key the mask hides must not move the output: change a hidden fresh value, the row stays put."""
+    g = torch.Generator().manual_seed(0)
+    bs, hq, hkv, d, L = 1, 2, 1, 64, 4
+    lens = torch.tensor([8])
+    q, k, v, kb, vb, indptr, idx, mask, _ = make(bs, hq, hkv, d, L, lens, torch.float16, g)
+    chain = torch.tril(torch.ones(L, L, dtype=torch.uint8)).flatten()
+    a = tree_attention_triton(*[x.to(DEV) for x in (q, k, v, kb, vb, indptr, idx, chain)], L)
+    v2 = v.clone()
+    v2[L - 1] += 10  # the last token is visible only to itself under a causal chain
+    b = tree_attention_triton(*[x.to(DEV) for x in (q, k, v2, kb, vb, indptr, idx, chain)], L)
+    assert torch.equal(a[: (L - 1) * 1].cpu(), b[: (L - 1) * 1].cpu())
+    assert not torch.equal(a[L - 1].cpu(), b[L - 1].cpu())

@@ -1,0 +1,67 @@
+import pytest
+import torch
+
+from flashtree.tree import build_vote_tree, to_eagle
+from flashtree.tree.triton_build import build_vote_tree_eagle_triton, build_vote_tree_triton
+
+from .common import CUDA, DEV, anchor_candidates
+
+FIELDS = ["tokens", "parents", "depth", "votes", "valid", "first_candidate"]
+
+
+def check(cands, width):
+    ref = build_vote_tree(cands, width)
+    enc = to_eagle(ref)
+    tree, tenc = build_vote_tree_eagle_triton(cands.to(DEV), width)
+    for f in FIELDS:
+        assert torch.equal(getattr(tree, f).cpu(), getattr(ref, f)), f
+    assert tree.k == ref.k
+    assert torch.equal(tenc.top_scores_index.cpu(), enc.top_scores_index)
+    assert torch.equal(tenc.parent_list.cpu(), enc.parent_list)
+    assert (tenc.topk, tenc.spec_steps, tenc.num_verify_tokens) == (enc.topk, enc.spec_steps, enc.num_verify_tokens)
+    plain = build_vote_tree_triton(cands.to(DEV), width)
+    assert all(torch.equal(getattr(plain, f), getattr(tree, f)) for f in FIELDS)
+    return ref
+
+
+# (bs, N, K, W, vocab): heavy sharing, duplicates, N=1, K=1, W=2, W larger than the trie, odd sizes
+SMALL = [(3, 6, 5, 10, 3), (2, 1, 1, 2, 5), (2, 3, 1, 8, 2), (2, 4, 3, 40, 2), (2, 5, 7, 3, 4), (2, 7, 4, 2, 2),
+         (3, 8, 6, 17, 2)]
+
+
+@pytest.mark.parametrize("bs,n,k,w,vocab", SMALL)
+def test_builder_matches_reference_small(bs, n, k, w, vocab):
+    g = torch.Generator().manual_seed(hash((bs, n, k, w, vocab)) % 2**31)
+    for _ in range(2):
+        check(torch.randint(0, vocab, (bs, n, k), generator=g), w)
+
+
+def test_builder_all_identical_candidates():
+    c = torch.tensor([[[1, 2, 3]] * 4, [[0, 0, 0]] * 4])
+    ref = check(c, 8)
+    assert ref.valid.sum(1).tolist() == [3, 3]
+
+
+def test_builder_anchor_mix():
+    g = torch.Generator().manual_seed(7)
+    shapes = [(1, 8, 15, 16), (16, 8, 15, 16), (64, 32, 15, 32), (256, 16, 15, 16)] if CUDA else [(2, 8, 15, 16),
+                                                                                                    (1, 32, 15, 32)]
+    for bs, n, k, w in shapes:
+        check(anchor_candidates(bs, n, k, g), w)
+
+
+@pytest.mark.skipif(not CUDA, reason="graph capture needs a CUDA device")
+def test_builder_graph_capture():
+    g = torch.Generator().manual_seed(3)
+    c = anchor_candidates(64, 32, 15, g).cuda()
+    static = c.clone()
+    build_vote_tree_eagle_triton(static, 32)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tree, enc = build_vote_tree_eagle_triton(static, 32)
+    for _ in range(3):
+        static.copy_(anchor_candidates(64, 32, 15, g).cuda())
+        graph.replay()
+        ref = build_vote_tree(static.cpu(), 32)
+        assert torch.equal(tree.tokens.cpu(), ref.tokens) and torch.equal(tree.parents.cpu(), ref.parents)

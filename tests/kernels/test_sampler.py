@@ -1,0 +1,102 @@
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from flashtree.sampler.reference import filter_logits, sample_rows
+from flashtree.sampler.triton_sampler import sample_candidates_triton, sample_rows_triton
+
+from .common import CUDA, DEV
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_greedy_rows_bit_identical(dtype):
+    g = torch.Generator().manual_seed(1)
+    shapes = [(960, 151936), (15, 151936), (7, 1000)] if CUDA else [(6, 10000), (3, 37)]
+    for r, v in shapes:
+        x = (torch.randn(r, v, generator=g) * 4).to(dtype)
+        # ties: the row maximum repeated, the lowest id must win (also across tiles and splits)
+        x[0, v // 3] = 1e3
+        x[0, v - 2] = 1e3
+        x[1, 2] = 1e3
+        x[1, 3] = 1e3
+        temp = torch.zeros(r)
+        temp[2::3] = 0.7  # mixed batch: sampled rows beside greedy ones
+        out = sample_rows_triton(x.to(DEV), temp.to(DEV)).cpu()
+        ref = sample_rows(x.to(DEV), temp.to(DEV)).cpu()
+        greedy = temp <= 0
+        assert torch.equal(out[greedy], ref[greedy])
+        assert out[0] == v // 3 and out[1] == 2
+        assert out.dtype == torch.int64 and ((out >= 0) & (out < v)).all()
+        cands = sample_candidates_triton(x.to(DEV), temp.to(DEV), 3).cpu()
+        assert torch.equal(cands[greedy], ref[greedy].view(-1, 1).expand(-1, 3))
+
+
+def chi2_pvalue(draws, probs):
+    counts = torch.bincount(draws.flatten(), minlength=probs.numel()).double()
+    keep = probs > 0
+    assert counts[~keep].sum() == 0, "drew a token of probability zero"
+    expected = probs[keep].double() / probs[keep].double().sum() * counts.sum()
+    return chisquare(counts[keep], expected).pvalue
+
+
+def draws_for(logits, temp, n_samples, top_k=None, block=None, g=None):
+    rows = 32 if not CUDA else 1024
+    per_row = max(1, n_samples // rows)
+    x = logits.expand(rows, -1).contiguous().to(DEV)
+    t = torch.full((rows,), temp, device=DEV)
+    return sample_candidates_triton(x, t, per_row, generator=g, top_k=top_k, block=block).cpu()
+
+
+@pytest.mark.parametrize("top_k", [None, 5])
+def test_sampled_distribution_chi_square(top_k):
+    g = torch.Generator(device=DEV).manual_seed(5)
+    v = 40
+    logits = torch.randn(v, generator=torch.Generator().manual_seed(2)) * 2
+    temp = 0.8
+    probs = filter_logits((logits / temp).view(1, -1), None if top_k is None else torch.tensor([top_k])).softmax(-1)[0]
+    n = 200_000 if CUDA else 8192
+    # block 16 -> 3 tiles per row: exercises the tile-level and the in-tile Gumbel draws
+    draws = draws_for(logits, temp, n, top_k=top_k, block=16, g=g)
+    assert chi2_pvalue(draws, probs) > 1e-3
+    # the test has power: the same draws are rejected against the distribution at another temperature
+    wrong = filter_logits((logits / 1.3).view(1, -1), None if top_k is None else torch.tensor([top_k])).softmax(-1)[0]
+    assert chi2_pvalue(draws, wrong) < 1e-6
+
+
+def test_single_draw_form_distribution():
+    g = torch.Generator(device=DEV).manual_seed(9)
+    v = 6
+    logits = torch.randn(v, generator=torch.Generator().manual_seed(4))
+    rows = 160 if not CUDA else 100_000  # one program per row: the interpreter pays for each
+    x = logits.expand(rows, -1).contiguous().to(DEV)
+    draws = sample_rows_triton(x, torch.full((rows,), 1.0, device=DEV), generator=g, block=16).cpu()
+    assert chi2_pvalue(draws, logits.softmax(-1)) > 1e-3
+
+
+@pytest.mark.skipif(not CUDA, reason="full vocabulary on the GPU")
+def test_full_vocab_distribution_and_independence():
+    g = torch.Generator(device="cuda").manual_seed(3)
+    v = 151936
+    logits = torch.full((v,), -30.0)
+    hot = torch.tensor([5, 4100, 70000, 151935])  # tokens in different tiles
+    logits[hot] = torch.tensor([1.0, 0.5, 0.0, -0.5])
+    probs = (logits / 0.7).softmax(-1)
+    x = logits.to(torch.bfloat16).expand(2048, -1).contiguous().cuda()
+    draws = sample_candidates_triton(x, torch.full((2048,), 0.7, device="cuda"), 32, generator=g).cpu()
+    p_hot = probs[hot] / probs[hot].sum()
+    mapped = (draws.view(-1, 1) == hot.view(1, -1)).long().argmax(1)
+    assert (draws.view(-1, 1) == hot.view(1, -1)).any(1).float().mean() > 0.999
+    assert chi2_pvalue(mapped, p_hot) > 1e-3
+    # two calls differ (fresh Philox seed each call)
+    again = sample_candidates_triton(x, torch.full((2048,), 0.7, device="cuda"), 32, generator=g).cpu()
+    assert not torch.equal(draws, again)
+
+
+def test_top_p_falls_back_to_reference_exactly():
+    x = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
+    t = torch.tensor([0.0, 0.5, 1.0, 0.0])
+    g1 = torch.Generator().manual_seed(1)
+    g2 = torch.Generator().manual_seed(1)
+    a = sample_rows_triton(x, t, generator=g1, top_p=torch.full((4,), 0.9))
+    b = sample_rows(x, t, generator=g2, top_p=torch.full((4,), 0.9))
+    assert torch.equal(a, b)
