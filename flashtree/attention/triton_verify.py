@@ -130,29 +130,31 @@ def _verify_kernel(
 def _merge_kernel(
     po_ptr, plse_ptr, o_ptr, s_ot, s_oh,
     HKV: tl.constexpr, G: tl.constexpr, L: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr,
-    BM: tl.constexpr, RB: tl.constexpr, S: tl.constexpr, SP: tl.constexpr,
+    BM: tl.constexpr, RB: tl.constexpr, S: tl.constexpr, SP: tl.constexpr, MR: tl.constexpr,
 ):
+    # program (b, h * RB + rb, c): rows c * MR .. + MR of that row block
     b = tl.program_id(0)
     h = tl.program_id(1) // RB
     rb = tl.program_id(1) % RB
-    r = tl.arange(0, BM)
+    r = tl.program_id(2) * MR + tl.arange(0, MR)
     rows = rb * BM + r
-    row_ok = rows < G * L
+    row_ok = (rows < G * L) & (r < BM)
     t = rows // G
     hq = h * G + rows % G
     dv = tl.arange(0, BDV)
     sp = tl.arange(0, SP)
     base = ((b * HKV + h) * RB + rb) * S
-    lse = tl.load(plse_ptr + (base + sp[None, :]).to(tl.int64) * BM + r[:, None], mask=sp[None, :] < S,
-                  other=float("-inf"))  # [BM, SP]
+    lse = tl.load(plse_ptr + (base + sp[None, :]).to(tl.int64) * BM + r[:, None],
+                  mask=(sp[None, :] < S) & (r[:, None] < BM), other=float("-inf"))  # [MR, SP]
     mx = tl.max(lse, axis=1)
     mx = tl.where(mx == float("-inf"), 0.0, mx)
     w = tl.exp2(lse - mx[:, None])
     den = tl.sum(w, axis=1)
-    acc = tl.zeros([BM, BDV], tl.float32)
+    acc = tl.zeros([MR, BDV], tl.float32)
     for s in range(S):
         ws = tl.sum(tl.where(sp[None, :] == s, w, 0.0), axis=1)
-        po = tl.load(po_ptr + (base + s).to(tl.int64) * (BM * BDV) + r[:, None] * BDV + dv[None, :])
+        po = tl.load(po_ptr + (base + s).to(tl.int64) * (BM * BDV) + r[:, None] * BDV + dv[None, :],
+                     mask=r[:, None] < BM, other=0.0)
         acc += ws[:, None] * po
     out = acc / tl.where(den > 0, den, 1.0)[:, None]
     tl.store(o_ptr + (b * L + t).to(tl.int64)[:, None] * s_ot + hq[:, None] * s_oh + dv[None, :],
@@ -208,7 +210,8 @@ def _run(q, k, v, kb, vb, kv_indptr, kv_indices, page_table, prefix_lens, page, 
     if num_splits is None:
         progs = bs * hkv * rb
         sms = _sm_count(q.device)
-        num_splits = 1 if progs >= sms else min(64, triton.cdiv(2 * sms, progs))
+        # enough programs for about two waves, at most 16 splits (each split's partial costs a write and a read)
+        num_splits = 1 if progs >= sms else min(16, triton.cdiv(2 * sms, progs))
     s = int(num_splits)
     direct = s == 1
     bdv = _np2(dv)
@@ -233,8 +236,10 @@ def _run(q, k, v, kb, vb, kv_indptr, kv_indices, page_table, prefix_lens, page, 
         num_warps=warps, num_stages=stages,
     )
     if not direct:
-        _merge_kernel[(bs, hkv * rb)](po, plse, out, out.stride(0), out.stride(1), HKV=hkv, G=g, L=L, DV=dv,
-                                      BDV=bdv, BM=bm, RB=rb, S=s, SP=_np2(s, 2), num_warps=4)
+        mr = min(bm, 16)
+        _merge_kernel[(bs, hkv * rb, triton.cdiv(bm, mr))](po, plse, out, out.stride(0), out.stride(1), HKV=hkv, G=g,
+                                                            L=L, DV=dv, BDV=bdv, BM=bm, RB=rb, S=s, SP=_np2(s, 2),
+                                                            MR=mr, num_warps=4)
     return out
 
 

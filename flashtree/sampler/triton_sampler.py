@@ -53,14 +53,14 @@ def _pass1_kernel(
     if temp <= 0:
         best = -float("inf")
         barg = 0
-        for t in range(t0, t1):
-            idx = t * BLOCK + offs
-            x = tl.load(row + idx, mask=idx < V, other=-float("inf")).to(tl.float32)
-            mx = tl.max(x, axis=0)
-            am = tl.argmax(x, axis=0)
-            upd = mx > best
-            barg = tl.where(upd, t * BLOCK + am, barg)
-            best = tl.where(upd, mx, best)
+        for tg in range(t0, t1):
+            gidx = tg * BLOCK + offs
+            gx = tl.load(row + gidx, mask=gidx < V, other=-float("inf")).to(tl.float32)
+            gmx = tl.max(gx, axis=0)
+            gam = tl.argmax(gx, axis=0)
+            gupd = gmx > best
+            barg = tl.where(gupd, tg * BLOCK + gam, barg)
+            best = tl.where(gupd, gmx, best)
         tl.store(gmax_ptr + out, best)
         tl.store(garg_ptr + out, barg)
     else:
@@ -106,20 +106,21 @@ def _pass2_kernel(
     temp = tl.load(temp_ptr + r).to(tl.float32)
     sp = tl.arange(0, SP)
     if temp <= 0:
+        # (names differ between the branches: triton 3.6 type-checks every name both branches assign)
         gm = tl.load(gmax_ptr + r * S + sp, mask=sp < S, other=-float("inf"))
         ga = tl.load(garg_ptr + r * S + sp, mask=sp < S, other=0)
-        best = tl.max(gm, axis=0)
+        gbest = tl.max(gm, axis=0)
         # splits hold increasing token ranges: the first split at the maximum holds its lowest index
-        first = tl.min(tl.where(gm == best, sp, SP), axis=0)
-        tok = tl.sum(tl.where(sp == first, ga, 0), axis=0) + j * 0
+        gfirst = tl.min(tl.where(gm == gbest, sp, SP), axis=0)
+        tok = tl.sum(tl.where(sp == gfirst, ga, 0), axis=0) + j * 0
     else:
         off2 = (r * S + sp[None, :]) * NDRAW + j[:, None]
         m2 = (sp[None, :] < S) & jm[:, None]
         sc = tl.load(score_ptr + off2, mask=m2, other=-float("inf"))
         tt = tl.load(tile_ptr + off2, mask=m2, other=0)
-        best = tl.max(sc, axis=1)
-        first = tl.min(tl.where(sc == best[:, None], sp[None, :], SP), axis=1)
-        t = tl.sum(tl.where(sp[None, :] == first[:, None], tt, 0), axis=1)
+        sbest = tl.max(sc, axis=1)
+        sfirst = tl.min(tl.where(sc == sbest[:, None], sp[None, :], SP), axis=1)
+        t = tl.sum(tl.where(sp[None, :] == sfirst[:, None], tt, 0), axis=1)
         seed = tl.load(seed_ptr)
         offs = tl.arange(0, BLOCK)
         idx = t[:, None] * BLOCK + offs[None, :]

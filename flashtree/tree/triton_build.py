@@ -41,13 +41,16 @@ def _vote_tree_kernel(
     MP: tl.constexpr,
     PLP: tl.constexpr,
     WRITE_EAGLE: tl.constexpr,
+    OB: tl.constexpr,  # bits of the listing order d * N + i
+    PB: tl.constexpr,  # bits of a candidate index
+    KEY_T: tl.constexpr,  # tl.int32 when rank, parent and order fit in 31 bits, else tl.int64
 ):
     b = tl.program_id(0).to(tl.int64)
     base = cand_ptr + b * (N * K)
     i = tl.arange(0, NP)
     kk = tl.arange(0, KP)
     agree = (i[:, None] < N) & (i[None, :] < N)
-    key2d = tl.full([NP, KP], -1, tl.int64)
+    key2d = tl.full([NP, KP], -1, KEY_T)
     prev_first = tl.zeros([NP], tl.int32)
     for d in tl.static_range(K):
         ci = tl.load(base + i * K + d, mask=i < N, other=0)
@@ -56,7 +59,7 @@ def _vote_tree_kernel(
         first = tl.min(tl.where(agree, i[None, :], NP), axis=1)
         real = (first == i) & (i < N)
         rank = votes * (N * K) + (K - 1 - d) * N + (N - 1 - i)
-        packed = (rank.to(tl.int64) << 32) | (prev_first.to(tl.int64) << 16) | (d * N + i).to(tl.int64)
+        packed = (rank.to(KEY_T) << (OB + PB)) | (prev_first.to(KEY_T) << OB) | (d * N + i).to(KEY_T)
         key_d = tl.where(real, packed, -1)
         key2d = tl.where(kk[None, :] == d, key_d[:, None], key2d)
         prev_first = first
@@ -64,16 +67,16 @@ def _vote_tree_kernel(
     ranked = tl.sort(flat, descending=True)
     p = tl.arange(0, NP * KP)
     row = b * M
-    tl.store(vot_ptr + row + p, ranked, mask=p < M)
+    tl.store(vot_ptr + row + p, ranked.to(tl.int64), mask=p < M)
     tl.debug_barrier()
     q = tl.arange(0, MP)
     v = tl.load(vot_ptr + row + q, mask=(q < M) & (q < NP * KP), other=-1)
     tl.debug_barrier()
 
     valid = v >= 0
-    o = (v & 0xFFFF).to(tl.int32)
-    pf = ((v >> 16) & 0xFFFF).to(tl.int32)
-    nvotes = (v >> 32) // (N * K)
+    o = (v & ((1 << OB) - 1)).to(tl.int32)
+    pf = ((v >> OB) & ((1 << PB) - 1)).to(tl.int32)
+    nvotes = (v >> (OB + PB)) // (N * K)
     d0 = o // N
     m = o % N
     # listing position: valid nodes by (depth, first candidate), padding keeps its rank slot (all after the valid).
@@ -115,8 +118,11 @@ def _launch(candidates: torch.Tensor, width: int, eagle: bool):
     if width < 2:
         raise ValueError(f"width must be >= 2 (the root plus at least one node), got {width}")
     bs, n, k = candidates.shape
-    if n * k > 0xFFFF or (n + 1) * n * k >= 2**31:
-        raise ValueError(f"N*K = {n * k} is too large for the packed sort keys (limit 65535)")
+    ob, pb = max(1, (n * k - 1).bit_length()), max(1, (n - 1).bit_length())
+    rank_bits = ((n + 1) * n * k).bit_length()
+    if rank_bits + ob + pb > 63:
+        raise ValueError(f"N = {n}, K = {k} are too large for the packed sort keys")
+    key_t = tl.int32 if rank_bits + ob + pb <= 31 else tl.int64
     cand = candidates.to(torch.int64).contiguous()
     m = width - 1
     dev = cand.device
@@ -135,7 +141,7 @@ def _launch(candidates: torch.Tensor, width: int, eagle: bool):
         _vote_tree_kernel[(bs,)](
             cand, out[0], out[1], out[2], out[3], valid, fc, ids, pl,
             N=n, K=k, M=m, W=width, PL=pl_w, NP=np_, KP=kp, MP=_np2(m), PLP=_np2(pl_w),
-            WRITE_EAGLE=eagle, num_warps=warps,
+            WRITE_EAGLE=eagle, OB=ob, PB=pb, KEY_T=key_t, num_warps=warps,
         )
     tree = VoteTree(tokens=out[0], parents=out[1], depth=out[2], votes=out[3], valid=valid, first_candidate=fc, k=k)
     if not eagle:

@@ -1,0 +1,240 @@
+"""flashtree's DSPARK drafter on CPU: config and checkpoint layout (sglang's names and shapes), training/inference
+agreement, the Markov head's step rule, candidate draws, the engine's greedy identity, and the training app."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from flashtree.drafters import DraftState, load_drafter
+from flashtree.dspark import DSparkConfig, DSparkDraftModel, load_checkpoint, read_tensors, save_checkpoint
+from flashtree.dspark.data import canonical_source
+from flashtree.dspark.loss import block_loss, target_features
+from flashtree.models import load_target
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "train"
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_target("tiny-llama")[0]
+
+
+def small_config(target, **kw) -> DSparkConfig:
+    args = dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=64,
+                block_size=4, target_layer_ids=(0, 2), markov_rank=8, mask_token_id=5)
+    args.update(kw)
+    return DSparkConfig.for_target(target, **args)
+
+
+def random_model(cfg: DSparkConfig, seed: int = 0, std: float = 0.2) -> DSparkDraftModel:
+    model = DSparkDraftModel(cfg)
+    g = torch.Generator().manual_seed(seed)
+    model.init_weights(g, std=std)
+    with torch.no_grad():
+        model.markov_head.markov_w2.weight.copy_(torch.randn(model.markov_head.markov_w2.weight.shape, generator=g) * std)
+    return model.eval()
+
+
+def hidden_of(target, tokens: torch.Tensor, layers) -> dict:
+    """The engine's DraftState.hidden for a committed sequence: positions 0 .. L-2 (the anchor has no KV)."""
+    with torch.no_grad():
+        states = target(tokens[:, :-1], output_hidden_states=True).hidden_states
+    return {i: states[i + 1] for i in layers}
+
+
+def state_for(target, tokens: torch.Tensor, layers) -> DraftState:
+    return DraftState(tokens=tokens, lengths=torch.tensor([tokens.shape[1]]), new_from=torch.tensor([0]),
+                      hidden=hidden_of(target, tokens, layers))
+
+
+# ---- config and checkpoint layout -----------------------------------------------------------------------------------
+
+
+def test_config_json_has_what_sglang_reads_and_round_trips(tiny):
+    cfg = small_config(tiny)
+    d = cfg.to_hf_dict()
+    assert d["architectures"] == ["DSparkDraftModel"] and d["model_type"] == "qwen3"
+    assert d["dflash_config"] == {"target_layer_ids": [0, 2], "mask_token_id": 5, "block_size": 4,
+                                  "num_target_layers": 4}
+    assert d["markov_rank"] == 8 and d["markov_head_type"] == "vanilla"
+    assert d["hidden_size"] == tiny.config.hidden_size and d["vocab_size"] == 259
+    assert DSparkConfig.from_hf_dict(json.loads(json.dumps(d))) == cfg
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(target_layer_ids=(0, 3)), "outside 0..2"),  # a 4-layer Llama: sglang captures at most layer 2
+    (dict(mask_token_id=259), "outside the vocabulary"),
+    (dict(markov_rank=0), "markov_rank"),
+])
+def test_config_refuses_what_sglang_would_refuse(tiny, bad, match):
+    with pytest.raises(ValueError, match=match):
+        small_config(tiny, **bad)
+
+
+def expected_names(layers: int) -> set[str]:
+    names = {"norm.weight", "fc.weight", "hidden_norm.weight", "markov_head.markov_w1.weight",
+             "markov_head.markov_w2.weight"}
+    for i in range(layers):
+        p = f"layers.{i}."
+        names |= {p + "input_layernorm.weight", p + "post_attention_layernorm.weight"}
+        names |= {p + f"self_attn.{x}_proj.weight" for x in "qkvo"}
+        names |= {p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"}
+        names |= {p + f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")}
+    return names
+
+
+@pytest.mark.parametrize("shard", [None, 40_000])
+def test_checkpoint_names_shapes_and_round_trip(tiny, tmp_path, shard):
+    cfg = small_config(tiny)
+    model = random_model(cfg)
+    save_checkpoint(model, tmp_path, dtype="float32", max_shard_bytes=shard)
+    tensors = read_tensors(tmp_path)
+    assert set(tensors) == expected_names(2)
+    assert tensors["fc.weight"].shape == (64, 2 * 64)
+    assert tensors["markov_head.markov_w1.weight"].shape == (259, 8)
+    assert tensors["markov_head.markov_w2.weight"].shape == (259, 8)
+    assert tensors["layers.0.self_attn.k_proj.weight"].shape == (2 * 16, 64)
+    if shard:
+        index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+        assert len(set(index["weight_map"].values())) > 1 and set(index["weight_map"]) == set(tensors)
+    loaded = load_checkpoint(tmp_path)
+    for name, p in model.named_parameters():
+        assert torch.equal(dict(loaded.named_parameters())[name], p), name
+
+
+def test_load_refuses_a_checkpoint_that_does_not_match_its_config(tiny, tmp_path):
+    model = random_model(small_config(tiny))
+    save_checkpoint(model, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["num_hidden_layers"] = 3
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="missing"):
+        load_checkpoint(tmp_path)
+
+
+def test_load_drafter_refuses_a_draft_for_another_target(tiny, tmp_path):
+    cfg = small_config(tiny).replace(hidden_size=32, head_dim=8)
+    save_checkpoint(DSparkDraftModel(cfg), tmp_path)
+    with pytest.raises(ValueError, match="hidden size 32"):
+        load_drafter("dspark", tiny, path=tmp_path)
+
+
+# ---- the math -------------------------------------------------------------------------------------------------------
+
+
+def test_training_blocks_equal_the_drafters_incremental_blocks(tiny):
+    """The batched training forward (many anchors, block-diagonal mask) and the engine's drafter (context K/V built
+    up position by position) give the same logits: train and serve see the same function."""
+    cfg = small_config(tiny)
+    model = random_model(cfg)
+    seq = torch.randint(0, 250, (1, 30), generator=torch.Generator().manual_seed(1))
+    feats = target_features(tiny, seq, torch.tensor([30]), cfg.target_layer_ids)
+    anchors = torch.tensor([[10, 17, 25]])
+    captured = {}
+    original = torch.nn.functional.cross_entropy
+
+    def capture(logits, target, reduction):
+        captured["logits"] = logits.detach().clone()
+        return original(logits, target, reduction=reduction)
+
+    torch.nn.functional.cross_entropy = capture
+    try:
+        block_loss(model, tiny.get_input_embeddings(), tiny.get_output_embeddings().weight, feats, seq,
+                   torch.tensor([30]), anchors, torch.ones_like(anchors, dtype=torch.bool), None)
+    finally:
+        torch.nn.functional.cross_entropy = original
+    train_logits = captured["logits"].view(3, 4, -1)
+    drafter = load_drafter("dspark", tiny, model=model)
+    for i, a in enumerate(anchors[0].tolist()):
+        prefix = seq[:, : a + 1]
+        drafter.start(state_for(tiny, prefix[:, : a - 5], cfg.target_layer_ids))
+        drafter.advance(state_for(tiny, prefix, cfg.target_layer_ids))  # the context grows as in the engine
+        served = drafter.base_logits()[0] + model.markov_bias(seq[0, a : a + 4]).float()
+        assert torch.allclose(served, train_logits[i], atol=1e-4), a
+
+
+def test_markov_head_feeds_each_step_the_previous_choice_starting_from_the_anchor(tiny):
+    """sglang's rule: step j adds markov_w2 @ markov_w1[prev], prev = the anchor at step 0, then the token chosen at
+    step j-1. A bias table that dominates the base logits makes the greedy block follow it exactly."""
+    cfg = small_config(tiny)
+    model = random_model(cfg, std=0.02)
+    nxt = {40: 41, 41: 42, 42: 43, 43: 44}
+    with torch.no_grad():
+        w1, w2 = model.markov_head.markov_w1.weight, model.markov_head.markov_w2.weight
+        w1.zero_(), w2.zero_()
+        for slot, (a, b) in enumerate(nxt.items()):
+            w1[a, slot] = 10.0
+            w2[b, slot] = 10.0
+    drafter = load_drafter("dspark", tiny, model=model)
+    tokens = torch.tensor([[7, 8, 9, 40]])
+    drafter.start(state_for(tiny, tokens, cfg.target_layer_ids))
+    assert drafter.propose(3).candidates[0].tolist() == [[41, 42, 43, 44]] * 3
+
+
+def test_candidates_greedy_first_diverse_and_prefix_stable(tiny):
+    cfg = small_config(tiny)
+    model = random_model(cfg, std=0.05)
+    tokens = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    greedy = load_drafter("dspark", tiny, model=model, temperature=0.0)
+    greedy.start(state_for(tiny, tokens, cfg.target_layer_ids))
+    chain = greedy.propose(4).candidates[0]
+    assert (chain == chain[0]).all()  # temperature 0: the tree is the chain
+    hot = load_drafter("dspark", tiny, model=model, temperature=1.0)
+    hot.start(state_for(tiny, tokens, cfg.target_layer_ids))
+    many = hot.propose(8, torch.Generator().manual_seed(3)).candidates[0]
+    few = hot.propose(3, torch.Generator().manual_seed(3)).candidates[0]
+    assert torch.equal(many[0], chain[0])  # candidate 0 is the greedy block
+    assert torch.equal(many[:3], few)  # the first n of a draw of N are the draw of n (replay relies on it)
+    assert torch.unique(many, dim=0).shape[0] > 1
+
+
+# ---- the engine -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n, width", [(1, 5), (4, 8), (8, 16)])
+def test_engine_greedy_output_is_the_targets_with_a_checkpoint_written_by_flashtree(tiny, tmp_path, n, width):
+    from flashtree.dspark.evaluate import engine_identity
+
+    save_checkpoint(random_model(small_config(tiny), std=0.05), tmp_path)  # bf16 on disk, as exported
+    drafter = load_drafter("dspark", tiny, path=tmp_path, temperature=1.0)
+    prompts = [[10, 20, 30, 40, 50, 60], [7, 7, 7], [100, 101, 102, 103, 104, 105, 106]]
+    report = engine_identity(tiny, drafter, prompts, n=n, width=width, max_new_tokens=24, stop_ids=[258],
+                             progress=False)
+    assert report["identical"] == len(prompts), report["rows"]
+
+
+# ---- data guard and the training app -------------------------------------------------------------------------------
+
+
+def test_the_held_out_gsm8k_half_cannot_be_a_training_source():
+    for name in ("gsm8k", "gsm8k-second-half"):
+        with pytest.raises(ValueError, match="held out"):
+            canonical_source(name)
+    assert canonical_source("gsm8k_first_half") == "gsm8k-first-half"
+
+
+def test_training_app_trains_exports_a_loadable_draft_and_resumes(tiny, tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from flashtree.dspark.train import train
+    from flashtree.dspark.train_config import register, to_train_config
+
+    register()
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = to_train_config(compose(config_name="tiny", overrides=[f"out_dir={tmp_path}"]))
+    summary = train(cfg, log=lambda *a: None)
+    assert summary["steps"] == 6
+    log = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in log] == [3, 6] and all(row["loss"] > 0 for row in log)
+    drafter = load_drafter("dspark", tiny, path=tmp_path / "draft")
+    assert drafter.k == 4 and drafter.hidden_layers == (0, 2)
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        more = to_train_config(compose(config_name="tiny", overrides=[f"out_dir={tmp_path}", "optim.steps=9"]))
+    lines = []
+    summary = train(more, log=lines.append)
+    assert summary["steps"] == 9 and any("resumed" in line and "step 6" in line for line in lines)
+    assert any("reusing" in line for line in lines)  # the data is not regenerated
