@@ -21,9 +21,12 @@ import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from flashtree.attention import tree_attention_triton, tree_attention_paged_triton  # noqa: E402
+from flashtree.attention.triton_verify import tree_attention_paged_triton, tree_attention_triton  # noqa: E402
 from flashtree.sampler.triton_sampler import sample_candidates_triton, sample_rows_triton  # noqa: E402
-from flashtree.tree import build_vote_tree, commit_plan, to_eagle, verify_greedy  # noqa: E402
+from flashtree.tree import to_eagle  # noqa: E402
+from flashtree.tree.build import build_vote_tree  # noqa: E402 (the torch reference the kernels are checked against)
+from flashtree.tree.commit import commit_plan  # noqa: E402
+from flashtree.tree.verify import verify_greedy  # noqa: E402
 from flashtree.tree.triton_build import build_vote_tree_eagle_triton  # noqa: E402
 from flashtree.tree.triton_walk import walk_and_commit_triton  # noqa: E402
 

@@ -12,7 +12,7 @@ topk == 1; flashtree's Triton init patch sets it per target-backend instance (se
 `make_verify_fwd(kernel)` there. The function below keeps sglang's signature, declines (returns False, nothing written)
 every case flashtree's kernel does not cover, and otherwise hands the call to flashtree's kernel in sglang's own layout:
 
-    flashtree.attention.tree_attention_triton(q, k, v, k_buffer, v_buffer, kv_indptr, kv_indices, custom_mask, L,
+    flashtree.attention.triton_verify.tree_attention_triton(q, k, v, k_buffer, v_buffer, kv_indptr, kv_indices, custom_mask, L,
                                               sm_scale=None, mask_indptr=None, out=None)
 
     q (bs*L, Hq, D), k (bs*L, Hkv, D), v (bs*L, Hkv, Dv): the L = W verify tokens of each request, request-major;
@@ -35,7 +35,7 @@ import torch
 
 from .toggles import ToggleError
 
-KERNEL = "flashtree.attention:tree_attention_triton"
+KERNEL = "flashtree.attention.triton_verify:tree_attention_triton"
 
 _SERVED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 

@@ -1,0 +1,21 @@
+"""Row sampling: greedy argmax or temperature / top-k / top-p draws, one token per row.
+
+`sample_rows` runs the fused Triton Gumbel-max kernel on CUDA tensors and the torch reference elsewhere.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import reference
+
+
+def sample_rows(logits, temperature, generator=None, top_k=None, top_p=None) -> torch.Tensor:
+    if logits.is_cuda:
+        from .triton_sampler import sample_rows_triton
+
+        return sample_rows_triton(logits, temperature, generator=generator, top_k=top_k, top_p=top_p)
+    return reference.sample_rows(logits, temperature, generator=generator, top_k=top_k, top_p=top_p)
+
+
+__all__ = ["sample_rows"]

@@ -1,10 +1,14 @@
-"""The tree algorithm: trie-vote builder, encoders, greedy and lossless-sampled verification, commit plans."""
+"""The tree algorithm: trie-vote builder, encoders, greedy and lossless-sampled verification, commit plans.
 
-from .build import build_vote_tree
-from .commit import apply_copies, apply_permutation, commit_plan
+`build_vote_tree`, `verify_greedy` and `commit_plan` run the Triton kernels on CUDA tensors and the torch
+references (modules `build`, `verify`, `commit`) elsewhere.
+"""
+
+from .commit import apply_copies, apply_permutation
+from .dispatch import build_vote_tree, commit_plan, verify_greedy
 from .encode import ancestor_mask, child_links, to_eagle, tree_positions
 from .types import CommitPlan, EagleEncoding, VerifyResult, VoteTree
-from .verify import verify_greedy, verify_sampled
+from .verify import verify_sampled
 
 __all__ = [
     "CommitPlan",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..sampler.reference import sample_rows
+from .. import sampler
 from .encode import with_root
 from .types import VerifyResult, VoteTree
 
@@ -65,11 +65,13 @@ def verify_sampled(
     def per_node(x):  # a scalar or (bs,) setting -> one value per (request, node) row
         return None if x is None else torch.as_tensor(x, device=target_logits.device).expand(bs).repeat_interleave(w)
 
-    draws = sample_rows(
+    draws = sampler.sample_rows(
         target_logits.reshape(bs * w, v),
         per_node(torch.as_tensor(temperature, dtype=torch.float32)),
         generator=generator,
         top_k=per_node(top_k),
         top_p=per_node(top_p),
     )
-    return verify_greedy(tree, draws.view(bs, w))
+    from .dispatch import verify_greedy as walk  # the kernel on CUDA (dispatch imports this module)
+
+    return walk(tree, draws.view(bs, w))

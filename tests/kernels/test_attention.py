@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from flashtree.attention import (tree_attention_paged_reference, tree_attention_paged_triton,
-                                 tree_attention_reference, tree_attention_triton)
+from flashtree.attention import tree_attention_paged_reference, tree_attention_reference
+from flashtree.attention.triton_verify import tree_attention_paged_triton, tree_attention_triton
 
 from .common import CUDA, DEV, tree_mask
 

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from flashtree.tree import build_vote_tree, to_eagle
+from flashtree.tree import to_eagle
+from flashtree.tree.build import build_vote_tree
 from flashtree.tree.triton_build import build_vote_tree_eagle_triton, build_vote_tree_triton
 
 from .common import CUDA, DEV, anchor_candidates

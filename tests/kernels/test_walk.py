@@ -1,7 +1,10 @@
 import pytest
 import torch
 
-from flashtree.tree import apply_permutation, build_vote_tree, commit_plan, verify_greedy
+from flashtree.tree import apply_permutation
+from flashtree.tree.build import build_vote_tree
+from flashtree.tree.commit import commit_plan
+from flashtree.tree.verify import verify_greedy
 from flashtree.tree.triton_walk import commit_plan_triton, verify_greedy_triton, walk_and_commit_triton
 
 from .common import CUDA, DEV, anchor_candidates

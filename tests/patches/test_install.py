@@ -122,7 +122,7 @@ def test_signature_drift_is_refused_untouched(monkeypatch, sglang_release):
 
 
 def test_splitkv_without_kernel_is_refused_untouched(monkeypatch):
-    monkeypatch.setitem(__import__("sys").modules, "flashtree.attention", types.SimpleNamespace())  # a build without it
+    monkeypatch.setitem(__import__("sys").modules, "flashtree.attention.triton_verify", types.SimpleNamespace())  # a build without it
     before = snapshot()
     with pytest.raises(SystemExit, match="FLASHTREE_SPLITKV_VERIFY=1 needs flashtree's split-KV verify kernel"):
         patches.install(TreeToggles(tree_n=4, splitkv_verify=True))
@@ -139,7 +139,7 @@ def test_splitkv_with_kernel_patches_triton_backend(monkeypatch):
         return out
 
     monkeypatch.setitem(
-        __import__("sys").modules, "flashtree.attention", types.SimpleNamespace(tree_attention_triton=tree_verify_attention)
+        __import__("sys").modules, "flashtree.attention.triton_verify", types.SimpleNamespace(tree_attention_triton=tree_verify_attention)
     )
     before = snapshot()
     patches.install(TreeToggles(splitkv_verify=True))

@@ -1,0 +1,36 @@
+"""One function per tree stage, chosen by device: the fused Triton kernel on CUDA, the torch reference elsewhere.
+
+The references (`build.py`, `verify.py`, `commit.py`) define the semantics; the kernels reproduce them bit for bit
+(tests/kernels). Triton is imported only when a CUDA tensor arrives, so CPU users need no Triton.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import build, commit, verify
+from .types import CommitPlan, VerifyResult, VoteTree
+
+
+def build_vote_tree(candidates: torch.Tensor, width: int) -> VoteTree:
+    if candidates.is_cuda:
+        from .triton_build import build_vote_tree_triton
+
+        return build_vote_tree_triton(candidates, width)
+    return build.build_vote_tree(candidates, width)
+
+
+def verify_greedy(tree: VoteTree, target_tokens: torch.Tensor) -> VerifyResult:
+    if target_tokens.is_cuda:
+        from .triton_walk import verify_greedy_triton
+
+        return verify_greedy_triton(tree, target_tokens)
+    return verify.verify_greedy(tree, target_tokens)
+
+
+def commit_plan(tree: VoteTree, result: VerifyResult) -> CommitPlan:
+    if result.path.is_cuda:
+        from .triton_walk import commit_plan_triton
+
+        return commit_plan_triton(tree, result)
+    return commit.commit_plan(tree, result)
