@@ -10,7 +10,8 @@
 #   call 1, carry .cache/dspark-carry/a:  bash scripts/train_drafter_h200.sh stage-a      (chunk A -> /tmp, exits)
 #   call 2, carry .cache/dspark-carry/b:  bash scripts/train_drafter_h200.sh train        (chunk B, join, convert with
 #        flashtree.models.load_target, generate data, train, export, record the replay; results packed into $OUT)
-# Env: TRAIN_S (training time limit, default 230), GEN_S (generation limit, 75), EVAL_PROMPTS (48), EVAL_TOKENS (128),
+# Env: TRAIN_S (training time limit, default 230; a safety net: 3000 steps took 232 s), GEN_S (generation safety limit,
+# 150; data.gen_max_batches=8 fixes the data), EVAL_PROMPTS (16), EVAL_TOKENS (128), RECORD_S (150),
 # DEVICE (cuda), TRAIN_ARGS (extra Hydra overrides of the training run).
 # Afterwards, on the dev machine: bash scripts/train_drafter_h200.sh unpack DIR  (DIR = the run's files folder).
 set -euo pipefail
@@ -19,8 +20,8 @@ mode=${1:-train}
 CARRY=.cache/dspark-carry
 OUT_DIR=results/dspark-smollm2
 REPLAY_ARGS=(name=dspark "target.device=${DEVICE:-cuda}" drafter.name=dspark "+drafter.options.path=$OUT_DIR/draft"
-  +drafter.options.temperature=1.0 dataset=gsm8k dataset.split=second_half "dataset.limit=${EVAL_PROMPTS:-48}"
-  "engine.max_new_tokens=${EVAL_TOKENS:-128}" replay.n_max=16)
+  +drafter.options.temperature=1.0 dataset=gsm8k dataset.split=second_half "dataset.limit=${EVAL_PROMPTS:-16}"
+  "engine.max_new_tokens=${EVAL_TOKENS:-128}" replay.n_max=8)
 GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
 SPLIT=60000000
 
@@ -69,14 +70,16 @@ train)
   python3 -c 'from flashtree.models import load_target; m, t = load_target("smollm2-135m"); print(t.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}], tokenize=False, add_generation_prompt=True)[-40:])'
   stamp "train"
   python3 experiments/train_drafter.py "out_dir=$OUT_DIR" seed=0 logger.wandb.mode=disabled logger.every=50 \
-    ${PROMPTS:+data.prompts_file=$PROMPTS} "data.gen_time_limit_s=${GEN_S:-75}" "optim.time_limit_s=${TRAIN_S:-230}" \
+    ${PROMPTS:+data.prompts_file=$PROMPTS} "data.gen_time_limit_s=${GEN_S:-150}" "optim.time_limit_s=${TRAIN_S:-230}" \
     logger.progress=false "target.device=${DEVICE:-cuda}" ${TRAIN_ARGS:-}
   stamp "record the held-out GSM8K replay"
-  python3 experiments/replay.py "${REPLAY_ARGS[@]}" replay.ns=[1,8] replay.widths=[8,9] logger=disabled \
-    logger.progress=false
+  # measured 2026-11-30: recording takes > 4 s per prompt on the H200 (token-by-token HF forwards, per-position
+  # drafts); 48 prompts did not fit one call. The time limit keeps the packing step alive.
+  timeout "${RECORD_S:-150}" python3 experiments/replay.py "${REPLAY_ARGS[@]}" replay.ns=[1,8] replay.widths=[8,9] \
+    logger=disabled logger.progress=false || echo "[train_drafter_h200] replay recording stopped"
   stamp "pack"
   tar czf /tmp/dspark-results.tgz "$OUT_DIR/draft" "$OUT_DIR/summary.json" "$OUT_DIR/train_log.jsonl" \
-    "$OUT_DIR/run.log" outputs/replay/dspark
+    "$OUT_DIR/run.log" $(ls -d outputs/replay/dspark 2>/dev/null || true)
   split -b 15000000 -d /tmp/dspark-results.tgz "$OUT/dspark-results.tgz.part-"
   ls -la "$OUT"
   stamp "done"
@@ -86,7 +89,7 @@ unpack)
   cat "$dir"/dspark-results.tgz.part-* | tar xzf -
   ls -la "$OUT_DIR/draft" outputs/replay/dspark
   # the full (N, W) grid from the recording: CPU only, reuses outputs/replay/dspark/gsm8k/recording.pt
-  .venv/bin/python experiments/replay.py "${REPLAY_ARGS[@]}" replay.ns=[1,2,4,8,16] replay.widths=[4,8,9,16,32] \
+  .venv/bin/python experiments/replay.py "${REPLAY_ARGS[@]}" replay.ns=[1,2,4,8] replay.widths=[4,8,9,16] \
     logger.wandb.mode=disabled
   ;;
 *)

@@ -115,7 +115,8 @@ def read_prompts_file(path) -> tuple[list[dict], dict]:
 
 @torch.no_grad()
 def generate_responses(target, prompt_ids: list[list[int]], *, max_new_tokens: int, batch_size: int, stop_ids,
-                       pad_id: int, seed: int = 0, time_limit_s: float | None = None, progress: bool = True):
+                       pad_id: int, seed: int = 0, time_limit_s: float | None = None, max_batches: int | None = None,
+                       progress: bool = True):
     """The target's greedy response to each prompt (a list of int lists; None where the time limit came first).
 
     Prompts are batched by length (less padding), the batches run in a seeded order, so a time limit keeps a
@@ -127,6 +128,8 @@ def generate_responses(target, prompt_ids: list[list[int]], *, max_new_tokens: i
     order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     random.Random(seed).shuffle(batches)
+    if max_batches is not None:
+        batches = batches[:max_batches]  # a fixed, seeded, length-balanced subset: reproducible, unlike a time limit
     stops = torch.tensor(sorted(set(stop_ids)), device=device)
     out: list[list[int] | None] = [None] * len(prompt_ids)
     start = time.perf_counter()

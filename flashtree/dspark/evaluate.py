@@ -14,32 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-
-
-@contextmanager
-def _trim_hidden_on_truncate():
-    """Work around a reference-engine bug (flashtree/engine/generate.py, `_truncate`): when a step's accepted tokens run
-    past max_new_tokens or a stop token, the request's tokens are cut but its hidden states are not, and the next
-    `_draft_state` fails for any drafter that reads hidden states. Trimming them to the kept tokens is what the engine
-    should do; this is a no-op once the engine does it itself."""
-    from flashtree.engine import generate as engine
-
-    original = engine._truncate
-
-    def truncate(r, first_new, stops, max_new_tokens):
-        original(r, first_new, stops, max_new_tokens)
-        for layer, h in r.hidden.items():
-            r.hidden[layer] = h[: max(r.tokens.numel() - 1, 0)]
-
-    engine._truncate = truncate
-    try:
-        yield
-    finally:
-        engine._truncate = original
 
 
 def engine_identity(target, drafter, prompts: list[list[int]], *, n: int, width: int, max_new_tokens: int,
@@ -58,10 +35,9 @@ def engine_identity(target, drafter, prompts: list[list[int]], *, n: int, width:
         t0 = time.perf_counter()
         ref = greedy_reference(target, x, max_new_tokens, list(stop_ids) or None)[0]
         t1 = time.perf_counter()
-        with _trim_hidden_on_truncate():
-            res = tree_generate(target, drafter, x, n=n, width=width, max_new_tokens=max_new_tokens,
-                                generator=torch.Generator(device=device).manual_seed(seed * 1_000_003 + i),
-                                stop_token_ids=list(stop_ids) or None)
+        res = tree_generate(target, drafter, x, n=n, width=width, max_new_tokens=max_new_tokens,
+                            generator=torch.Generator(device=device).manual_seed(seed * 1_000_003 + i),
+                            stop_token_ids=list(stop_ids) or None)
         t2 = time.perf_counter()
         t_ref, t_engine = t_ref + t1 - t0, t_engine + t2 - t1
         out = res.sequences[0, : len(ids) + res.new_tokens[0]]
@@ -104,7 +80,7 @@ def grid_markdown(run_dir) -> str:
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     lines += ["", "| N | W | τ (95% CI) | τ oracle | acceptance per depth 1..K |", "|---|---|---|---|---|"]
     for _, r in df.sort_values(["tree.n", "tree.width"]).iterrows():
-        acc = " ".join(f"{a:.2f}" for a in r["accept_per_depth"])
+        acc = " ".join("-" if a is None else f"{a:.2f}" for a in r["accept_per_depth"])
         lines.append(f"| {r['tree.n']} | {r['tree.width']} | {r['tau']:.3f} ({r['tau_ci_lo']:.3f}-{r['tau_ci_hi']:.3f}) "
                      f"| {r['tau_oracle']:.3f} | {acc} |")
     return "\n".join(lines)

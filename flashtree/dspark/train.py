@@ -98,7 +98,8 @@ def prepare_data(cfg: TrainConfig, target, tokenizer, out: Path, log=print):
     t1 = time.perf_counter()
     responses = generate_responses(
         target, prompt_ids, max_new_tokens=d.max_new_tokens, batch_size=d.gen_batch_size, stop_ids=stops,
-        pad_id=pad, seed=cfg.seed, time_limit_s=d.gen_time_limit_s, progress=cfg.logger.progress,
+        pad_id=pad, seed=cfg.seed, time_limit_s=d.gen_time_limit_s, max_batches=d.gen_max_batches,
+        progress=cfg.logger.progress,
     )
     gen_time = time.perf_counter() - t1
     seqs = build_sequences(prompts, prompt_ids, responses)

@@ -35,6 +35,7 @@ class TrainDataConfig:
     max_new_tokens: int = 256  # response length cap of the target's greedy responses
     gen_batch_size: int = 512
     gen_time_limit_s: Optional[float] = None  # stop generating after this long and train on what exists
+    gen_max_batches: Optional[int] = None  # generate only the first N batches of the seeded batch order
 
     def __post_init__(self) -> None:
         from .data import canonical_source

@@ -221,6 +221,7 @@ def _truncate(r: _Request, first_new: int, stops: torch.Tensor, max_new_tokens: 
             end = min(end, first_new + int(hit[0]) + 1)
     if r.tokens.numel() >= end:
         r.tokens = r.tokens[:end]
+        r.hidden = {i: h[: end - 1] for i, h in r.hidden.items()}  # hidden states exist for tokens with KV
         r.done = True
 
 

@@ -53,20 +53,29 @@ def loaded(tmp_path_factory):
             seen.append(name)
             yield name, tensor
 
+    import sys
     import types
 
-    saved = {name: getattr(rope_base, name) for name in ("_is_cpu", "get_exec") if hasattr(rope_base, name)}
+    from sglang.srt import runtime_context
+
+    patched = [(rope_base, "_is_cpu", rope_base._is_cpu)]
     rope_base._is_cpu = True  # CPU RoPE: the CUDA/vllm kernels are absent here
-    if "get_exec" in saved:  # 0.5.17 reads the (unpublished) server exec config while building the RoPE cache
-        det = types.SimpleNamespace(rl_on_policy_target=None)
-        rope_base.get_exec = lambda: types.SimpleNamespace(deterministic=det)
+    if hasattr(runtime_context, "get_exec"):
+        try:
+            runtime_context.get_exec().deterministic
+        except ValueError:  # 0.5.17's layers read the (unpublished) server exec config at construction
+            det = types.SimpleNamespace(rl_on_policy_target=None)
+            stand_in = lambda: types.SimpleNamespace(deterministic=det)  # noqa: E731
+            for mod in [m for n, m in sys.modules.items() if n.startswith("sglang.") and hasattr(m, "get_exec")]:
+                patched.append((mod, "get_exec", mod.get_exec))
+                mod.get_exec = stand_in
     try:
         with get_parallel().override(tp_size=1, tp_rank=0):
             theirs = SglangDSpark(config)
             theirs.load_weights(weights())
     finally:
-        for name, value in saved.items():
-            setattr(rope_base, name, value)
+        for mod, name, value in patched:
+            setattr(mod, name, value)
     return ours, read_tensors(folder), theirs, seen, config
 
 
@@ -80,7 +89,8 @@ def test_sglang_reads_the_dspark_config(loaded):
     runtime = resolve_runtime_config(draft_hf_config=config, speculative_num_draft_tokens=BLOCK + 1,
                                      target_vocab_size=V)
     assert (runtime.gamma, runtime.verify_num_draft_tokens, runtime.mask_token_id) == (BLOCK, BLOCK + 1, V - 3)
-    assert theirs.num_context_features == 3 and theirs.gamma == BLOCK and theirs.sample_from_anchor
+    # 0.5.17 has no flag: its block is always [anchor, mask...] with every row proposing (sample from anchor)
+    assert theirs.num_context_features == 3 and theirs.gamma == BLOCK and getattr(theirs, "sample_from_anchor", True)
     assert theirs.confidence_head is None  # static ragged-verify mode (the default): no confidence weights needed
 
 
