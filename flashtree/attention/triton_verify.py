@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..gpu import sm_count
+
 
 @triton.jit
 def _verify_kernel(
@@ -161,16 +163,6 @@ def _merge_kernel(
              out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (dv[None, :] < DV))
 
 
-_SMS: dict = {}
-
-
-def _sm_count(device) -> int:
-    if device.type != "cuda":
-        return 8
-    key = device.index if device.index is not None else torch.cuda.current_device()
-    if key not in _SMS:
-        _SMS[key] = torch.cuda.get_device_properties(key).multi_processor_count
-    return _SMS[key]
 
 
 def _np2(x: int, lo: int = 16) -> int:
@@ -209,7 +201,7 @@ def _run(q, k, v, kb, vb, kv_indptr, kv_indices, page_table, prefix_lens, page, 
     bm, rb, bn, warps, stages = _config(g, L, d, dv, interp)
     if num_splits is None:
         progs = bs * hkv * rb
-        sms = _sm_count(q.device)
+        sms = sm_count(q.device, 8)
         # enough programs for about two waves, at most 16 splits (each split's partial costs a write and a read)
         num_splits = 1 if progs >= sms else min(16, triton.cdiv(2 * sms, progs))
     s = int(num_splits)

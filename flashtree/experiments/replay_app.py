@@ -59,7 +59,7 @@ def load_or_record(rc, out: Path):
 
 def write_config(rc, out: Path, n: int, w: int, steps_per_prompt, recs) -> dict:
     """One (N, W) of the grid, written as a sweep run is."""
-    from flashtree.experiments.run import measured_config
+    from flashtree.experiments.run import measured_config, write_run
 
     cfg = dataclasses.replace(rc, tree=dataclasses.replace(rc.tree, n=n, width=w))
     run_dir = out / f"tree.n={n},tree.width={w}"
@@ -74,27 +74,10 @@ def write_config(rc, out: Path, n: int, w: int, steps_per_prompt, recs) -> dict:
         for i, (r, s) in enumerate(zip(recs, steps_per_prompt))
     ], columns=list(metrics.PROMPT_COLUMNS))
     params = {k: v for k, v in params_of(cfg).items() if not k.startswith("replay.")}
-    summary = {
-        "status": "complete",
-        "label": run_dir.name,
-        "mode": "replay",
-        "config_hash": records.config_hash({**measured_config(cfg), "mode": "replay"}),
-        **metrics.summarize(steps, prompts, recs[0].k if recs else 0),
-        "steps_schema_version": metrics.STEPS_SCHEMA_VERSION,
-        "params": params,
-        "config": dataclasses.asdict(cfg),
-        "versions": records.versions(),
-        "git": records.git_commit(),
-        "run_dir": str(run_dir.resolve()),
-    }
-    metrics.write_steps(steps, run_dir / records.STEPS)
-    prompts.to_parquet(run_dir / records.PROMPTS, index=False)
-    records.write_json_atomic(run_dir / records.SUMMARY, summary)
-    if cfg.logger.wandb.mode != "disabled":
-        from flashtree.experiments.run import _log_wandb
-
-        summary = _log_wandb(cfg, run_dir, summary, run_dir.name, steps)
-    return summary
+    head = {"label": run_dir.name, "mode": "replay",
+            "config_hash": records.config_hash({**measured_config(cfg), "mode": "replay"}),
+            **metrics.summarize(steps, prompts, recs[0].k if recs else 0)}
+    return write_run(cfg, run_dir, steps, prompts, head, params)
 
 
 def run_replay(cfg: DictConfig) -> float:

@@ -151,14 +151,20 @@ def run_configuration(cfg: RunConfig, run_dir: Path, *, label: str, params: dict
 
     start = time.perf_counter()
     steps, prompts_df, k = generate_prompts(cfg, label)
+    head = {"label": label, "config_hash": digest, **metrics.summarize(steps, prompts_df, k),
+            "run_time_s": time.perf_counter() - start}
+    summary = write_run(cfg, run_dir, steps, prompts_df, head, params)
+    log(f"[flashtree] {label}: tau={summary['tau']:.3f} tokens/s={summary['tokens_per_s']:.1f} -> {run_dir}")
+    return summary
+
+
+def write_run(cfg, run_dir: Path, steps, prompts_df, head: dict, params: dict) -> dict:
+    """Write a finished run (steps.parquet, prompts.parquet, summary.json with its provenance) and log it to W&B."""
     metrics.write_steps(steps, run_dir / records.STEPS)
     prompts_df.to_parquet(run_dir / records.PROMPTS, index=False)
     summary = {
         "status": "complete",
-        "label": label,
-        "config_hash": digest,
-        **metrics.summarize(steps, prompts_df, k),
-        "run_time_s": time.perf_counter() - start,
+        **head,
         "steps_schema_version": metrics.STEPS_SCHEMA_VERSION,
         "params": params,
         "config": dataclasses.asdict(cfg),
@@ -167,9 +173,8 @@ def run_configuration(cfg: RunConfig, run_dir: Path, *, label: str, params: dict
         "run_dir": str(run_dir.resolve()),
     }
     records.write_json_atomic(run_dir / records.SUMMARY, summary)
-    log(f"[flashtree] {label}: tau={summary['tau']:.3f} tokens/s={summary['tokens_per_s']:.1f} -> {run_dir}")
     if cfg.logger.wandb.mode != "disabled":
-        summary = _log_wandb(cfg, run_dir, summary, label, steps)
+        summary = _log_wandb(cfg, run_dir, summary, head["label"], steps)
     return summary
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from flashtree.tree import ancestor_mask, build_vote_tree, commit_plan, to_eagle, verify_greedy, verify_sampled
+from flashtree.tree import build_vote_tree, commit_plan, to_eagle, verify_greedy, verify_sampled
 from flashtree.tree.commit import apply_permutation
 from flashtree.tree.types import VoteTree
 

@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..gpu import sm_count
+
 BLOCK = 4096
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -138,16 +140,6 @@ def _pass2_kernel(
     tl.store(out_ptr + r * NDRAW + j, tok.to(tl.int64), mask=jm)
 
 
-_SMS: dict = {}
-
-
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4
-    key = device.index if device.index is not None else torch.cuda.current_device()
-    if key not in _SMS:
-        _SMS[key] = torch.cuda.get_device_properties(key).multi_processor_count
-    return _SMS[key]
 
 
 def _threshold(logits, temperature, top_k, max_top_k):
@@ -181,7 +173,7 @@ def _sample(logits, temperature, ndraw, generator, top_k, max_top_k, block=None)
         return out
     blk = block or min(BLOCK, max(16, triton.next_power_of_2(v)))
     nt = triton.cdiv(v, blk)
-    want = max(1, (4 * _sm_count(dev) + r - 1) // r)
+    want = max(1, (4 * sm_count(dev, 4) + r - 1) // r)
     tps = triton.cdiv(nt, min(want, nt))
     s = triton.cdiv(nt, tps)
     gmax = torch.empty(r * s, dtype=torch.float32, device=dev)

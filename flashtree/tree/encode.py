@@ -31,7 +31,7 @@ def tree_positions(tree: VoteTree, prefix_len: torch.Tensor) -> torch.Tensor:
 
 def child_links(tree: VoteTree) -> tuple[torch.Tensor, torch.Tensor]:
     """First-child and next-sibling links over valid nodes, (bs, W) each, -1 where none; siblings by node index."""
-    bs, w = tree.batch_size, tree.width
+    w = tree.width
     device = tree.tokens.device
     parents = with_root(tree.parents, -1)
     valid = with_root(tree.valid, 0).bool()

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 
 from ..installer import Patch
-from ..toggles import ToggleError, TreeToggles
+from ..toggles import TreeToggles
 from .probe import Has, Lacks, Sig, resolve
 
 WORKER = "sglang.srt.speculative.dspark_components.dspark_worker_v2:DSparkWorkerV2"
@@ -53,6 +53,7 @@ class Verified:
 
 class SglangAdapter:
     release = "?"
+    run_forward_extra: dict = {}  # release-specific keyword arguments of DraftBlockProposer._run_forward
     # Probes that must all pass for this adapter to be chosen.
     probes: tuple = ()
 
@@ -153,6 +154,7 @@ class SglangAdapter:
                 embed_module=embed,
                 draft_sampler=None,
                 sampling_info=batch.sampling_info,
+                **self.run_forward_extra,
             )
             base, _tap = proposer.draft_model.compute_base_logits(fwd.raw_hidden)
         k = proposer.gamma

@@ -17,6 +17,7 @@ from .probe import Has, Sig, resolve
 
 class Adapter(SglangAdapter):
     release = "0.5.23"
+    run_forward_extra = {"anchor_prepared": False}  # 0.5.23 added it; False = the proposer prepares the anchor
     has_shared_kv = True
     probes = COMMON_PROBES + LIVE_LENS_PROBES + (
         Sig(f"{WORKER}._forward_decode", ("self", "batch", "on_publish", "grammar_barrier", "coordination_plan")),
@@ -47,24 +48,6 @@ class Adapter(SglangAdapter):
             seq_lens_cpu=seq_lens_cpu,
         )
         return Window(native.positions_2d, native.verify_cache_loc, native.verify_cache_loc_2d, native)
-
-    def draft_forward(self, worker, batch, draft_input, window: Window, bs: int):
-        proposer = worker._proposer
-        embed = self.embed_module(worker)
-        with worker._draft_context():
-            fwd = proposer._run_forward(
-                batch=batch,
-                draft_input=draft_input,
-                verify_window=window.native,
-                bs=bs,
-                device=worker.device,
-                embed_module=embed,
-                draft_sampler=None,
-                sampling_info=batch.sampling_info,
-                anchor_prepared=False,
-            )
-            base, _tap = proposer.draft_model.compute_base_logits(fwd.raw_hidden)
-        return fwd.draft_block_ids[:, 0].clone(), base.view(bs, proposer.gamma, -1), fwd.draft_hidden_3d
 
     def sample_blocks(self, worker, base_logits, anchor, draft_hidden, n: int, sampler) -> torch.Tensor:
         head = worker._proposer.draft_model.markov_head
