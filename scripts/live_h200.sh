@@ -11,7 +11,8 @@
 #     tree     DSPARK + FLASHTREE_TREE_N=8, split-KV off, xgrammar          port 30002
 #     splitkv  DSPARK + FLASHTREE_TREE_N=8 + FLASHTREE_SPLITKV_VERIFY=1     port 30003
 # runs benchmarks/live/client.py against them, and leaves everything under $OUT: live_results.json, greedy outputs,
-# server logs, the draft config, timings. SERVERS="plain tree" (any subset) runs fewer; TOTAL_S bounds the call.
+# server logs, the draft config, timings. SERVERS="plain tree" (any subset) runs fewer; TOTAL_S bounds the call;
+# DTYPE=bfloat16 serves in bf16 (sglang 0.5.17's sgl_kernel rmsnorm refuses float32 under CUDA-graph capture).
 set -u
 T0=$(date +%s)
 el() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
@@ -57,9 +58,9 @@ fi
 cp $WORK/models/draft/config.json "$OUT/draft_config.json"; cp $WORK/models/prompts.json "$OUT/prompts.json"
 el "models ready"
 
-COMMON="--model-path $WORK/models/target --dtype float32 --attention-backend triton --sampling-backend pytorch
+COMMON="--model-path $WORK/models/target --dtype ${DTYPE:-float32} --attention-backend triton --sampling-backend pytorch
   --page-size 1 --mem-fraction-static 0.08 --max-total-tokens 65536 --context-length 2048 --max-running-requests 8
-  --cuda-graph-max-bs-decode 8 --cuda-graph-backend-prefill disabled --log-level info"
+  --cuda-graph-max-bs-decode 8 --cuda-graph-backend-prefill disabled --log-level info ${SERVER_EXTRA:-}"
 SPEC="--speculative-algorithm DSPARK --speculative-draft-model-path $WORK/models/draft --speculative-num-draft-tokens 8
   --speculative-draft-attention-backend triton"
 declare -A PORT=([plain]=30000 [chain]=30001 [tree]=30002 [splitkv]=30003)
