@@ -30,7 +30,7 @@ from flashtree.tree import build_vote_tree, commit_plan, to_eagle, verify_greedy
 from flashtree.tree.commit import apply_permutation
 from flashtree.tree.types import VoteTree
 
-from .toggles import ToggleError, TreeToggles
+from .toggles import ToggleError, TreeToggles, load_for_toggle
 
 logger = logging.getLogger("flashtree.patches")
 
@@ -65,16 +65,7 @@ def _load_sampler(toggles: TreeToggles):
         from flashtree.sampler.reference import sample_rows
 
         return sample_rows
-    import importlib
-
-    module_name, _, attr = FUSED_SAMPLER.partition(":")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as err:
-        raise ToggleError(
-            f"flashtree: FLASHTREE_FUSED_SAMPLER=1 needs {FUSED_SAMPLER}, which is not importable here "
-            f"({type(err).__name__}: {err}); allowed: 0 (flashtree's torch row sampler)"
-        ) from None
+    return load_for_toggle(FUSED_SAMPLER, "FLASHTREE_FUSED_SAMPLER", "flashtree's torch row sampler")
 
 
 def create_state(adapter, toggles: TreeToggles, worker) -> TreeState:

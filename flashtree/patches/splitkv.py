@@ -28,12 +28,11 @@ device. Only shapes are read on the host (no synchronisation), so the path is CU
 
 from __future__ import annotations
 
-import importlib
 from typing import Callable
 
 import torch
 
-from .toggles import ToggleError
+from .toggles import load_for_toggle
 
 KERNEL = "flashtree.attention.triton_verify:tree_attention_triton"
 
@@ -42,14 +41,7 @@ _SERVED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 def load_kernel() -> Callable:
     """flashtree's tree-verify attention kernel, or a ToggleError (SystemExit) naming what is missing."""
-    module_name, _, attr = KERNEL.partition(":")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as err:
-        raise ToggleError(
-            f"flashtree: FLASHTREE_SPLITKV_VERIFY=1 needs flashtree's split-KV verify kernel ({KERNEL}), which "
-            f"this flashtree build lacks ({type(err).__name__}: {err}); allowed: 0 (sglang's own verify attention)"
-        ) from None
+    return load_for_toggle(KERNEL, "FLASHTREE_SPLITKV_VERIFY", "sglang's own verify attention")
 
 
 def causal_qlen_mask(bs: int, w: int, device) -> torch.Tensor:

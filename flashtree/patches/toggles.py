@@ -22,6 +22,20 @@ class ToggleError(SystemExit):
         super().__init__(message)
         self.message = message
 
+
+def load_for_toggle(path: str, toggle: str, off_means: str):
+    """The object at "module:attr" that `toggle`=1 needs, or a ToggleError saying what is missing and what 0 does."""
+    import importlib
+
+    module_name, _, attr = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as err:
+        raise ToggleError(
+            f"flashtree: {toggle}=1 needs {path}, which this flashtree build cannot import "
+            f"({type(err).__name__}: {err}); allowed: 0 ({off_means})"
+        ) from None
+
     def __str__(self) -> str:
         return self.message
 

@@ -124,7 +124,7 @@ def test_signature_drift_is_refused_untouched(monkeypatch, sglang_release):
 def test_splitkv_without_kernel_is_refused_untouched(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "flashtree.attention.triton_verify", types.SimpleNamespace())  # a build without it
     before = snapshot()
-    with pytest.raises(SystemExit, match="FLASHTREE_SPLITKV_VERIFY=1 needs flashtree's split-KV verify kernel"):
+    with pytest.raises(SystemExit, match="FLASHTREE_SPLITKV_VERIFY=1 needs flashtree.attention.triton_verify:tree_attention_triton"):
         patches.install(TreeToggles(tree_n=4, splitkv_verify=True))
     assert diff(before, snapshot()) == set()
     assert installer.installed_keys() == []

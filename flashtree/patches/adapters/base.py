@@ -128,6 +128,10 @@ class SglangAdapter:
         return int(getattr(worker.model_runner, "page_size", 1) or 1)
 
     # ---- the tree step's primitives --------------------------------------------------------------------------
+    def alloc_window_extra(self, batch, draft_input) -> dict:
+        """Release-specific keyword arguments of `alloc_verify_window`."""
+        return {}
+
     def alloc_window(self, worker, batch, bs: int, draft_input) -> Window:
         alloc = resolve(f"{PLANNER}:alloc_verify_window")
         native = alloc(
@@ -137,6 +141,7 @@ class SglangAdapter:
             verify_num_draft_tokens=worker.verify_num_draft_tokens,
             block_pos_offsets=worker._block_pos_offsets,
             model_runner=worker.model_runner,
+            **self.alloc_window_extra(batch, draft_input),
         )
         return Window(native.positions_2d, native.verify_cache_loc, native.verify_cache_loc_2d, native)
 

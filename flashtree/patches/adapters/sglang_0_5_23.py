@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import COMMON_PROBES, DRAFT, LIVE_LENS_PROBES, PLANNER, TRITON, WORKER, SglangAdapter, Window
-from .probe import Has, Sig, resolve
+from .base import COMMON_PROBES, DRAFT, LIVE_LENS_PROBES, PLANNER, TRITON, WORKER, SglangAdapter
+from .probe import Has, Sig
 
 
 class Adapter(SglangAdapter):
@@ -35,19 +35,10 @@ class Adapter(SglangAdapter):
             return "KV index translation (unified/fused draft KV pools) is on; the tree commit rewrites req_to_token"
         return None
 
-    def alloc_window(self, worker, batch, bs: int, draft_input) -> Window:
-        alloc = resolve(f"{PLANNER}:alloc_verify_window")
+    def alloc_window_extra(self, batch, draft_input) -> dict:
+        # 0.5.23 needs host lengths; under overlap batch.seq_lens_cpu may be unset, then the reservation bound serves
         seq_lens_cpu = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu
-        native = alloc(
-            batch=batch,
-            bs=bs,
-            device=worker.device,
-            verify_num_draft_tokens=worker.verify_num_draft_tokens,
-            block_pos_offsets=worker._block_pos_offsets,
-            model_runner=worker.model_runner,
-            seq_lens_cpu=seq_lens_cpu,
-        )
-        return Window(native.positions_2d, native.verify_cache_loc, native.verify_cache_loc_2d, native)
+        return {"seq_lens_cpu": seq_lens_cpu}
 
     def sample_blocks(self, worker, base_logits, anchor, draft_hidden, n: int, sampler) -> torch.Tensor:
         head = worker._proposer.draft_model.markov_head
