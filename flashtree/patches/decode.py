@@ -2,8 +2,8 @@
 
 One step, per running batch of bs requests (W = tree width with the root, K = gamma = draft block length):
   1. the verify window: W KV slots per request at req_to_token[req, seq_len : seq_len + W] (DSPARK's own window);
-  2. one draft forward over the block, then N independent draws of the block through the draft's Markov head at
-     flashtree's draft temperature (flashtree's row sampler) -> candidates (bs, N, K);
+  2. one draft forward over the block, then N draws of the block through the draft's Markov head (flashtree's row
+     sampler): candidate 0 is the greedy block, 1..N-1 are independent draws at the draft temperature -> (bs, N, K);
   3. flashtree's trie-vote builder -> W - 1 nodes; sglang's `build_tree_kernel_efficient` (EAGLE ABI through
      `to_eagle`) -> the FULL_MASK tree mask and the node positions;
   4. target verify through DSPARK's executor with that mask and those positions;
@@ -30,6 +30,7 @@ from flashtree.tree import build_vote_tree, commit_plan, to_eagle, verify_greedy
 from flashtree.tree.commit import apply_permutation
 from flashtree.tree.types import VoteTree
 
+from .stage_times import StageTimer
 from .toggles import ToggleError, TreeToggles, load_for_toggle
 
 logger = logging.getLogger("flashtree.patches")
@@ -50,6 +51,7 @@ class TreeState:
     tree_width: int  # the tree's own width (<= width); narrower trees are padded to `width`
     generator: torch.Generator | None
     sampler: object
+    timer: StageTimer | None = None  # FLASHTREE_STAGE_TIMES
     steps: int = 0
     fallbacks: dict = field(default_factory=dict)
 
@@ -100,6 +102,7 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeState:
         tree_width=toggles.tree_width or window,
         generator=generator,
         sampler=_load_sampler(toggles),
+        timer=StageTimer(toggles.stage_times, device) if toggles.stage_times else None,
     )
     logger.info("flashtree tree path on (sglang %s): %s, W=%d, gamma=%d", adapter.release, toggles.describe(), window, gamma)
     return state
@@ -188,11 +191,19 @@ def tree_mask_and_positions(tree: VoteTree, anchor, seq_lens, seq_lens_sum: int)
     return tree_mask, positions
 
 
+def draw_temperatures(rows: int, n: int, temperature: float, device) -> torch.Tensor:
+    """(rows,) = (bs * N,) temperatures, request-major: candidate 0 of each request is the draft's greedy block (so
+    the tree always holds DSPARK's chain block, as the engine's drafters do), candidates 1..N-1 are draws."""
+    temps = torch.full((rows // n, n), temperature, dtype=torch.float32, device=device)
+    temps[:, 0] = 0.0
+    return temps.view(-1)
+
+
 def draw_candidates(state: TreeState, worker, base_logits, anchor, draft_hidden, n: int) -> torch.Tensor:
     temperature = state.toggles.draft_temperature
 
     def sampler(step_logits: torch.Tensor) -> torch.Tensor:
-        temps = torch.full((step_logits.shape[0],), temperature, dtype=torch.float32, device=step_logits.device)
+        temps = draw_temperatures(step_logits.shape[0], n, temperature, step_logits.device)
         return state.sampler(step_logits, temps, generator=state.generator)
 
     return state.adapter.sample_blocks(worker, base_logits, anchor, draft_hidden, n, sampler)
@@ -211,27 +222,45 @@ def walk(state: TreeState, tree: VoteTree, logits: torch.Tensor, sampling_info):
     return verify_sampled(tree, logits, temperature, generator=state.generator, top_k=top_k, top_p=top_p)
 
 
+class _NoTimer:
+    def start(self):
+        pass
+
+    def mark(self, stage):
+        pass
+
+    def end_step(self, batch_size):
+        pass
+
+
 def tree_step(state: TreeState, worker, batch, on_publish):
     adapter = state.adapter
     draft_input = batch.spec_info
     bs = len(batch.seq_lens)
     w = state.width
     prefix = batch.seq_lens
+    timer = state.timer or _NoTimer()
 
+    timer.start()
     window = adapter.alloc_window(worker, batch, bs, draft_input)
     anchor, base_logits, draft_hidden = adapter.draft_forward(worker, batch, draft_input, window, bs)
+    timer.mark("draft")
     n = state.toggles.tree_n
     candidates = draw_candidates(state, worker, base_logits, anchor, draft_hidden, n)
+    timer.mark("draws")
     tree = pad_tree(build_vote_tree(candidates, state.width_for(bs)), w, n)
 
     seq_lens_sum = int(batch.seq_lens_sum) if batch.seq_lens_sum is not None else int(prefix.sum())
     tree_mask, positions = tree_mask_and_positions(tree, anchor, prefix, seq_lens_sum)
     ids = torch.cat([anchor.view(bs, 1), tree.tokens], dim=1)
+    timer.mark("tree")
     verified = adapter.target_verify(worker, batch, draft_input, window, ids, positions.view(bs, w), tree_mask)
+    timer.mark("verify")
 
     result = walk(state, tree, verified.logits, batch.sampling_info)
     plan = commit_plan(tree, result)
     commit_lens = result.commit_len.to(torch.int32)
+    timer.mark("walk")
 
     # Commit. Page size 1: permute the window in req_to_token so the accepted path's slots come first (no KV moves).
     # Paged KV: a slot's page offset is its position's, so the window stays put and the accepted nodes' target KV is
@@ -246,6 +275,7 @@ def tree_step(state: TreeState, worker, batch, on_publish):
     hidden = hidden.gather(1, plan.permutation.unsqueeze(-1).expand(bs, w, hidden.shape[-1]))
     adapter.inject_committed(worker, batch, hidden.reshape(bs * w, -1), slots, window.positions_2d, commit_lens)
     adapter.publish_req_to_token_write(worker)
+    timer.mark("commit")
 
     new_seq_lens = prefix + commit_lens.to(prefix.dtype)
     out_tokens = result.tokens.clamp(min=0)  # (bs, K + 1) = (bs, W): committed tokens first, then filler
@@ -263,6 +293,8 @@ def tree_step(state: TreeState, worker, batch, on_publish):
     state.steps += 1
 
     next_draft_input = adapter.make_next_draft_input(result.bonus, new_seq_lens)
+    timer.mark("output")
+    timer.end_step(bs)
     return adapter.batch_result(
         logits_output=logits_output,
         next_token_ids=out_tokens.reshape(-1),
@@ -275,12 +307,39 @@ def tree_step(state: TreeState, worker, batch, on_publish):
     )
 
 
-def tree_stats(tree: VoteTree, candidates: torch.Tensor, accept_len: torch.Tensor) -> list:
-    """Per request: [candidates, distinct candidates, tree size, accepted depth] (host ints)."""
+class DeferredRows:
+    """Per-request rows copied to pinned host memory without a host wait. sglang reads `rows[i]` while collecting the
+    step's customized_info, after it has waited for the step's own device-to-host copies; the event wait here is then
+    free, and a tree step never stalls the scheduler's CPU/GPU overlap for its statistics."""
+
+    def __init__(self, rows: torch.Tensor):
+        self._done = None
+        if rows.is_cuda:
+            host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
+            host.copy_(rows, non_blocking=True)
+            self._done = torch.cuda.Event()
+            self._done.record()
+            rows = host
+        self._host = rows
+
+    def __len__(self) -> int:
+        return self._host.shape[0]
+
+    def __getitem__(self, i: int) -> list:
+        if self._done is not None:
+            self._done.synchronize()
+        return self._host[i].tolist()
+
+    def tolist(self) -> list:
+        return [self[i] for i in range(len(self))]
+
+
+def tree_stats(tree: VoteTree, candidates: torch.Tensor, accept_len: torch.Tensor) -> DeferredRows:
+    """Per request: [candidates, distinct candidates, tree size, accepted depth] (ints, read lazily)."""
     bs, n, _k = candidates.shape
     same = (candidates.unsqueeze(2) == candidates.unsqueeze(1)).all(dim=-1)  # (bs, N, N)
     earlier = torch.ones(n, n, dtype=torch.bool, device=candidates.device).tril(-1)
     distinct = (~(same & earlier).any(dim=-1)).sum(dim=-1)
     size = tree.valid.sum(dim=-1)
     rows = torch.stack([torch.full_like(size, n), distinct, size, accept_len.to(size.dtype)], dim=1)
-    return rows.cpu().tolist()
+    return DeferredRows(rows.to(torch.int32))

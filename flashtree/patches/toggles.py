@@ -22,6 +22,9 @@ class ToggleError(SystemExit):
         super().__init__(message)
         self.message = message
 
+    def __str__(self) -> str:
+        return self.message
+
 
 def load_for_toggle(path: str, toggle: str, off_means: str):
     """The object at "module:attr" that `toggle`=1 needs, or a ToggleError saying what is missing and what 0 does."""
@@ -36,9 +39,6 @@ def load_for_toggle(path: str, toggle: str, off_means: str):
             f"({type(err).__name__}: {err}); allowed: 0 ({off_means})"
         ) from None
 
-    def __str__(self) -> str:
-        return self.message
-
 
 @dataclass(frozen=True)
 class TreeToggles:
@@ -49,6 +49,7 @@ class TreeToggles:
     splitkv_verify: bool = False  # split-KV tree-verify attention on the target's Triton backend
     fused_sampler: bool = False  # flashtree's fused row sampler for the N draft draws
     seed: int = 0  # seed of the draft-draw generator (per worker process)
+    stage_times: int = 0  # log the tree step's per-stage time every N steps (0 = off)
 
     @property
     def tree_enabled(self) -> bool:
@@ -122,14 +123,22 @@ TOGGLES: dict[str, tuple[str, Callable[[str], object], str]] = {
     "FLASHTREE_SPLITKV_VERIFY": ("splitkv_verify", _flag, "split-KV tree-verify attention on the target's Triton backend"),
     "FLASHTREE_FUSED_SAMPLER": ("fused_sampler", _flag, "flashtree's fused row sampler for the N draft draws"),
     "FLASHTREE_SEED": ("seed", _int_in(0, (1 << 63) - 1), "seed of the draft-draw generator"),
+    "FLASHTREE_STAGE_TIMES": (
+        "stage_times",
+        _int_in(0, 1 << 20),
+        "log the tree step's mean per-stage time every N tree steps (0 = off)",
+    ),
 }
 
 # Variables other parts of flashtree read (not server toggles); never reported as unknown.
 _NOT_TOGGLES = {"FLASHTREE_TORCH", "FLASHTREE_SGLANG_REBUILD"}
 # Families a typo would come from: FLASHTREE_TREE_NN, FLASHTREE_SPLIT_KV_VERIFY, ...
-_TOGGLE_FAMILIES = ("FLASHTREE_TREE", "FLASHTREE_SPLIT", "FLASHTREE_FUSED", "FLASHTREE_DRAFT", "FLASHTREE_SEED")
+_TOGGLE_FAMILIES = (
+    "FLASHTREE_TREE", "FLASHTREE_SPLIT", "FLASHTREE_FUSED", "FLASHTREE_DRAFT", "FLASHTREE_SEED", "FLASHTREE_STAGE"
+)
 # Set without FLASHTREE_TREE_N they would do nothing; refuse rather than ignore them.
-_NEED_TREE = ("FLASHTREE_TREE_WIDTH", "FLASHTREE_TREE_BUDGET", "FLASHTREE_DRAFT_TEMPERATURE", "FLASHTREE_SEED")
+_NEED_TREE = ("FLASHTREE_TREE_WIDTH", "FLASHTREE_TREE_BUDGET", "FLASHTREE_DRAFT_TEMPERATURE", "FLASHTREE_SEED",
+              "FLASHTREE_STAGE_TIMES")
 
 
 def read_toggles(environ: Mapping[str, str] | None = None) -> TreeToggles | None:

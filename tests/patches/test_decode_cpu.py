@@ -105,7 +105,8 @@ class StandInAdapter:
 
     def draft_forward(self, worker, batch, draft_input, window, bs):
         # A draft that knows the target's greedy block from the request's actual context but puts only 60% on each
-        # greedy token (the rest on a per-depth decoy).
+        # greedy token (the rest on a per-depth decoy); at about a third of the positions the decoy is the draft's
+        # favourite (55%), so the greedy block (candidate 0) is wrong there and the draws must find the target's token.
         anchor = draft_input.bonus_tokens.view(-1)
         base = torch.full((bs, GAMMA, V), -30.0)
         for b in range(bs):
@@ -116,6 +117,8 @@ class StandInAdapter:
                 decoy = (tok + 1 + j) % V
                 base[b, j, tok] = 0.0
                 base[b, j, decoy] = -0.4055  # log(0.4/0.6)
+                if (sum(ctx) + j) % 3 == 0:
+                    base[b, j, tok], base[b, j, decoy] = -0.2007, 0.0  # log(0.45/0.55)
                 ctx.append(tok)
         return anchor, base, None
 
@@ -167,7 +170,7 @@ def tree_kernels():
     sglang_cpu.force_triton_tree_kernels()
 
 
-def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1, on_step=None):
+def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1, on_step=None, stage_times: int = 0):
     """Decode `steps` tree steps. Greedy rows (all rows without sampling_info, else rows with top_k == 1) are checked
     token for token against the stand-in target's sequential greedy decode; every row's commit is checked for the
     req_to_token / KV layout, the draft-context injection and the step's bookkeeping. Returns (accept-length
@@ -187,7 +190,7 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
         model_runner=types.SimpleNamespace(page_size=page_size, token_to_kv_pool=world),
         _proposer=types.SimpleNamespace(draft_model=types.SimpleNamespace(markov_head=real_markov_head())),
     )
-    state = create_state(adapter, TreeToggles(tree_n=n, seed=5), worker)
+    state = create_state(adapter, TreeToggles(tree_n=n, seed=5, stage_times=stage_times), worker)
     greedy_rows = [True] * bs if sampling_info is None else (sampling_info.top_ks <= 1).tolist()
     seq_lens = torch.tensor([len(p) for p in prompts])
     bonus = torch.tensor([r[len(p)] for r, p in zip(refs, prompts)])
@@ -459,3 +462,38 @@ def test_n1_sampled_batches_keep_dspark_chain_sampling():
     assert decode.skip_reason(worker._flashtree, batch(True), (), {}) is None
     worker._flashtree.toggles = TreeToggles(tree_n=4)
     assert decode.skip_reason(worker._flashtree, batch(False), (), {}) is None
+
+
+def test_stage_times_cover_every_stage_of_each_step(caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="flashtree.patches"):
+        _, state, generated, _ = run(4, 6, stage_times=3)
+    timer = state.timer
+    assert timer.steps == state.steps == 6 and timer.batch_rows == 6 * 3
+    assert list(timer.totals_ms) == ["draft", "draws", "tree", "verify", "walk", "commit", "output"]
+    assert all(ms >= 0 for ms in timer.totals_ms.values()) and sum(timer.totals_ms.values()) > 0
+    lines = [r.getMessage() for r in caplog.records if "stage times" in r.getMessage()]
+    assert len(lines) == 2 and "mean over 6 steps" in lines[-1] and "verify" in lines[-1]
+
+
+def test_candidate_zero_is_the_greedy_block():
+    """The N draws: row 0 of each request is the draft's greedy block (DSPARK's chain), the others are samples."""
+    import flashtree.patches.decode as decode
+    from flashtree.sampler.reference import sample_rows
+
+    head = real_markov_head()
+    torch.nn.init.normal_(head.markov_w2.weight, std=0.5)  # a real bigram bias: greedy depends on the previous token
+    bs, n = 3, 6
+    base = torch.randn(bs, GAMMA, V) * 2
+    anchor = torch.randint(0, V, (bs,))
+    state = types.SimpleNamespace(toggles=TreeToggles(tree_n=n, draft_temperature=1.0), sampler=sample_rows,
+                                  generator=torch.Generator().manual_seed(1), adapter=adapters.select_adapter())
+    worker = types.SimpleNamespace(_proposer=types.SimpleNamespace(draft_model=types.SimpleNamespace(markov_head=head)))
+    cands = decode.draw_candidates(state, worker, base, anchor, None, n)
+    assert cands.shape == (bs, n, GAMMA)
+    greedy_state = types.SimpleNamespace(**{**vars(state), "toggles": TreeToggles(tree_n=1, draft_temperature=1.0)})
+    greedy_state.sampler = lambda logits, temps, generator=None: logits.argmax(dim=-1)
+    greedy = decode.draw_candidates(greedy_state, worker, base, anchor, None, 1)
+    assert torch.equal(cands[:, 0], greedy[:, 0])
+    assert (cands[:, 1:] != cands[:, :1]).any(dim=-1).any()  # the draws are not all the greedy block

@@ -28,10 +28,11 @@ def test_values_parse():
             "FLASHTREE_SPLITKV_VERIFY": "off",
             "FLASHTREE_FUSED_SAMPLER": "yes",
             "FLASHTREE_SEED": "3",
+            "FLASHTREE_STAGE_TIMES": "100",
         }
     )
     assert (t.tree_n, t.tree_width, t.tree_budget, t.draft_temperature) == (8, 6, 64, 0.7)
-    assert (t.splitkv_verify, t.fused_sampler, t.seed) == (False, True, 3)
+    assert (t.splitkv_verify, t.fused_sampler, t.seed, t.stage_times) == (False, True, 3, 100)
     assert read_toggles({"FLASHTREE_TREE_N": "4", "FLASHTREE_TREE_WIDTH": "auto"}).tree_width == 0
 
 
@@ -44,6 +45,7 @@ def test_values_parse():
         ("FLASHTREE_TREE_WIDTH", "1", "'auto'"),
         ("FLASHTREE_DRAFT_TEMPERATURE", "0", "a number > 0"),
         ("FLASHTREE_SPLITKV_VERIFY", "maybe", "one of 1/0"),
+        ("FLASHTREE_STAGE_TIMES", "often", "an integer from 0 to"),
     ],
 )
 def test_bad_value_names_variable_and_allowed(name, value, allowed):

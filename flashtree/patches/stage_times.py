@@ -1,0 +1,65 @@
+"""Per-stage time of the tree decode step (FLASHTREE_STAGE_TIMES=N): where a step's time goes, logged every N steps.
+
+CUDA: events recorded between stages and read only when the log line is due (one synchronisation per N steps, not per
+step), so the timed server runs as it would untimed. CPU: wall clock. Stages are named by the tree step's marks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+logger = logging.getLogger("flashtree.patches")
+
+
+class StageTimer:
+    def __init__(self, every: int, device: torch.device):
+        self.every = every
+        self.cuda = device.type == "cuda"
+        self.steps = 0
+        self.batch_rows = 0
+        self.totals_ms: dict[str, float] = {}
+        self._marks: list[tuple[str, object]] = []
+        self._pending: list[list[tuple[str, object]]] = []
+
+    def _now(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def start(self) -> None:
+        self._marks = [("start", self._now())]
+
+    def mark(self, stage: str) -> None:
+        """The stage that just ended."""
+        self._marks.append((stage, self._now()))
+
+    def end_step(self, batch_size: int) -> None:
+        self._pending.append(self._marks)
+        self._marks = []
+        self.steps += 1
+        self.batch_rows += batch_size
+        if self.steps % self.every == 0:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        if self.cuda:
+            self._pending[-1][-1][1].synchronize()
+        for marks in self._pending:
+            for (_, t0), (stage, t1) in zip(marks, marks[1:]):
+                ms = t0.elapsed_time(t1) if self.cuda else (t1 - t0) * 1e3
+                self.totals_ms[stage] = self.totals_ms.get(stage, 0.0) + ms
+        window = len(self._pending)
+        self._pending = []
+        total = sum(self.totals_ms.values())
+        parts = ", ".join(f"{k} {v / self.steps:.3f}" for k, v in self.totals_ms.items())
+        logger.info(
+            "flashtree stage times (ms per tree step, mean over %d steps, last %d; mean bs %.1f): %s; total %.3f",
+            self.steps, window, self.batch_rows / self.steps, parts, total / self.steps,
+        )
