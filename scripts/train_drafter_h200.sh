@@ -10,9 +10,12 @@
 #   call 1, carry .cache/dspark-carry/a:  bash scripts/train_drafter_h200.sh stage-a      (chunk A -> /tmp, exits)
 #   call 2, carry .cache/dspark-carry/b:  bash scripts/train_drafter_h200.sh train        (chunk B, join, convert with
 #        flashtree.models.load_target, generate data, train, export, record the replay; results packed into $OUT)
-# Env: TRAIN_S (training time limit, default 230; a safety net: 3000 steps took 232 s), GEN_S (generation safety limit,
-# 150; data.gen_max_batches=8 fixes the data), EVAL_PROMPTS (16), EVAL_TOKENS (128), RECORD_S (150),
-# DEVICE (cuda), TRAIN_ARGS (extra Hydra overrides of the training run).
+# Env: TRAIN_S (training time limit, default 200 s; 3000 steps take ~232 s), GEN_S (generation time limit, 190 s: the
+# batches started by then are the data; pass TRAIN_ARGS=data.gen_max_batches=B to fix them by count), EVAL_PROMPTS
+# (16), EVAL_TOKENS (128), RECORD_S (0 = record the held-out replay on the dev machine instead), DEVICE (cuda),
+# TRAIN_ARGS (extra Hydra overrides of the training run). The draft is also left in /tmp/ft-draft and the converted
+# target in $FLASHTREE_CACHE (/tmp/flashtree-cache) for a live run that follows on the same warm machine
+# (scripts/live_smollm2_h200.sh).
 # Afterwards, on the dev machine: bash scripts/train_drafter_h200.sh unpack DIR  (DIR = the run's files folder).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -70,13 +73,16 @@ train)
   python3 -c 'from flashtree.models import load_target; m, t = load_target("smollm2-135m"); print(t.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}], tokenize=False, add_generation_prompt=True)[-40:])'
   stamp "train"
   python3 experiments/train_drafter.py "out_dir=$OUT_DIR" seed=0 logger.wandb.mode=disabled logger.every=50 \
-    ${PROMPTS:+data.prompts_file=$PROMPTS} "data.gen_time_limit_s=${GEN_S:-150}" "optim.time_limit_s=${TRAIN_S:-230}" \
+    ${PROMPTS:+data.prompts_file=$PROMPTS} "data.gen_time_limit_s=${GEN_S:-190}" "optim.time_limit_s=${TRAIN_S:-200}" \
     logger.progress=false "target.device=${DEVICE:-cuda}" ${TRAIN_ARGS:-}
-  stamp "record the held-out GSM8K replay"
-  # measured 2026-11-30: recording takes > 4 s per prompt on the H200 (token-by-token HF forwards, per-position
-  # drafts); 48 prompts did not fit one call. The time limit keeps the packing step alive.
-  timeout "${RECORD_S:-150}" python3 experiments/replay.py "${REPLAY_ARGS[@]}" replay.ns=[1,8] replay.widths=[8,9] \
-    logger=disabled logger.progress=false || echo "[train_drafter_h200] replay recording stopped"
+  rm -rf /tmp/ft-draft && cp -r "$OUT_DIR/draft" /tmp/ft-draft
+  if [ "${RECORD_S:-0}" -gt 0 ]; then
+    stamp "record the held-out GSM8K replay"
+    # measured 2026-11-30: recording takes > 4 s per prompt on the H200 (token-by-token HF forwards, per-position
+    # drafts). The time limit keeps the packing step alive.
+    timeout "$RECORD_S" python3 experiments/replay.py "${REPLAY_ARGS[@]}" replay.ns=[1,8] replay.widths=[8,9] \
+      logger=disabled logger.progress=false || echo "[train_drafter_h200] replay recording stopped"
+  fi
   stamp "pack"
   tar czf /tmp/dspark-results.tgz "$OUT_DIR/draft" "$OUT_DIR/summary.json" "$OUT_DIR/train_log.jsonl" \
     "$OUT_DIR/run.log" $(ls -d outputs/replay/dspark 2>/dev/null || true)

@@ -242,7 +242,10 @@ def main(argv=None) -> int:
     # Sampled requests: tokens 2..SAMPLED_TOKENS of one prompt, tree/splitkv vs plain.
     samples = {}
     for tag in sorted(up & {"plain", "tree", "splitkv"}):
-        params = {"max_new_tokens": SAMPLED_TOKENS, "temperature": TEMPERATURE, "ignore_eos": True}
+        # One seed per request: under --enable-deterministic-inference sglang seeds every request alike by default,
+        # which would make the reference samples one repeated draw.
+        params = [{"max_new_tokens": SAMPLED_TOKENS, "temperature": TEMPERATURE, "ignore_eos": True, "sampling_seed": i}
+                  for i in range(SAMPLED_N)]
         try:
             status, js = post(servers[tag][0], "/generate", {"input_ids": [prompts[0]] * SAMPLED_N, "sampling_params": params}, timeout=600)
             if status != 200:

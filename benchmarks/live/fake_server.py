@@ -24,7 +24,8 @@ def one(ids, sp):
         out = [(sum(ids) * 31 + 7 * i) % 32000 for i in range(n)]
         if MODE == "broken":
             out[3] += 1
-    meta = {"id": "x", "spec_accept_length": 2.5, "spec_accept_histogram": [1, 2, 3]}
+    meta = {"id": "x", "spec_accept_length": 2.5, "spec_accept_histogram": [1, 2, 3], "completion_tokens": n,
+            "spec_verify_ct": (n + 1) // 2}
     if MODE == "tree":
         meta["flashtree"] = [[8, 3, 7, 2], [8, 2, 7, 0]]
     return {"text": "ab" * (n // 2), "output_ids": out, "meta_info": meta}
@@ -48,11 +49,12 @@ class H(BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         sp = body.get("sampling_params", {})
-        if MODE == "tree" and sp.get("regex"):
+        if MODE == "tree" and isinstance(sp, dict) and sp.get("regex"):
             return self._send(400, {"error": {"message": "flashtree: this server runs flashtree tree speculative decoding (FLASHTREE_TREE_N=8), which cannot serve grammar-constrained generation (regex)."}})
         ids = body["input_ids"]
         if ids and isinstance(ids[0], list):
-            return self._send(200, [one(i, sp) for i in ids])
+            sps = sp if isinstance(sp, list) else [sp] * len(ids)
+            return self._send(200, [one(i, s) for i, s in zip(ids, sps)])
         return self._send(200, one(ids, sp))
 
 

@@ -20,6 +20,7 @@ class StageTimer:
         self.cuda = device.type == "cuda"
         self.steps = 0
         self.batch_rows = 0
+        self._flushed_rows = 0
         self.totals_ms: dict[str, float] = {}
         self._marks: list[tuple[str, object]] = []
         self._pending: list[list[tuple[str, object]]] = []
@@ -47,19 +48,23 @@ class StageTimer:
             self.flush()
 
     def flush(self) -> None:
+        """Log the mean per-stage time of the steps since the last line (the first lines include Triton's compiles)."""
         if not self._pending:
             return
         if self.cuda:
             self._pending[-1][-1][1].synchronize()
+        window: dict[str, float] = {}
         for marks in self._pending:
             for (_, t0), (stage, t1) in zip(marks, marks[1:]):
                 ms = t0.elapsed_time(t1) if self.cuda else (t1 - t0) * 1e3
+                window[stage] = window.get(stage, 0.0) + ms
                 self.totals_ms[stage] = self.totals_ms.get(stage, 0.0) + ms
-        window = len(self._pending)
+        steps = len(self._pending)
+        rows = self.batch_rows - self._flushed_rows
+        self._flushed_rows = self.batch_rows
         self._pending = []
-        total = sum(self.totals_ms.values())
-        parts = ", ".join(f"{k} {v / self.steps:.3f}" for k, v in self.totals_ms.items())
+        parts = ", ".join(f"{k} {v / steps:.3f}" for k, v in window.items())
         logger.info(
-            "flashtree stage times (ms per tree step, mean over %d steps, last %d; mean bs %.1f): %s; total %.3f",
-            self.steps, window, self.batch_rows / self.steps, parts, total / self.steps,
+            "flashtree stage times (ms per tree step, mean over steps %d-%d; mean bs %.1f): %s; total %.3f",
+            self.steps - steps + 1, self.steps, rows / steps, parts, sum(window.values()) / steps,
         )
