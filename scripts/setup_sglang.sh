@@ -29,8 +29,10 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 C=(-c "$CONSTRAINTS")
 # 1. torch: the CPU build (2.13.0) the constraints pin.
 "${PIP[@]}" install "${C[@]}" torch
-# 2. packages whose declared deps must not come in (CUDA builds, triton pulled twice, ...).
-"${PIP[@]}" install "${C[@]}" --no-deps "sglang==$VERSION" xgrammar torchvision triton
+# 2. packages whose declared deps must not come in (CUDA builds, triton pulled twice, ...). flashmap where the
+#    constraints pin it (0.5.20, the release its sglang draft model targets; tests/patches/test_flashmap_draft.py).
+FLASHMAP=(); grep -q '^flashmap==' "$CONSTRAINTS" && FLASHMAP=(flashmap)
+"${PIP[@]}" install "${C[@]}" --no-deps "sglang==$VERSION" xgrammar torchvision triton "${FLASHMAP[@]}"
 # 3. what sglang's server, scheduler and speculative modules import, plus the test runner. Versions: the constraints.
 "${PIP[@]}" install "${C[@]}" \
   apache-tvm-ffi numpy orjson psutil pybase64 requests packaging pillow msgspec pyzmq tqdm ipython pydantic aiohttp \

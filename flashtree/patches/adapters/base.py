@@ -63,15 +63,18 @@ class SglangAdapter:
 
     # ---- patches ---------------------------------------------------------------------------------------------
     def patches(self, toggles: TreeToggles) -> list[Patch]:
-        from .. import admission, decode
+        from .. import admission, decode, flashmap_draft
 
         worker_cls = resolve(WORKER)
         scheduler_cls = resolve(SCHEDULER)
         out: list[Patch] = []
         if toggles.tree_enabled:
-            out.append(
-                Patch(worker_cls, "__init__", lambda orig: decode.make_worker_init(orig, self, toggles), "DSparkWorkerV2.__init__")
-            )
+
+            def worker_init(orig):
+                # flashtree's tree state, then a FlashMap draft's switch to N noise draws (or its refusal).
+                return flashmap_draft.make_worker_init(decode.make_worker_init(orig, self, toggles), self, toggles)
+
+            out.append(Patch(worker_cls, "__init__", worker_init, "DSparkWorkerV2.__init__"))
             out.append(
                 Patch(
                     worker_cls,
@@ -114,6 +117,9 @@ class SglangAdapter:
         return out
 
     has_shared_kv = True  # TritonAttnBackend has use_verify_shared_kv (0.5.20+)
+    # A FlashMap draft (flashmap's own sglang model) gets its N candidates from its noise draws on this release
+    # (flashtree/patches/flashmap_draft.py); elsewhere the worker refuses it at start.
+    flashmap_noise_draws = False
     # Calls flashtree's split-KV verify declined, by reason (they ran sglang's own extend attention instead).
     splitkv_declined: dict
 
