@@ -12,7 +12,7 @@
 #     tree     DSPARK + FLASHTREE_TREE_N=8, split-KV off, xgrammar          port 30002
 #     splitkv  DSPARK + FLASHTREE_TREE_N=8 + FLASHTREE_SPLITKV_VERIFY=1     port 30003
 # runs benchmarks/live/client.py against them, and leaves everything under $OUT: live_results.json, greedy outputs,
-# server logs, the draft config, timings. SERVERS="plain tree" (any subset) runs fewer; TOTAL_S bounds the call;
+# server_logs.tgz, stage_times.txt (the tree server's FLASHTREE_STAGE_TIMES lines), the draft config. SERVERS="plain tree" (any subset) runs fewer; TOTAL_S bounds the call;
 # DTYPE=bfloat16 serves in bf16; SERVER_EXTRA replaces the extra server flags (default --enable-deterministic-inference).
 # If a server of the first attempt dies while starting, every server is restarted once with FALLBACK_EXTRA (default:
 # none) and the harness plugin benchmarks/live/fp32_native.py on (FT_FP32_NATIVE=1: sglang's native RMSNorm), the same
@@ -63,7 +63,7 @@ echo "1: $EXTRA" >"$OUT/attempt.txt"
 wait_up $(( TOTAL_S / 2 ))
 if [ $? -eq 1 ] && [ "$ATTEMPTS" -ge 2 ]; then
   el "attempt 1 failed ($EXTRA); restarting every server with FALLBACK_EXTRA='$FALLBACK_EXTRA' and FT_FP32_NATIVE=1"
-  for tag in "${!PID[@]}"; do grep -nE "Error|error" "$OUT/server_$tag.log" | tail -3 | cut -c1-300; done
+  for tag in "${!PID[@]}"; do grep -nE "Error|error" "$LOGS/server_$tag.log" | tail -3 | cut -c1-300; done
   stop_all
   sleep 5
   EXTRA=$FALLBACK_EXTRA HARNESS_ENV=FT_FP32_NATIVE=1
@@ -79,8 +79,9 @@ python3 benchmarks/live/client.py --prompts $WORK/models/prompts.json --out "$OU
 RC=$?
 el "client rc=$RC"
 key_log_lines
-grep -h "stage times" "$OUT"/server_*.log | tail -4 | cut -c1-400
 stop_all
+pack_logs
+tail -4 "$OUT/stage_times.txt"
 trap - EXIT
 cp -r /tmp/tvmffi_plain/. /tmp/tvmffi/ 2>/dev/null
 el "done rc=$RC"

@@ -1,8 +1,12 @@
 # Shared by the live H200 scripts (scripts/live_h200.sh, scripts/live_smollm2_h200.sh); source it from the repo root
-# after setting OUT. Provides: el, live_setup, start_server, wait_up, stop_all, key_log_lines.
+# after setting OUT. Provides: el, live_setup, start_server, wait_up, stop_all, key_log_lines, pack_logs.
+# Server logs go to $LOGS (the device returns at most 8 files from $OUT: pack_logs puts them there as one archive).
 T0=${T0:-$(date +%s)}
 ROOT=$(pwd)
 WORK=/tmp/flashtree_live
+LOGS=${LOGS:-$WORK/logs}
+STAGGER_S=${STAGGER_S:-0}  # seconds between server starts: concurrent starts race sglang's memory check
+mkdir -p "$LOGS"
 HARNESS_ENV=${HARNESS_ENV:-FT_FP32_NATIVE=0}
 declare -A PORT PID
 el() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
@@ -17,10 +21,10 @@ live_setup() {
   FT_SITE=$WORK/ftsite
   rm -rf "$FT_SITE" && mkdir -p "$FT_SITE"
   if python3 -m pip install -q --no-deps --no-build-isolation --no-index --no-compile --target "$FT_SITE" . \
-    >"$OUT/pip_install.log" 2>&1; then
+    >"$LOGS/pip_install.log" 2>&1; then
     el "flashtree installed with pip into $FT_SITE"
   else
-    el "pip install failed (see pip_install.log); writing flashtree's dist-info by hand"
+    el "pip install failed (see $LOGS/pip_install.log); writing flashtree's dist-info by hand"
     rm -rf "$FT_SITE" && mkdir -p "$FT_SITE/flashtree-0.1.0.dist-info"
     printf 'Metadata-Version: 2.1\nName: flashtree\nVersion: 0.1.0\n' >"$FT_SITE/flashtree-0.1.0.dist-info/METADATA"
     printf '[sglang.srt.plugins]\nflashtree = flashtree.patches:register\n' \
@@ -44,7 +48,7 @@ assert "flashtree.patches:register" in eps
 PY
 }
 
-# start_server TAG PORT [ENV=VALUE ...] -- [server args ...]   (log: $OUT/server_TAG.log)
+# start_server TAG PORT [ENV=VALUE ...] -- [server args ...]   (log: $LOGS/server_TAG.log)
 start_server() {
   local tag=$1 port=$2; shift 2
   local envs=()
@@ -52,9 +56,10 @@ start_server() {
   mkdir -p /tmp/tvmffi_$tag; [ -d /tmp/tvmffi ] && cp -rn /tmp/tvmffi/. /tmp/tvmffi_$tag/ 2>/dev/null
   el "start [$tag] ${envs[*]} $HARNESS_ENV python3 -m sglang.launch_server --port $port $*"
   env "${envs[@]}" $HARNESS_ENV TVM_FFI_CACHE_DIR=/tmp/tvmffi_$tag python3 -m sglang.launch_server --port "$port" "$@" \
-    >>"$OUT/server_$tag.log" 2>&1 &
+    >>"$LOGS/server_$tag.log" 2>&1 &
   PID[$tag]=$!
   PORT[$tag]=$port
+  sleep "$STAGGER_S"
 }
 
 # wait_up SECONDS: 0 when every started server answers /health, 1 as soon as one has died, 2 on timeout
@@ -90,9 +95,14 @@ stop_all() {
 
 key_log_lines() {
   local f
-  for f in "$OUT"/server_*.log; do
+  for f in "$LOGS"/server_*.log; do
     echo "--- [$(basename "$f" .log)] key log lines"
     grep -nE "Traceback|Error|error|flashtree|SystemExit|Capture.*end|fired up|max_total_num_tokens" "$f" \
       | grep -vE "GET /health|server_args=" | tail -12 | cut -c1-300
   done
+}
+
+pack_logs() {
+  grep -h "stage times" "$LOGS"/server_*.log 2>/dev/null | cut -c1-400 >"$OUT/stage_times.txt"
+  tar czf "$OUT/server_logs.tgz" -C "$LOGS" . && el "server logs: $OUT/server_logs.tgz"
 }

@@ -6,18 +6,21 @@
 # the converted target in $FLASHTREE_CACHE/models/smollm2-135m and the draft in /tmp/ft-draft (TARGET= / DRAFT=
 # override both). One device call carrying .h200 (see scripts/live_h200.sh):
 #     run(command="bash scripts/live_smollm2_h200.sh", carry=[".h200"], kind="nvidia-h200", timeout_s=600)
-# Two server sets start together (Triton attention, page size 1, CUDA graphs on):
+# Two server sets (Triton attention, page size 1, CUDA graphs on), started 6 s apart (STAGGER_S):
 #   float32, --enable-deterministic-inference (identity): f_plain, f_chain, f_tree4, f_tree8, f_tree8s (split-KV)
 #   bfloat16 (speed):  b_plain, b_chain, b_tree4, b_tree8, b_tree8s (split-KV), b_tree8b (FLASHTREE_TREE_BUDGET=64)
-# Phases: greedy identity of every f_* server against f_plain on 50 held-out GSM8K prompts (128 tokens); the f_* servers
-# stop; then tokens/s, time per output token and tau per b_* server alone at concurrency 1, 8, 32; then a sampled
-# (T = 0.7) chi-square of b_tree8 against b_plain. Tree servers log per-stage times (FLASHTREE_STAGE_TIMES).
-# Everything lands in $OUT: identity/speed/sampled_results.json, server logs, stage-time lines.
+# Phases (PHASES, default "identity speed sampled"; only the sets the phases need start): greedy identity of every f_*
+# server against f_plain on 50 held-out GSM8K prompts (128 tokens), then the f_* servers stop; tokens/s, time per output
+# token and tau per b_* server alone at concurrency 1, 8, 32; a sampled (T = 0.7) chi-square of b_tree8 against b_plain.
+# Tree servers log per-stage times (FLASHTREE_STAGE_TIMES). $OUT gets identity/speed/sampled_results.json,
+# stage_times.txt, server_logs.tgz, the draft config.
 set -u
 T0=$(date +%s)
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 TOTAL_S=${TOTAL_S:-570}
+PHASES=${PHASES:-"identity speed sampled"}
+STAGGER_S=${STAGGER_S:-6}
 . scripts/live_lib.sh
 live_setup || exit 2
 export FLASHTREE_CACHE=${FLASHTREE_CACHE:-/tmp/flashtree-cache}
@@ -40,9 +43,8 @@ ids = [list(map(int, p)) for p in encode_prompts(tok, texts)]
 json.dump({"prompts": ids, "source": "gsm8k second_half[:200]"}, open(sys.argv[2], "w"))
 print("prompts:", len(ids), "mean length", sum(map(len, ids)) / len(ids))
 PY
-cp "$PROMPTS" "$OUT/prompts.json"
 
-BASE="--model-path $TARGET --attention-backend triton --sampling-backend pytorch --page-size 1 --mem-fraction-static 0.05
+BASE="--model-path $TARGET --attention-backend triton --sampling-backend pytorch --page-size 1 --mem-fraction-static 0.08
   --max-total-tokens 65536 --context-length 2048 --cuda-graph-backend-prefill disabled --log-level info"
 F32="$BASE --dtype float32 --enable-deterministic-inference --max-running-requests 8 --cuda-graph-bs-decode 1 2 4 8"
 B16="$BASE --dtype bfloat16 --max-running-requests 32 --cuda-graph-bs-decode 1 2 4 8 16 24 32"
@@ -50,34 +52,45 @@ SPEC="--speculative-algorithm DSPARK --speculative-draft-model-path $DRAFT --spe
   --speculative-draft-attention-backend triton"
 TREE="FLASHTREE_STAGE_TIMES=100"
 trap stop_all EXIT
-start_server f_plain 30010 FLASHTREE_TREE_N= -- $F32
-start_server f_chain 30011 FLASHTREE_TREE_N= -- $F32 $SPEC
-start_server f_tree4 30012 FLASHTREE_TREE_N=4 -- $F32 $SPEC
-start_server f_tree8 30013 FLASHTREE_TREE_N=8 -- $F32 $SPEC
-start_server f_tree8s 30014 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 -- $F32 $SPEC
-start_server b_plain 30020 FLASHTREE_TREE_N= -- $B16
-start_server b_chain 30021 FLASHTREE_TREE_N= -- $B16 $SPEC
-start_server b_tree4 30022 FLASHTREE_TREE_N=4 $TREE -- $B16 $SPEC
-start_server b_tree8 30023 FLASHTREE_TREE_N=8 $TREE -- $B16 $SPEC
-start_server b_tree8s 30024 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TREE -- $B16 $SPEC
-start_server b_tree8b 30025 FLASHTREE_TREE_N=8 FLASHTREE_TREE_BUDGET=64 $TREE -- $B16 $SPEC
+has() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
+if has identity; then
+  start_server f_plain 30010 FLASHTREE_TREE_N= -- $F32
+  start_server f_chain 30011 FLASHTREE_TREE_N= -- $F32 $SPEC
+  start_server f_tree4 30012 FLASHTREE_TREE_N=4 -- $F32 $SPEC
+  start_server f_tree8 30013 FLASHTREE_TREE_N=8 -- $F32 $SPEC
+  start_server f_tree8s 30014 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 -- $F32 $SPEC
+fi
+if has speed || has sampled; then
+  start_server b_plain 30020 FLASHTREE_TREE_N= -- $B16
+  start_server b_chain 30021 FLASHTREE_TREE_N= -- $B16 $SPEC
+  start_server b_tree4 30022 FLASHTREE_TREE_N=4 $TREE -- $B16 $SPEC
+  start_server b_tree8 30023 FLASHTREE_TREE_N=8 $TREE -- $B16 $SPEC
+  start_server b_tree8s 30024 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TREE -- $B16 $SPEC
+  start_server b_tree8b 30025 FLASHTREE_TREE_N=8 FLASHTREE_TREE_BUDGET=64 $TREE -- $B16 $SPEC
+fi
 wait_up $(( TOTAL_S / 2 )) || el "not every server came up (continuing with those that did)"
 
 args() { local t; for t in "$@"; do [ -n "${PID[$t]:-}" ] && kill -0 "${PID[$t]}" 2>/dev/null && echo "$t=${PORT[$t]}:${PID[$t]}"; done; }
-el "identity phase"
-timeout 150 python3 benchmarks/live/bench_client.py identity --prompts "$PROMPTS" --out "$OUT" --n 50 --wait 5 \
-  $(args f_plain f_chain f_tree4 f_tree8 f_tree8s)
-el "identity rc=$?"
-stop_all f_plain f_chain f_tree4 f_tree8 f_tree8s
-el "speed phase"
-timeout $(( TOTAL_S - ($(date +%s) - T0) - 60 )) python3 benchmarks/live/bench_client.py speed --prompts "$PROMPTS" \
-  --out "$OUT" --wait 5 $(args b_plain b_chain b_tree4 b_tree8 b_tree8s b_tree8b)
-el "speed rc=$?"
+if has identity; then
+  el "identity phase"
+  timeout 150 python3 benchmarks/live/bench_client.py identity --prompts "$PROMPTS" --out "$OUT" --n 50 --wait 5 \
+    $(args f_plain f_chain f_tree4 f_tree8 f_tree8s)
+  el "identity rc=$?"
+  stop_all f_plain f_chain f_tree4 f_tree8 f_tree8s
+fi
+if has speed; then
+  el "speed phase"
+  timeout $(( TOTAL_S - ($(date +%s) - T0) - 60 )) python3 benchmarks/live/bench_client.py speed --prompts "$PROMPTS" \
+    --out "$OUT" --wait 5 $(args b_plain b_chain b_tree4 b_tree8 b_tree8s b_tree8b) | grep -v "^\[bench\]"
+  el "speed done"
+fi
 left=$(( TOTAL_S - ($(date +%s) - T0) - 25 ))
-[ $left -gt 20 ] && timeout $left python3 benchmarks/live/bench_client.py sampled --prompts "$PROMPTS" --out "$OUT" \
-  $(args b_plain b_tree8)
-key_log_lines
-grep -h "stage times" "$OUT"/server_b_*.log | cut -c1-400 >"$OUT/stage_times.txt"; tail -6 "$OUT/stage_times.txt"
+if has sampled && [ $left -gt 20 ]; then
+  timeout $left python3 benchmarks/live/bench_client.py sampled --prompts "$PROMPTS" --out "$OUT" $(args b_plain b_tree8)
+fi
 stop_all
 trap - EXIT
+key_log_lines
+pack_logs
+tail -6 "$OUT/stage_times.txt"
 el "done"

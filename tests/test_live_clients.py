@@ -1,0 +1,83 @@
+"""The live H200 clients (benchmarks/live/client.py, bench_client.py) against local stand-in servers (fake_server.py):
+their checks must pass on agreeing servers and fail on a server whose greedy output differs."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+LIVE = Path(__file__).resolve().parents[1] / "benchmarks" / "live"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def servers():
+    procs, ports = [], {}
+    for mode in ("plain", "tree", "broken"):
+        ports[mode] = free_port()
+        procs.append(subprocess.Popen([sys.executable, str(LIVE / "fake_server.py"), str(ports[mode]), mode]))
+    yield ports
+    for p in procs:
+        p.terminate()
+        p.wait(timeout=10)
+
+
+def bench(tmp_path, *args) -> subprocess.CompletedProcess:
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps({"prompts": [[1, 2, 3], [4, 5], [6, 7, 8, 9], [3, 3]]}))
+    return subprocess.run([sys.executable, str(LIVE / "bench_client.py"), args[0], "--prompts", str(prompts),
+                           "--out", str(tmp_path), *args[1:]], capture_output=True, text=True, timeout=120, cwd=LIVE)
+
+
+def test_identity_passes_agreeing_servers_and_fails_a_divergent_one(servers, tmp_path):
+    run = bench(tmp_path, "identity", "--n", "4", "--wait", "20",
+                f"plain={servers['plain']}", f"tree={servers['tree']}", f"broken={servers['broken']}")
+    res = json.loads((tmp_path / "identity_results.json").read_text())["servers"]
+    assert run.returncode == 1, run.stderr
+    assert res["plain"]["status"] == "reference"
+    assert res["tree"]["status"] == "pass" and res["tree"]["flashtree_steps"] > 0
+    assert res["broken"]["status"] == "fail" and res["broken"]["mismatched"] == 4
+    assert res["broken"]["first_mismatches"][0] == [0, 3]  # the stand-in's divergence: token 4
+
+
+def test_speed_reports_rate_tpot_and_tau_per_concurrency(servers, tmp_path):
+    run = bench(tmp_path, "speed", "--conc", "1", "3", "--wait", "20", f"plain={servers['plain']}", f"tree={servers['tree']}")
+    assert run.returncode == 0, run.stderr
+    res = json.loads((tmp_path / "speed_results.json").read_text())["servers"]
+    for tag in ("plain", "tree"):
+        rows = res[tag]
+        assert [r["concurrency"] for r in rows] == [1, 3] and [r["requests"] for r in rows] == [8, 12]
+        for r in rows:
+            assert r["output_tokens"] == r["requests"] * 256 and r["tokens_per_s"] > 0 and r["tpot_ms"] > 0
+            assert r["tau"] == pytest.approx(2.0, rel=0.01)  # the stand-in verifies 2 tokens per step
+    assert "tree" in res["tree"][0] and "tree" not in res["plain"][0]
+    assert "| tree | 3 |" in run.stdout
+
+
+def test_sampled_chi_square_and_client_checks(servers, tmp_path):
+    run = bench(tmp_path, "sampled", f"plain={servers['plain']}", f"tree={servers['tree']}")
+    assert run.returncode == 0, run.stderr
+    res = json.loads((tmp_path / "sampled_results.json").read_text())["servers"]["tree"]
+    assert res["status"] == "pass" and [p["position"] for p in res["per_position"]] == [2, 3, 4]
+
+    prompts = tmp_path / "p.json"
+    prompts.write_text(json.dumps({"prompts": [[i, i + 1] for i in range(50)]}))
+    t = time.time()
+    run = subprocess.run([sys.executable, str(LIVE / "client.py"), "--prompts", str(prompts), "--out", str(tmp_path),
+                          "--wait", "20", f"plain={servers['plain']}", f"tree={servers['tree']}",
+                          f"splitkv={servers['broken']}"], capture_output=True, text=True, timeout=180, cwd=LIVE)
+    checks = json.loads((tmp_path / "live_results.json").read_text())["checks"]
+    assert checks["greedy_tree"]["status"] == "pass" and checks["grammar_refused"]["status"] == "pass"
+    assert checks["greedy_splitkv"]["status"] == "fail" and checks["splitkv_same"]["status"] == "fail"
+    assert run.returncode == 1 and time.time() - t < 170
