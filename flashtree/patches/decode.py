@@ -307,6 +307,22 @@ def tree_step(state: TreeState, worker, batch, on_publish):
     )
 
 
+def make_collect_stats(original):
+    """sglang returns a request's customized_info sliced by output-token offsets (a slice [sent : len(output_ids)] per
+    output chunk, i.e. one entry per token), but a tree step commits accepted depth + 1 tokens and adds one statistics
+    row, so rows past the token count were cut off (seen live: 30-40% of the steps missing). Pad with None up to the
+    request's token count (this step's tokens are already in output_ids here): the slices then return every row."""
+
+    def _maybe_collect_customized_info(self, i, req, logits_output):
+        original(self, i, req, logits_output)
+        mine = logits_output is not None and STATS_KEY in (getattr(logits_output, "customized_info", None) or {})
+        rows = (req.customized_info or {}).get(STATS_KEY) if mine else None
+        if rows:
+            rows.extend([None] * (len(req.output_ids) - len(rows)))
+
+    return _maybe_collect_customized_info
+
+
 class DeferredRows:
     """Per-request rows copied to pinned host memory without a host wait. sglang reads `rows[i]` while collecting the
     step's customized_info, after it has waited for the step's own device-to-host copies; the event wait here is then

@@ -16,6 +16,7 @@ S = "sglang.srt.managers.scheduler:Scheduler"
 T = "sglang.srt.layers.attention.triton_backend:TritonAttnBackend"
 U = "sglang.srt.speculative.dflash_utils:"
 P = "sglang.srt.speculative.dspark_components.dspark_planner:"
+R = "sglang.srt.managers.scheduler_components.batch_result_processor:SchedulerBatchResultProcessor"
 
 
 def owner(path: str):
@@ -24,11 +25,12 @@ def owner(path: str):
     return getattr(obj, attr) if attr else obj
 
 
-OWNERS = [W, S, T, U, P]
+OWNERS = [W, S, T, U, P, R]
 TREE_KEYS = {
     (W, "__init__"),
     (W, "_forward_decode"),
     (S, "_add_request_to_queue"),
+    (R, "_maybe_collect_customized_info"),
     (U, "_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS"),
 }
 

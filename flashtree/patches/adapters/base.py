@@ -22,6 +22,7 @@ DRAFT = "sglang.srt.speculative.dspark_components.dspark_draft"
 VERIFY = "sglang.srt.speculative.dspark_components.dspark_verify"
 INJECT = "sglang.srt.speculative.dspark_components.dspark_kv_inject"
 SCHEDULER = "sglang.srt.managers.scheduler:Scheduler"
+RESULTS = "sglang.srt.managers.scheduler_components.batch_result_processor:SchedulerBatchResultProcessor"
 TRITON = "sglang.srt.layers.attention.triton_backend"
 DFLASH_UTILS = "sglang.srt.speculative.dflash_utils"
 
@@ -89,6 +90,14 @@ class SglangAdapter:
                     "_add_request_to_queue",
                     lambda orig: admission.make_add_request_to_queue(orig, toggles),
                     "Scheduler._add_request_to_queue",
+                )
+            )
+            out.append(
+                Patch(
+                    resolve(RESULTS),
+                    "_maybe_collect_customized_info",
+                    decode.make_collect_stats,
+                    "SchedulerBatchResultProcessor._maybe_collect_customized_info",
                 )
             )
             utils = importlib.import_module(DFLASH_UTILS)
@@ -304,6 +313,7 @@ COMMON_PROBES = (
     Has(f"{VERIFY}:TargetVerifyExecutor._verify_backend_self_adds_seq_lens"),
     Has(f"{INJECT}:TargetHiddenKvInjector.inject_target_hidden", ("target_hidden", "cache_loc", "positions", "cache_loc_2d", "commit_lens")),
     Has(f"{WORKER}._decode_idle_result", ("on_publish",)),
+    Sig(f"{RESULTS}._maybe_collect_customized_info", ("self", "i", "req", "logits_output")),
     Has(f"{DFLASH_UTILS}:_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS"),
     Has(f"{DFLASH_UTILS}:apply_dflash_verify_logits_adjustments", ("next_token_logits", "sampling_info", "draft_token_num")),
     Has("sglang.srt.speculative.dflash_info:DFlashVerifyInput", ("draft_token", "positions", "draft_token_num", "custom_mask", "capture_hidden_mode")),
