@@ -81,3 +81,18 @@ def test_sampled_chi_square_and_client_checks(servers, tmp_path):
     assert checks["greedy_tree"]["status"] == "pass" and checks["grammar_refused"]["status"] == "pass"
     assert checks["greedy_splitkv"]["status"] == "fail" and checks["splitkv_same"]["status"] == "fail"
     assert run.returncode == 1 and time.time() - t < 170
+
+
+def test_live_figures_from_the_recorded_smollm2_run(tmp_path):
+    sys.path.insert(0, str(LIVE))
+    try:
+        import plot_live
+    finally:
+        sys.path.remove(str(LIVE))
+    results = LIVE / "results-2026-11-30-smollm2"
+    means = plot_live.stage_means(results / "stage_times.txt")
+    assert len(means) == 4  # tree4, tree8, tree8b, tree8s
+    assert list(means[1]) == ["draft", "draws", "tree", "verify", "walk", "commit", "output"]
+    assert sum(means[1].values()) == pytest.approx(5.98, abs=0.02)  # tree N = 8 at bs 1, BENCHMARKS.md section 6
+    plot_live.main([str(results), "--out", str(tmp_path)])
+    assert (tmp_path / "speed.png").stat().st_size > 10_000 and (tmp_path / "stages.png").stat().st_size > 10_000

@@ -1,0 +1,79 @@
+"""Figures of a live SmolLM2 run: tokens/s per server and concurrency, and where a tree step's time goes.
+
+usage: python benchmarks/live/plot_live.py RESULTS_DIR [--out DIR]
+RESULTS_DIR holds speed_results.json and stage_times.txt (scripts/live_smollm2_h200.sh); figures: speed.png,
+stages.png (mean ms per tree step per stage, at batch size 1, per tree server, in the order their logs were written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+LINE = re.compile(r"steps (\d+)-\d+; mean bs ([\d.]+)\): (.*); total")
+
+
+def stage_means(path: Path, batch: float = 1.0) -> list[dict]:
+    """One dict (stage -> mean ms) per server log block in stage_times.txt (a block restarts at steps 1-...), over
+    the windows whose mean batch size is `batch`, the first window (Triton compiles) left out."""
+    blocks, windows = [], []
+    for line in path.read_text().splitlines():
+        m = LINE.search(line)
+        if not m:
+            continue
+        if m.group(1) == "1" and windows:
+            blocks.append(windows)
+            windows = []
+        if m.group(1) != "1" and abs(float(m.group(2)) - batch) < 0.15:
+            windows.append(dict((k, float(v)) for k, v in (part.split() for part in m.group(3).split(", "))))
+    blocks.append(windows)
+    return [{k: sum(w[k] for w in ws) / len(ws) for k in ws[0]} for ws in blocks if ws]
+
+
+def main(argv=None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("results", type=Path)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    out = args.out or args.results
+    out.mkdir(parents=True, exist_ok=True)
+
+    speed = json.loads((args.results / "speed_results.json").read_text())["servers"]
+    tags = list(speed)
+    concs = [r["concurrency"] for r in speed[tags[0]]]
+    fig, axes = plt.subplots(1, len(concs), figsize=(4.2 * len(concs), 3.4))
+    for ax, i in zip(axes, range(len(concs))):
+        vals = [speed[t][i].get("tokens_per_s", 0) for t in tags]
+        ax.bar(range(len(tags)), vals, color=["0.6", "C0"] + ["C1"] * (len(tags) - 2))
+        ax.set_xticks(range(len(tags)), [t.removeprefix("b_") for t in tags], rotation=45, ha="right")
+        ax.set_title(f"concurrency {concs[i]}")
+        ax.set_ylabel("output tokens / s")
+    fig.suptitle("SmolLM2-135M on sglang 0.5.17, H200, bf16")
+    fig.tight_layout()
+    fig.savefig(out / "speed.png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+    means = stage_means(args.results / "stage_times.txt")
+    names = [t.removeprefix("b_") for t in sorted(t for t in tags if "tree" in t)][: len(means)]
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    left = [0.0] * len(means)
+    for k in means[0]:
+        vals = [m[k] for m in means]
+        ax.barh(names, vals, left=left, label=k)
+        left = [a + b for a, b in zip(left, vals)]
+    ax.set_xlabel("ms per tree step (batch size 1)")
+    ax.legend(ncol=4, fontsize=8, loc="lower right")
+    fig.savefig(out / "stages.png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    print(out / "speed.png", out / "stages.png")
+
+
+if __name__ == "__main__":
+    main()
