@@ -105,6 +105,12 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeState:
         timer=StageTimer(toggles.stage_times, device) if toggles.stage_times else None,
     )
     logger.info("flashtree tree path on (sglang %s): %s, W=%d, gamma=%d", adapter.release, toggles.describe(), window, gamma)
+    if toggles.tree_budget:
+        logger.warning(
+            "flashtree: FLASHTREE_TREE_BUDGET=%d narrows each request's tree, but verify still runs DSPARK's W=%d window "
+            "(its captured graphs): it saves no verify time and lowers tau (BENCHMARKS.md section 6)",
+            toggles.tree_budget, window,
+        )
     return state
 
 

@@ -359,6 +359,19 @@ def test_paged_kv_needs_a_pool_that_moves_kv():
         create_state(adapters.select_adapter(), TreeToggles(tree_n=4), worker)
 
 
+def test_budget_narrows_trees_per_batch_size_and_says_what_it_costs(caplog):
+    import logging
+
+    worker = types.SimpleNamespace(
+        verify_num_draft_tokens=W, device="cpu", model_runner=types.SimpleNamespace(page_size=1, token_to_kv_pool=None),
+    )
+    with caplog.at_level(logging.WARNING, logger="flashtree.patches"):
+        state = create_state(adapters.select_adapter(), TreeToggles(tree_n=4, tree_budget=8), worker)
+    assert [state.width_for(bs) for bs in (1, 2, 3, 4, 8, 32)] == [W, 4, 2, 2, 2, 2]
+    assert any("saves no verify time" in r.getMessage() for r in caplog.records)
+    assert create_state(adapters.select_adapter(), TreeToggles(tree_n=4), worker).width_for(32) == W
+
+
 def torch_tree_mask_and_positions(tree, anchor, seq_lens, seq_lens_sum):
     """sglang's FULL_MASK layout (per request W rows of prefix + W booleans, flat) and positions, in torch."""
     from flashtree.tree import ancestor_mask, tree_positions
