@@ -13,6 +13,7 @@ from flashtree.drafters import DraftState, load_drafter
 from flashtree.dspark import DSparkConfig, DSparkDraftModel, load_checkpoint, read_tensors, save_checkpoint
 from flashtree.dspark.data import canonical_source
 from flashtree.dspark.loss import block_loss, target_features
+from flashtree.engine import tree_generate
 from flashtree.models import load_target
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "train"
@@ -192,6 +193,39 @@ def test_candidates_greedy_first_diverse_and_prefix_stable(tiny):
     assert torch.unique(many, dim=0).shape[0] > 1
 
 
+def test_return_probs_gives_the_distribution_each_candidate_token_was_drawn_from(tiny):
+    cfg = small_config(tiny)
+    model = random_model(cfg, std=0.05)
+    for bad in (dict(temperature=0.0, greedy_first=False), dict(temperature=1.0)):  # greedy tokens have no q
+        with pytest.raises(ValueError, match="return_probs"):
+            load_drafter("dspark", tiny, model=model, return_probs=True, **bad)
+    tokens = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    plain = load_drafter("dspark", tiny, model=model, temperature=0.8, greedy_first=False)
+    drafter = load_drafter("dspark", tiny, model=model, temperature=0.8, greedy_first=False, return_probs=True)
+    for d in (plain, drafter):
+        d.start(state_for(tiny, tokens, cfg.target_layer_ids))
+    n, k = 4000, cfg.block_size
+    prop = drafter.propose(n, torch.Generator().manual_seed(3))
+    same = plain.propose(n, torch.Generator().manual_seed(3))
+    assert same.probs is None and torch.equal(prop.candidates, same.candidates)  # the flag changes no draw
+    assert prop.probs.shape == (1, n, k, cfg.vocab_size)
+    # q at slot j: softmax((base_j + markov bias of the previous token) / T), the anchor before slot 0
+    cands = prop.candidates[0]
+    prev = torch.cat([torch.full((n, 1), 6), cands[:, :-1]], dim=1)
+    with torch.no_grad():
+        logits = drafter.base_logits()[0] + model.markov_bias(prev).float()
+    assert torch.allclose(prop.probs[0], (logits / 0.8).softmax(-1), atol=1e-6)
+    # and the tokens are draws from it: slot 0's q is the same for every candidate
+    from scipy.stats import chisquare
+
+    q0 = prop.probs[0, 0, 0].double()
+    counts = torch.bincount(cands[:, 0], minlength=cfg.vocab_size).double()
+    big = q0 * n >= 5
+    f_obs = torch.cat([counts[big], counts[~big].sum().view(1)])
+    f_exp = torch.cat([q0[big], q0[~big].sum().view(1)]) * n
+    assert big.sum() > 5 and chisquare(f_obs, f_exp * f_obs.sum() / f_exp.sum()).pvalue > 1e-3
+
+
 # ---- the engine -----------------------------------------------------------------------------------------------------
 
 
@@ -205,6 +239,14 @@ def test_engine_greedy_output_is_the_targets_with_a_checkpoint_written_by_flasht
     report = engine_identity(tiny, drafter, prompts, n=n, width=width, max_new_tokens=24, stop_ids=[258],
                              progress=False)
     assert report["identical"] == len(prompts), report["rows"]
+
+
+def test_engine_rejection_walk_runs_with_the_drafters_probs(tiny):
+    drafter = load_drafter("dspark", tiny, model=random_model(small_config(tiny), std=0.05), temperature=1.0,
+                           greedy_first=False, return_probs=True)
+    res = tree_generate(tiny, drafter, [[10, 20, 30, 40, 50, 60], [7, 7, 7]], n=1, width=5, max_new_tokens=24,
+                        temperature=1.0, generator=torch.Generator().manual_seed(0), walk="rejection")
+    assert res.new_tokens == [24, 24] and all(0 <= s.accept_len <= 4 for s in res.steps)
 
 
 # ---- data guard and the training app -------------------------------------------------------------------------------

@@ -8,6 +8,9 @@ the N candidates are N walks of the Markov head over them:
                      softmax((base_j + bias(prev)) / T) by inverse CDF, with block_size uniforms per candidate drawn
                      from the generator candidate after candidate, so the first n candidates of a draw of N are the
                      draw of n (what replay needs).
+With `return_probs` (needs temperature > 0 and greedy_first=False, so that every candidate is a draw) each proposal
+carries `probs` (bs, N, K, V): the distribution softmax((base_j + bias(prev)) / T) each token was drawn from, what
+the engine's rejection walk (walk="rejection") needs.
 The draft keeps per-request context K/V for every position with target KV (the context grows with `advance`).
 """
 
@@ -45,14 +48,20 @@ class DSparkDrafter:
 
     k: draft tokens per candidate, at most the checkpoint's block_size (default: block_size); a shorter block runs
         the first k block rows, as sglang does with a smaller --speculative-num-draft-tokens.
+    return_probs: proposals carry the draft distribution of every candidate token (see the module docstring).
     """
 
     def __init__(self, model: DSparkDraftModel, target, *, temperature: float = 0.0, greedy_first: bool = True,
-                 k: int | None = None):
+                 k: int | None = None, return_probs: bool = False):
         cfg = model.config
         check_dspark_target(cfg, target)
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if return_probs and (temperature == 0 or greedy_first):
+            raise ValueError(
+                "return_probs needs every candidate drawn at the draft temperature: temperature > 0 and "
+                f"greedy_first=False (got temperature={temperature}, greedy_first={greedy_first})"
+            )
         k = cfg.block_size if k is None else int(k)
         if not 1 <= k <= cfg.block_size:
             raise ValueError(f"k={k}: the draft proposes 1..{cfg.block_size} tokens per block (its block_size)")
@@ -64,6 +73,7 @@ class DSparkDrafter:
         self.hidden_layers = tuple(cfg.target_layer_ids)
         self.temperature = float(temperature)
         self.greedy_first = bool(greedy_first)
+        self.return_probs = bool(return_probs)
         self.embed_tokens = target.get_input_embeddings()
         self.lm_head = target.get_output_embeddings()
         self._kv: list[list[tuple[torch.Tensor, torch.Tensor]]] = []  # per request, per layer (K, V) (1, kvh, C, d)
@@ -148,12 +158,14 @@ class DSparkDrafter:
             ]).to(self._device)
         rows = n if sampled else 1
         prev = anchors[:, None].expand(bs, rows).reshape(-1)
-        out = []
+        out, dists = [], []
         for j in range(k):
             step = base[:, j, None, :] + self.model.markov_bias(prev).float().view(bs, rows, -1)
             choice = step.argmax(dim=-1)  # (bs, rows)
             if sampled:
                 probs = torch.softmax(step / self.temperature, dim=-1)
+                if self.return_probs:
+                    dists.append(probs)
                 cdf = probs.cumsum(dim=-1)
                 target = (u[:, :, j] * cdf[..., -1]).unsqueeze(-1).contiguous()
                 draw = torch.searchsorted(cdf, target, right=True).squeeze(-1)
@@ -166,11 +178,13 @@ class DSparkDrafter:
         blocks = torch.stack(out, dim=-1)  # (bs, rows, k)
         if not sampled:
             blocks = blocks.expand(bs, n, k)
-        return Proposal(candidates=blocks.contiguous())
+        probs = torch.stack(dists, dim=2) if self.return_probs else None  # (bs, n, k, V)
+        return Proposal(candidates=blocks.contiguous(), probs=probs)
 
 
 def build_dspark_drafter(target, *, path=None, model=None, temperature: float = 0.0, greedy_first: bool = True,
-                         k: int | None = None, dtype: torch.dtype | None = None) -> DSparkDrafter:
+                         k: int | None = None, dtype: torch.dtype | None = None,
+                         return_probs: bool = False) -> DSparkDrafter:
     """A DSparkDrafter from a checkpoint folder `path` (sglang layout) or a DSparkDraftModel `model`, on the target's
     device and in its dtype (unless `dtype`)."""
     if (path is None) == (model is None):
@@ -191,4 +205,5 @@ def build_dspark_drafter(target, *, path=None, model=None, temperature: float = 
     elif not isinstance(model, DSparkDraftModel):
         raise TypeError(f"model must be a flashtree DSparkDraftModel, got {type(model).__name__}")
     model = model.to(device=weight.device, dtype=dtype)
-    return DSparkDrafter(model, target, temperature=temperature, greedy_first=greedy_first, k=k)
+    return DSparkDrafter(model, target, temperature=temperature, greedy_first=greedy_first, k=k,
+                         return_probs=return_probs)

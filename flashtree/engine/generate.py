@@ -14,7 +14,8 @@ from contextlib import contextmanager
 import torch
 
 from ..drafters.base import DraftState, Drafter
-from ..tree import VoteTree, ancestor_mask, build_vote_tree, tree_positions, verify_greedy, verify_sampled
+from ..tree import (VoteTree, ancestor_mask, build_vote_tree, tree_positions, verify_greedy, verify_rejection,
+                    verify_sampled)
 from .records import GenerateResult, StepRecord
 from .target import context_limit, keep_in_cache, prefill, verify_forward
 
@@ -67,7 +68,17 @@ def _as_rows(input_ids) -> list[torch.Tensor]:
     return [r.to(torch.long) for r in rows]
 
 
-def _check(target, drafter: Drafter, rows, n, width, max_new_tokens, temperature) -> None:
+WALKS = ("target", "rejection")
+
+
+def _check(target, drafter: Drafter, rows, n, width, max_new_tokens, temperature, walk) -> None:
+    if walk not in WALKS:
+        raise ValueError(f"walk must be one of {WALKS}, got {walk!r}")
+    if walk == "rejection" and (n != 1 or temperature <= 0):
+        raise ValueError(
+            f"walk='rejection' (chain speculative sampling) needs n == 1 and temperature > 0, got n={n}, "
+            f"temperature={temperature}"
+        )
     if n < 1:
         raise ValueError(f"n (candidate blocks per step) must be >= 1, got {n}")
     if width < 2:
@@ -120,14 +131,17 @@ def tree_generate(
     generator: torch.Generator | None = None,
     stop_token_ids=None,
     pad_token_id: int | None = None,
+    walk: str = "target",
 ) -> GenerateResult:
     """Generate up to `max_new_tokens` per prompt. `input_ids`: (L,), (bs, L) or a list of token lists.
 
     Greedy (temperature 0) output equals the target's own greedy decoding token for token; sampled output is
-    distributed as the target's own sampling with the same temperature / top-k / top-p (target-only tree walk).
+    distributed as the target's own sampling with the same temperature / top-k / top-p. `walk` picks the sampled
+    walk: "target" (the target-only tree walk, any N) or "rejection" (chain speculative sampling against the draft's
+    probabilities: n == 1, temperature > 0, and a drafter whose proposals carry `probs`).
     """
     rows = _as_rows(input_ids)
-    _check(target, drafter, rows, n, width, max_new_tokens, temperature)
+    _check(target, drafter, rows, n, width, max_new_tokens, temperature, walk)
     device = next(target.parameters()).device
     stops = torch.tensor(sorted(set(stop_token_ids or ())), dtype=torch.long, device=device)
     layers = tuple(drafter.hidden_layers)
@@ -146,14 +160,22 @@ def tree_generate(
     step = 0
     while not all(r.done for r in reqs):
         with watch("draft"):
-            cands = drafter.propose(n, generator).candidates
+            proposal = drafter.propose(n, generator)
+        cands = proposal.candidates
+        draft_probs = proposal.probs if walk == "rejection" else None
+        if walk == "rejection" and draft_probs is None:
+            raise ValueError(
+                f"walk='rejection' needs draft probabilities, but {type(drafter).__name__} proposed no probs (for "
+                "DSPARK: load_drafter('dspark', ..., temperature=T > 0, greedy_first=False, return_probs=True))"
+            )
         with watch("build"):
             tree = build_vote_tree(cands, width)
         shared = watch.take()
         for b, r in enumerate(reqs):
             if r.done:
                 continue
-            rec = _step_one(target, r, b, _row(tree, b), layers, temperature, top_k, top_p, generator, watch)
+            probs = None if draft_probs is None else draft_probs[b : b + 1, 0]
+            rec = _step_one(target, r, b, _row(tree, b), probs, layers, temperature, top_k, top_p, generator, watch)
             rec.step, rec.time_s = step, {**shared, **watch.take()}
             rec.candidates, rec.distinct_candidates = n, int(torch.unique(cands[b], dim=0).shape[0])
             steps.append(rec)
@@ -179,14 +201,20 @@ def _row(tree: VoteTree, b: int) -> VoteTree:
     return VoteTree(**{f: getattr(tree, f)[b : b + 1] for f in fields}, k=tree.k)
 
 
-def _step_one(target, r: _Request, b, tree, layers, temperature, top_k, top_p, generator, watch) -> StepRecord:
+def _step_one(target, r: _Request, b, tree, draft_probs, layers, temperature, top_k, top_p, generator,
+              watch) -> StepRecord:
+    """One verify step of request b. draft_probs (1, K, V): rejection-sample the chain (N = 1) against them."""
     prefix = r.cache.get_seq_length()
     with watch("verify"):
         ids = torch.cat([r.tokens[-1:], tree.tokens[0]]).view(1, -1)  # the anchor is the root
         pos = tree_positions(tree, torch.tensor([prefix], device=ids.device))
         out = verify_forward(target, r.cache, ids, pos, ancestor_mask(tree), layers)
     with watch("walk"):
-        if temperature > 0:
+        if draft_probs is not None:
+            c = int(tree.valid.sum())  # the chain's nodes 1..c fill the window right after the root
+            res = verify_rejection(tree.tokens[:, :c], draft_probs[:, :c], out.logits[:, : c + 1], temperature,
+                                   generator, top_k, top_p)
+        elif temperature > 0:
             res = verify_sampled(tree, out.logits, temperature, generator, top_k, top_p)
         else:
             res = verify_greedy(tree, out.logits.argmax(dim=-1))

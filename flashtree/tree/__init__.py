@@ -1,4 +1,5 @@
-"""The tree algorithm: trie-vote builder, encoders, greedy and lossless-sampled verification, commit plans.
+"""The tree algorithm: trie-vote builder, encoders, greedy and lossless-sampled verification, commit plans, and
+chain rejection sampling against draft probabilities (`verify_rejection`, N = 1).
 
 `build_vote_tree`, `verify_greedy` and `commit_plan` run the Triton kernels on CUDA tensors and the torch
 references (modules `build`, `verify`, `commit`) elsewhere.
@@ -7,6 +8,7 @@ references (modules `build`, `verify`, `commit`) elsewhere.
 from .commit import apply_copies, apply_permutation
 from .dispatch import build_vote_tree, commit_plan, verify_greedy
 from .encode import ancestor_mask, child_links, to_eagle, tree_positions
+from .rejection import verify_rejection
 from .types import CommitPlan, EagleEncoding, VerifyResult, VoteTree
 from .verify import verify_sampled
 
@@ -24,5 +26,6 @@ __all__ = [
     "to_eagle",
     "tree_positions",
     "verify_greedy",
+    "verify_rejection",
     "verify_sampled",
 ]

@@ -1,7 +1,9 @@
-"""Sampled tree decoding is distributed exactly as the target's own sampling (engine wiring: cache, positions, masks)."""
+"""Sampled tree decoding is distributed exactly as the target's own sampling (engine wiring: cache, positions, masks),
+with the target-only tree walk and with chain rejection sampling against the draft's probabilities."""
 
 import itertools
 
+import pytest
 import torch
 from scipy.stats import chisquare
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -31,6 +33,16 @@ class RandomBlocks:
         return Proposal(candidates=torch.randint(0, V, (self.bs, n, self.k), generator=self.g))
 
 
+class RandomDistributions(RandomBlocks):
+    """Each slot drawn from its own random distribution q (new every step), returned as `probs`: a slot paired with
+    another slot's q, or a q other than the one drawn from, would bias the rejection walk."""
+
+    def propose(self, n, generator=None) -> Proposal:
+        q = (2 * torch.randn(self.bs, n, self.k, V, generator=self.g)).softmax(-1)
+        tokens = torch.multinomial(q.view(-1, V), 1, generator=self.g).view(self.bs, n, self.k)
+        return Proposal(candidates=tokens, probs=q)
+
+
 def _model():
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -55,17 +67,17 @@ def _exact(model, prompt, temperature, top_k, top_p):
     return {tuple(s.tolist()): float(q) for s, q in zip(seqs, joint)}
 
 
-def _check(temperature, top_k=None, top_p=None, n=4, width=8, k=2):
+def _check(temperature, top_k=None, top_p=None, n=4, width=8, k=2, drafter=RandomBlocks, walk="target"):
     model = _model()
     prompt = torch.tensor([1, 4, 2])
     expected = _exact(model, prompt, temperature, top_k, top_p)
     counts = dict.fromkeys(expected, 0)
     g = torch.Generator().manual_seed(1)
-    drafter = RandomBlocks(k, seed=2)
+    drafter = drafter(k, seed=2)
     accepted = steps = 0
     for _ in range(RUNS):
         res = tree_generate(model, drafter, prompt, n=n, width=width, max_new_tokens=NEW, temperature=temperature,
-                            top_k=top_k, top_p=top_p, generator=g)
+                            top_k=top_k, top_p=top_p, generator=g, walk=walk)
         counts[tuple(res.sequences[0, prompt.numel() :].tolist())] += 1
         accepted += sum(s.accept_len for s in res.steps)
         steps += len(res.steps)
@@ -91,3 +103,26 @@ def test_engine_sampling_matches_target_sampling():
 
 def test_engine_sampling_with_top_k_and_top_p():
     _check(temperature=0.7, top_k=4, top_p=0.9, n=8, width=6, k=1)
+
+
+def test_engine_rejection_sampling_matches_target_sampling():
+    _check(temperature=1.0, n=1, width=3, k=2, drafter=RandomDistributions, walk="rejection")
+
+
+def test_engine_rejection_sampling_with_top_k_and_top_p():
+    _check(temperature=0.7, top_k=4, top_p=0.9, n=1, width=3, k=2, drafter=RandomDistributions, walk="rejection")
+
+
+@pytest.mark.parametrize(
+    "kwargs,drafter,match",
+    [
+        (dict(n=2, temperature=1.0), RandomDistributions, "n == 1"),
+        (dict(n=1, temperature=0.0), RandomDistributions, "temperature > 0"),
+        (dict(n=1, temperature=1.0), RandomBlocks, "proposed no probs"),
+        (dict(n=1, temperature=1.0, walk="draft"), RandomDistributions, "walk must be one of"),
+    ],
+)
+def test_engine_refuses_a_rejection_walk_it_cannot_run(kwargs, drafter, match):
+    kwargs = {"walk": "rejection", **kwargs}
+    with pytest.raises(ValueError, match=match):
+        tree_generate(_model(), drafter(2, seed=0), torch.tensor([1, 4, 2]), width=3, max_new_tokens=NEW, **kwargs)
