@@ -30,7 +30,7 @@ from flashtree.tree import build_vote_tree, commit_plan, to_eagle, verify_greedy
 from flashtree.tree.commit import apply_permutation
 from flashtree.tree.types import VoteTree
 
-from .stage_times import StageTimer
+from .stage_times import NoTimer, StageTimer
 from .toggles import ToggleError, TreeToggles, load_for_toggle
 
 logger = logging.getLogger("flashtree.patches")
@@ -228,24 +228,13 @@ def walk(state: TreeState, tree: VoteTree, logits: torch.Tensor, sampling_info):
     return verify_sampled(tree, logits, temperature, generator=state.generator, top_k=top_k, top_p=top_p)
 
 
-class _NoTimer:
-    def start(self):
-        pass
-
-    def mark(self, stage):
-        pass
-
-    def end_step(self, batch_size):
-        pass
-
-
 def tree_step(state: TreeState, worker, batch, on_publish):
     adapter = state.adapter
     draft_input = batch.spec_info
     bs = len(batch.seq_lens)
     w = state.width
     prefix = batch.seq_lens
-    timer = state.timer or _NoTimer()
+    timer = state.timer or NoTimer()
 
     timer.start()
     window = adapter.alloc_window(worker, batch, bs, draft_input)
@@ -351,9 +340,6 @@ class DeferredRows:
         if self._done is not None:
             self._done.synchronize()
         return self._host[i].tolist()
-
-    def tolist(self) -> list:
-        return [self[i] for i in range(len(self))]
 
 
 def tree_stats(tree: VoteTree, candidates: torch.Tensor, accept_len: torch.Tensor) -> DeferredRows:

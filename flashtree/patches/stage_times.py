@@ -14,6 +14,19 @@ import torch
 logger = logging.getLogger("flashtree.patches")
 
 
+class NoTimer:
+    """The tree step's timer when FLASHTREE_STAGE_TIMES is off: marks cost nothing."""
+
+    def start(self) -> None:
+        pass
+
+    def mark(self, stage: str) -> None:
+        pass
+
+    def end_step(self, batch_size: int) -> None:
+        pass
+
+
 class StageTimer:
     def __init__(self, every: int, device: torch.device):
         self.every = every
