@@ -1,12 +1,15 @@
 """Trie-vote tree builder as one Triton launch: one program per request, bit-identical to `reference.build_vote_tree`.
 
 Per request the program
-1. walks the K draft positions once, keeping an N x N "candidates i and j agree so far" matrix; at depth d a trie node
-   is (d, first candidate i reaching it), its vote the row sum of that matrix;
-2. packs each node's rank key (votes desc, depth asc, first candidate asc), its parent's first candidate and its
-   listing order (depth, candidate) into one int64 and sorts the N*K slots once (a bitonic sort in registers);
-3. writes the W-1 best keys to the output as scratch, then reads them back as a W-sized vector and settles listing
-   positions, parents, tokens and the EAGLE encoding with W x W comparisons (no scatter, no second sort).
+1. loads the N x K candidate block once and finds, for every pair (i, j), the first draft position where candidates
+   i and j differ; i and j then agree through depth d iff d is below it. A trie node is (d, first candidate i
+   reaching it), its vote the number of j agreeing with i through d: all (d, i) at once, no loop over depths;
+2. selects the W-1 best nodes (votes desc, depth asc, first candidate asc) without sorting: the (W-1)-th largest
+   vote v* comes from counting nodes per vote threshold; nodes above v* are all kept, nodes at v* are taken in
+   (depth, candidate) order, which is the flat slot order, so one prefix sum gives each node's tie rank and its
+   listing position (kept nodes listed by (depth, first candidate), parents before children);
+3. writes the kept nodes to their listing positions in the output as scratch, then reads them back as a W-sized
+   vector and settles parents, tokens and the EAGLE encoding with W x W comparisons.
 
 Fixed shapes, no host synchronisation: graph-capturable. The same launch fills `VoteTree` and `EagleEncoding`.
 """
@@ -26,7 +29,7 @@ def _vote_tree_kernel(
     tok_ptr,  # (bs, M) int64
     par_ptr,  # (bs, M) int64
     dep_ptr,  # (bs, M) int64
-    vot_ptr,  # (bs, M) int64 (also the sort scratch)
+    vot_ptr,  # (bs, M) int64 (also the scratch of the kept nodes)
     val_ptr,  # (bs, M) bool
     fc_ptr,  # (bs, M) int64
     ids_ptr,  # (bs, M) int64  EAGLE node ids
@@ -43,45 +46,62 @@ def _vote_tree_kernel(
     WRITE_EAGLE: tl.constexpr,
     OB: tl.constexpr,  # bits of the listing order d * N + i
     PB: tl.constexpr,  # bits of a candidate index
-    KEY_T: tl.constexpr,  # tl.int32 when rank, parent and order fit in 31 bits, else tl.int64
 ):
     b = tl.program_id(0).to(tl.int64)
     base = cand_ptr + b * (N * K)
     i = tl.arange(0, NP)
     kk = tl.arange(0, KP)
-    agree = (i[:, None] < N) & (i[None, :] < N)
-    key2d = tl.full([NP, KP], -1, KEY_T)
-    prev_first = tl.zeros([NP], tl.int32)
-    for d in tl.static_range(K):
-        ci = tl.load(base + i * K + d, mask=i < N, other=0)
-        agree = agree & (ci[:, None] == ci[None, :])
-        votes = tl.sum(agree.to(tl.int32), axis=1)
-        first = tl.min(tl.where(agree, i[None, :], NP), axis=1)
-        real = (first == i) & (i < N)
-        rank = votes * (N * K) + (K - 1 - d) * N + (N - 1 - i)
-        packed = (rank.to(KEY_T) << (OB + PB)) | (prev_first.to(KEY_T) << OB) | (d * N + i).to(KEY_T)
-        key_d = tl.where(real, packed, -1)
-        key2d = tl.where(kk[None, :] == d, key_d[:, None], key2d)
-        prev_first = first
-    flat = tl.reshape(key2d, [NP * KP])
-    ranked = tl.sort(flat, descending=True)
-    p = tl.arange(0, NP * KP)
+    blk = tl.load(base + i[:, None] * K + kk[None, :], mask=(i[:, None] < N) & (kk[None, :] < K), other=0)
+    # miss[i, j]: first position where candidates i and j differ (K if none, 0 for padding candidates)
+    differ = blk[:, None, :] != blk[None, :, :]
+    miss = tl.min(tl.where(differ, kk[None, None, :], K), axis=2)
+    miss = tl.where((i[:, None] < N) & (i[None, :] < N), miss, 0)
+    # [depth d, candidate i, candidate j]: i and j agree through depth d (d - 1 for the parent level)
+    dd = kk[:, None, None]
+    mm = miss[None, :, :]
+    jj = i[None, None, :]
+    votes = tl.sum((dd < mm).to(tl.int32), axis=2)
+    first = tl.min(tl.where(dd < mm, jj, NP), axis=2)
+    parent_first = tl.min(tl.where(dd <= mm, jj, NP), axis=2)
+    real = (first == i[None, :]) & (i[None, :] < N) & (kk[:, None] < K)
+    # flat slot p = d * NP + i: slots in (depth, candidate) order, the ranking's tie-break; 0 votes = not a node
+    nv = tl.reshape(tl.where(real, votes, 0), [KP * NP])
+    pf = tl.reshape(parent_first, [KP * NP])
+    p = tl.arange(0, KP * NP)
+
+    # v*: the largest v with at least M nodes of >= v votes (0 when the trie has fewer than M nodes)
+    t = tl.arange(0, NP)
+    more = tl.sum((nv[None, :] > t[:, None]).to(tl.int32), axis=1)  # more[t]: nodes with votes > t
+    vstar = tl.max(tl.where(more >= M, t + 1, 0), axis=0)
+    above = tl.sum(tl.where(t == vstar, more, 0), axis=0)
+    is_above = nv > vstar
+    is_tie = (nv == vstar) & (nv > 0)
+    # one prefix sum counts both classes before each slot: above-nodes in the high 16 bits, tie-nodes in the low
+    flags = (is_above.to(tl.int32) << 16) | is_tie.to(tl.int32)
+    before = tl.cumsum(flags, axis=0) - flags
+    tie_rank = before & 0xFFFF
+    rest = M - above
+    kept = is_above | (is_tie & (tie_rank < rest))
+    pos = (before >> 16) + tl.minimum(tie_rank, rest)
+    nkept = tl.minimum(tl.sum((nv > 0).to(tl.int32), axis=0), M)
+
     row = b * M
-    tl.store(vot_ptr + row + p, ranked.to(tl.int64), mask=p < M)
-    tl.debug_barrier()
+    o = (p // NP) * N + p % NP
+    packed = (nv.to(tl.int64) << (OB + PB)) | (pf.to(tl.int64) << OB) | o
     q = tl.arange(0, MP)
-    v = tl.load(vot_ptr + row + q, mask=(q < M) & (q < NP * KP), other=-1)
+    tl.store(vot_ptr + row + pos, packed, mask=kept)
+    tl.store(vot_ptr + row + q, tl.full([MP], -1, tl.int64), mask=(q >= nkept) & (q < M))
+    tl.debug_barrier()
+    v = tl.load(vot_ptr + row + q, mask=q < M, other=-1)
     tl.debug_barrier()
 
+    # q is the listing position: valid nodes by (depth, first candidate), then padding
     valid = v >= 0
     o = (v & ((1 << OB) - 1)).to(tl.int32)
     pf = ((v >> OB) & ((1 << PB) - 1)).to(tl.int32)
-    nvotes = (v >> (OB + PB)) // (N * K)
+    nvotes = v >> (OB + PB)
     d0 = o // N
     m = o % N
-    # listing position: valid nodes by (depth, first candidate), padding keeps its rank slot (all after the valid).
-    less = valid[None, :] & (o[None, :] < o[:, None])
-    pos = tl.where(valid, tl.sum(less.to(tl.int32), axis=1), q)
     # parent = 1 + listing position of node (d-1, pf); kept sets are prefix-closed so it is among the valid.
     po = (d0 - 1) * N + pf
     up = valid[None, :] & (o[None, :] < po[:, None])
@@ -91,7 +111,7 @@ def _vote_tree_kernel(
     tok_pad = tl.load(base + m1 * K)
     tok = tl.load(base + m * K + d0, mask=valid, other=0)
     tok = tl.where(valid, tok, tok_pad)
-    out = row + pos
+    out = row + q
     qm = q < M
     tl.store(tok_ptr + out, tok, mask=qm)
     tl.store(par_ptr + out, parent, mask=qm)
@@ -100,10 +120,10 @@ def _vote_tree_kernel(
     tl.store(val_ptr + out, valid, mask=qm)
     tl.store(fc_ptr + out, tl.where(valid, m, N).to(tl.int64), mask=qm)
     if WRITE_EAGLE:
-        ids = parent * W + (pos + 1)
+        ids = parent * W + (q + 1)
         tl.store(ids_ptr + out, ids, mask=qm)
         pl_row = pl_ptr + b * PL
-        tl.store(pl_row + pos + 1, ids, mask=qm & (pos + 1 < PL))
+        tl.store(pl_row + q + 1, ids, mask=qm & (q + 1 < PL))
         c = tl.arange(0, PLP)
         tl.store(pl_row + c, tl.full([PLP], -1, tl.int64), mask=(c < PL) & ((c == 0) | (c >= W)))
 
@@ -118,11 +138,10 @@ def _launch(candidates: torch.Tensor, width: int, eagle: bool):
     if width < 2:
         raise ValueError(f"width must be >= 2 (the root plus at least one node), got {width}")
     bs, n, k = candidates.shape
+    np_, kp = _np2(n), _np2(k)
+    if np_ * kp >= 1 << 15:
+        raise ValueError(f"N = {n}, K = {k} are too large: the slot counts must fit 15 bits")
     ob, pb = max(1, (n * k - 1).bit_length()), max(1, (n - 1).bit_length())
-    rank_bits = ((n + 1) * n * k).bit_length()
-    if rank_bits + ob + pb > 63:
-        raise ValueError(f"N = {n}, K = {k} are too large for the packed sort keys")
-    key_t = tl.int32 if rank_bits + ob + pb <= 31 else tl.int64
     cand = candidates.to(torch.int64).contiguous()
     m = width - 1
     dev = cand.device
@@ -135,13 +154,13 @@ def _launch(candidates: torch.Tensor, width: int, eagle: bool):
         pl = torch.empty(bs, pl_w, dtype=torch.int64, device=dev)
     else:
         ids = pl = fc  # never written
-    np_, kp = _np2(n), _np2(k)
-    warps = 4 if np_ * kp <= 1024 else 8
+    # the pair-by-depth tensors hold N^2 K lanes: more warps once they pass 4096
+    warps = 4 if np_ * np_ * kp <= 4096 else 8
     if bs > 0:
         _vote_tree_kernel[(bs,)](
             cand, out[0], out[1], out[2], out[3], valid, fc, ids, pl,
             N=n, K=k, M=m, W=width, PL=pl_w, NP=np_, KP=kp, MP=_np2(m), PLP=_np2(pl_w),
-            WRITE_EAGLE=eagle, OB=ob, PB=pb, KEY_T=key_t, num_warps=warps,
+            WRITE_EAGLE=eagle, OB=ob, PB=pb, num_warps=warps,
         )
     tree = VoteTree(tokens=out[0], parents=out[1], depth=out[2], votes=out[3], valid=valid, first_candidate=fc, k=k)
     if not eagle:

@@ -100,3 +100,37 @@ def test_top_p_falls_back_to_reference_exactly():
     a = sample_rows_triton(x, t, generator=g1, top_p=torch.full((4,), 0.9))
     b = sample_rows(x, t, generator=g2, top_p=torch.full((4,), 0.9))
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_greedy_only_single_launch(dtype):
+    """temperature 0 as a Python number: one launch whose last tile program per row merges (tickets reset)."""
+    g = torch.Generator().manual_seed(11)
+    shapes = [(15, 151936, None), (960, 32768, None), (4, 1000, 64)] if CUDA else [(5, 3000, None), (4, 37, 16)]
+    for r, v, block in shapes:
+        for _ in range(2):  # a second call finds the ticket counters zeroed again
+            x = (torch.randn(r, v, generator=g) * 4).to(dtype)
+            # ties: across tiles, across groups of one tile, inside one group; an all -inf row takes token 0
+            x[0, [v // 3, v - 2]] = 1e3
+            x[1, [block or 1024, 1, 2]] = 1e3
+            x[2, [v - 1, v - 3]] = 1e3
+            x[3] = -float("inf")
+            ref = x.argmax(-1)
+            assert torch.equal(sample_rows_triton(x.to(DEV), 0.0, block=block).cpu(), ref)
+            cands = sample_candidates_triton(x.to(DEV), 0, 3, block=block).cpu()
+            assert torch.equal(cands, ref.view(-1, 1).expand(-1, 3))
+
+
+@pytest.mark.skipif(not CUDA, reason="graph capture needs a CUDA device")
+def test_greedy_only_graph_replays():
+    g = torch.Generator().manual_seed(12)
+    static = torch.randn(15, 151936, generator=g).to(torch.bfloat16).cuda()
+    sample_rows_triton(static, 0.0)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = sample_rows_triton(static, 0.0)
+    for _ in range(3):  # each replay must find the tickets the previous one left at zero
+        static.copy_(torch.randn(15, 151936, generator=g).to(torch.bfloat16).cuda())
+        graph.replay()
+        assert torch.equal(out, static.argmax(-1))
