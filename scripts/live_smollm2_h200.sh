@@ -14,6 +14,9 @@
 # token and tau per b_* server alone at concurrency 1, 8, 32; a sampled (T = 0.7) chi-square of b_tree8 against b_plain.
 # Tree servers log per-stage times (FLASHTREE_STAGE_TIMES). $OUT gets identity/speed/sampled_results.json,
 # stage_times.txt, server_logs.tgz, the draft config.
+# GRAPH_DRAWS=1: FLASHTREE_GRAPH_DRAWS (the N draft draws in DSPARK's captured draft graph) on a tree-8 server of each
+# set, in the slots of f_tree8s / b_tree8b (same server count and memory): f_tree8g joins the identity phase, b_tree8g
+# the speed phase next to b_tree8 (eager draws); its stage-time lines end with "draws ran: graph X, eager Y".
 set -u
 T0=$(date +%s)
 OUT=${OUT:-/tmp/out}
@@ -51,6 +54,8 @@ B16="$BASE --dtype bfloat16 --max-running-requests 32 --cuda-graph-bs-decode 1 2
 SPEC="--speculative-algorithm DSPARK --speculative-draft-model-path $DRAFT --speculative-num-draft-tokens 9
   --speculative-draft-attention-backend triton"
 TREE="FLASHTREE_STAGE_TIMES=100"
+F_X=f_tree8s; B_X=b_tree8b
+[ "${GRAPH_DRAWS:-0}" = 1 ] && { F_X=f_tree8g; B_X=b_tree8g; }
 trap stop_all EXIT
 has() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
 if has identity; then
@@ -58,7 +63,11 @@ if has identity; then
   start_server f_chain 30011 FLASHTREE_TREE_N= -- $F32 $SPEC
   start_server f_tree4 30012 FLASHTREE_TREE_N=4 -- $F32 $SPEC
   start_server f_tree8 30013 FLASHTREE_TREE_N=8 -- $F32 $SPEC
-  start_server f_tree8s 30014 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 -- $F32 $SPEC
+  if [ $F_X = f_tree8g ]; then
+    start_server f_tree8g 30014 FLASHTREE_TREE_N=8 FLASHTREE_GRAPH_DRAWS=1 -- $F32 $SPEC
+  else
+    start_server f_tree8s 30014 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 -- $F32 $SPEC
+  fi
 fi
 if has speed || has sampled; then
   start_server b_plain 30020 FLASHTREE_TREE_N= -- $B16
@@ -66,7 +75,11 @@ if has speed || has sampled; then
   start_server b_tree4 30022 FLASHTREE_TREE_N=4 $TREE -- $B16 $SPEC
   start_server b_tree8 30023 FLASHTREE_TREE_N=8 $TREE -- $B16 $SPEC
   start_server b_tree8s 30024 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TREE -- $B16 $SPEC
-  start_server b_tree8b 30025 FLASHTREE_TREE_N=8 FLASHTREE_TREE_BUDGET=64 $TREE -- $B16 $SPEC
+  if [ $B_X = b_tree8g ]; then
+    start_server b_tree8g 30025 FLASHTREE_TREE_N=8 FLASHTREE_GRAPH_DRAWS=1 $TREE -- $B16 $SPEC
+  else
+    start_server b_tree8b 30025 FLASHTREE_TREE_N=8 FLASHTREE_TREE_BUDGET=64 $TREE -- $B16 $SPEC
+  fi
 fi
 wait_up $(( TOTAL_S / 2 )) || el "not every server came up (continuing with those that did)"
 
@@ -74,14 +87,14 @@ args() { local t; for t in "$@"; do [ -n "${PID[$t]:-}" ] && kill -0 "${PID[$t]}
 if has identity; then
   el "identity phase"
   timeout 150 python3 benchmarks/live/bench_client.py identity --prompts "$PROMPTS" --out "$OUT" --n 50 --wait 5 \
-    $(args f_plain f_chain f_tree4 f_tree8 f_tree8s)
+    $(args f_plain f_chain f_tree4 f_tree8 $F_X)
   el "identity rc=$?"
-  stop_all f_plain f_chain f_tree4 f_tree8 f_tree8s
+  stop_all f_plain f_chain f_tree4 f_tree8 $F_X
 fi
 if has speed; then
   el "speed phase"
   timeout $(( TOTAL_S - ($(date +%s) - T0) - 60 )) python3 benchmarks/live/bench_client.py speed --prompts "$PROMPTS" \
-    --out "$OUT" --wait 5 $(args b_plain b_chain b_tree4 b_tree8 b_tree8s b_tree8b) | grep -v "^\[bench\]"
+    --out "$OUT" --wait 5 $(args b_plain b_chain b_tree4 b_tree8 b_tree8s $B_X) | grep -v "^\[bench\]"
   el "speed done"
 fi
 left=$(( TOTAL_S - ($(date +%s) - T0) - 25 ))

@@ -4,6 +4,8 @@ One step, per running batch of bs requests (W = tree width with the root, K = ga
   1. the verify window: W KV slots per request at req_to_token[req, seq_len : seq_len + W] (DSPARK's own window);
   2. one draft forward over the block, then N draws of the block through the draft's Markov head (flashtree's row
      sampler): candidate 0 is the greedy block, 1..N-1 are independent draws at the draft temperature -> (bs, N, K);
+     with FLASHTREE_GRAPH_DRAWS=1 the draws run in the draft's captured CUDA graph tail (graph_draws.py) and the
+     step reads them from its buffer (eager as above when the draft forward ran eagerly);
   3. flashtree's trie-vote builder -> W - 1 nodes; sglang's `build_tree_kernel_efficient` (EAGLE ABI through
      `to_eagle`) -> the FULL_MASK tree mask and the node positions;
   4. target verify through DSPARK's executor with that mask and those positions;
@@ -54,6 +56,10 @@ class TreeState:
     timer: StageTimer | None = None  # FLASHTREE_STAGE_TIMES
     steps: int = 0
     fallbacks: dict = field(default_factory=dict)
+    # FLASHTREE_GRAPH_DRAWS: the draws DSPARK's draft graph tail fills (graph_draws.py), or why there are none.
+    graph_draws: object | None = None
+    graph_draws_off: str | None = "FLASHTREE_GRAPH_DRAWS=0"
+    draw_paths: dict = field(default_factory=dict)  # steps whose N draws came from the graph tail / ran eagerly
 
     def width_for(self, bs: int) -> int:
         w = self.tree_width
@@ -118,6 +124,10 @@ def make_worker_init(original, adapter, toggles: TreeToggles):
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
         self._flashtree = create_state(adapter, toggles, self)
+        if toggles.graph_draws:
+            from . import graph_draws
+
+            graph_draws.install(self._flashtree, self)  # before the scheduler's init_cuda_graphs builds the sampler
 
     return __init__
 
@@ -238,10 +248,17 @@ def tree_step(state: TreeState, worker, batch, on_publish):
 
     timer.start()
     window = adapter.alloc_window(worker, batch, bs, draft_input)
-    anchor, base_logits, draft_hidden = adapter.draft_forward(worker, batch, draft_input, window, bs)
+    draft = adapter.draft_forward(worker, batch, draft_input, window, bs)
+    anchor = draft.anchor
     timer.mark("draft")
     n = state.toggles.tree_n
-    candidates = draw_candidates(state, worker, base_logits, anchor, draft_hidden, n)
+    if draft.candidates is not None:  # drawn by the draft graph's tail (FLASHTREE_GRAPH_DRAWS)
+        candidates = draft.candidates
+        path = "graph"
+    else:
+        candidates = draw_candidates(state, worker, draft.base_logits, anchor, draft.draft_hidden, n)
+        path = "eager"
+    state.draw_paths[path] = state.draw_paths.get(path, 0) + 1
     timer.mark("draws")
     tree = pad_tree(build_vote_tree(candidates, state.width_for(bs)), w, n)
 
@@ -289,7 +306,7 @@ def tree_step(state: TreeState, worker, batch, on_publish):
 
     next_draft_input = adapter.make_next_draft_input(result.bonus, new_seq_lens)
     timer.mark("output")
-    timer.end_step(bs)
+    timer.end_step(bs, path)
     return adapter.batch_result(
         logits_output=logits_output,
         next_token_ids=out_tokens.reshape(-1),

@@ -23,7 +23,7 @@ class NoTimer:
     def mark(self, stage: str) -> None:
         pass
 
-    def end_step(self, batch_size: int) -> None:
+    def end_step(self, batch_size: int, draw_path: str | None = None) -> None:
         pass
 
 
@@ -37,6 +37,7 @@ class StageTimer:
         self.totals_ms: dict[str, float] = {}
         self._marks: list[tuple[str, object]] = []
         self._pending: list[list[tuple[str, object]]] = []
+        self._paths: dict[str, int] = {}  # where the window's N draws ran (graph tail / eager), FLASHTREE_GRAPH_DRAWS
 
     def _now(self):
         if not self.cuda:
@@ -52,7 +53,9 @@ class StageTimer:
         """The stage that just ended."""
         self._marks.append((stage, self._now()))
 
-    def end_step(self, batch_size: int) -> None:
+    def end_step(self, batch_size: int, draw_path: str | None = None) -> None:
+        if draw_path is not None:
+            self._paths[draw_path] = self._paths.get(draw_path, 0) + 1
         self._pending.append(self._marks)
         self._marks = []
         self.steps += 1
@@ -77,7 +80,10 @@ class StageTimer:
         self._flushed_rows = self.batch_rows
         self._pending = []
         parts = ", ".join(f"{k} {v / steps:.3f}" for k, v in window.items())
+        paths = ", ".join(f"{k} {v}" for k, v in sorted(self._paths.items()))
+        self._paths = {}
         logger.info(
-            "flashtree stage times (ms per tree step, mean over steps %d-%d; mean bs %.1f): %s; total %.3f",
+            "flashtree stage times (ms per tree step, mean over steps %d-%d; mean bs %.1f): %s; total %.3f%s",
             self.steps - steps + 1, self.steps, rows / steps, parts, sum(window.values()) / steps,
+            f"; draws ran: {paths}" if paths else "",
         )

@@ -50,6 +50,7 @@ class TreeToggles:
     fused_sampler: bool = False  # flashtree's fused row sampler for the N draft draws
     seed: int = 0  # seed of the draft-draw generator (per worker process)
     stage_times: int = 0  # log the tree step's per-stage time every N steps (0 = off)
+    graph_draws: bool = False  # the N draft draws in DSPARK's captured draft graph tail (graph_draws.py)
 
     @property
     def tree_enabled(self) -> bool:
@@ -128,17 +129,23 @@ TOGGLES: dict[str, tuple[str, Callable[[str], object], str]] = {
         _int_in(0, 1 << 20),
         "log the tree step's mean per-stage time every N tree steps (0 = off)",
     ),
+    "FLASHTREE_GRAPH_DRAWS": (
+        "graph_draws",
+        _flag,
+        "draw the N candidate blocks in DSPARK's captured draft CUDA graph tail instead of eagerly",
+    ),
 }
 
 # Variables other parts of flashtree read (not server toggles); never reported as unknown.
 _NOT_TOGGLES = {"FLASHTREE_TORCH", "FLASHTREE_SGLANG_REBUILD"}
 # Families a typo would come from: FLASHTREE_TREE_NN, FLASHTREE_SPLIT_KV_VERIFY, ...
 _TOGGLE_FAMILIES = (
-    "FLASHTREE_TREE", "FLASHTREE_SPLIT", "FLASHTREE_FUSED", "FLASHTREE_DRAFT", "FLASHTREE_SEED", "FLASHTREE_STAGE"
+    "FLASHTREE_TREE", "FLASHTREE_SPLIT", "FLASHTREE_FUSED", "FLASHTREE_DRAFT", "FLASHTREE_SEED", "FLASHTREE_STAGE",
+    "FLASHTREE_GRAPH",
 )
 # Set without FLASHTREE_TREE_N they would do nothing; refuse rather than ignore them.
 _NEED_TREE = ("FLASHTREE_TREE_WIDTH", "FLASHTREE_TREE_BUDGET", "FLASHTREE_DRAFT_TEMPERATURE", "FLASHTREE_SEED",
-              "FLASHTREE_STAGE_TIMES")
+              "FLASHTREE_STAGE_TIMES", "FLASHTREE_GRAPH_DRAWS")
 
 
 def read_toggles(environ: Mapping[str, str] | None = None) -> TreeToggles | None:

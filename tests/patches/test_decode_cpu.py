@@ -4,6 +4,7 @@ target verify (tiny deterministic models that keep the real contracts: shapes, d
 
 from __future__ import annotations
 
+import contextlib
 import types
 from collections import Counter
 
@@ -12,7 +13,7 @@ import torch
 
 import sglang_cpu
 from flashtree.patches import adapters
-from flashtree.patches.adapters.base import Verified, Window
+from flashtree.patches.adapters.base import DraftOut, Verified, Window
 from flashtree.patches.decode import create_state, tree_step
 from flashtree.patches.toggles import TreeToggles
 from flashtree.tree.encode import child_links
@@ -104,23 +105,11 @@ class StandInAdapter:
         return Window(cols, loc.reshape(-1), loc, None)
 
     def draft_forward(self, worker, batch, draft_input, window, bs):
-        # A draft that knows the target's greedy block from the request's actual context but puts only 60% on each
-        # greedy token (the rest on a per-depth decoy); at about a third of the positions the decoy is the draft's
-        # favourite (55%), so the greedy block (candidate 0) is wrong there and the draws must find the target's token.
+        if getattr(worker, "_draft_sampler", None) is not None:
+            # FLASHTREE_GRAPH_DRAWS: the real adapter's draft forward over the stand-in proposer (graph_proposer).
+            return self.real.draft_forward(worker, batch, draft_input, window, bs)
         anchor = draft_input.bonus_tokens.view(-1)
-        base = torch.full((bs, GAMMA, V), -30.0)
-        for b in range(bs):
-            L = int(batch.seq_lens[b])
-            ctx = self.world.context(b, L) + [int(anchor[b])]
-            for j in range(GAMMA):
-                tok = target_next(ctx)
-                decoy = (tok + 1 + j) % V
-                base[b, j, tok] = 0.0
-                base[b, j, decoy] = -0.4055  # log(0.4/0.6)
-                if (sum(ctx) + j) % 3 == 0:
-                    base[b, j, tok], base[b, j, decoy] = -0.2007, 0.0  # log(0.45/0.55)
-                ctx.append(tok)
-        return anchor, base, None
+        return DraftOut(anchor, standin_base_logits(self.world, batch, anchor, bs), None)
 
     def target_verify(self, worker, batch, draft_input, window, ids_2d, positions_2d, custom_mask):
         world = self.world
@@ -157,6 +146,61 @@ class StandInAdapter:
         pass
 
 
+def standin_base_logits(world: StandIns, batch, anchor, bs: int) -> torch.Tensor:
+    """The stand-in draft's base logits (bs, K, V): it knows the target's greedy block from the request's actual
+    context but puts only 60% on each greedy token (the rest on a per-depth decoy); at about a third of the positions
+    the decoy is the draft's favourite (55%), so the greedy block (candidate 0) is wrong there and the draws must find
+    the target's token."""
+    base = torch.full((bs, GAMMA, V), -30.0)
+    for b in range(bs):
+        L = int(batch.seq_lens[b])
+        ctx = world.context(b, L) + [int(anchor[b])]
+        for j in range(GAMMA):
+            tok = target_next(ctx)
+            decoy = (tok + 1 + j) % V
+            base[b, j, tok] = 0.0
+            base[b, j, decoy] = -0.4055  # log(0.4/0.6)
+            if (sum(ctx) + j) % 3 == 0:
+                base[b, j, tok], base[b, j, decoy] = -0.2007, 0.0  # log(0.45/0.55)
+            ctx.append(tok)
+    return base
+
+
+def graph_proposer(world: StandIns, worker, state, graph_max_bs: int):
+    """FLASHTREE_GRAPH_DRAWS on the stand-in draft: the release's real DsparkDraftSampler (built and wrapped by
+    graph_draws.build, as at init_cuda_graphs) over a draft whose hidden states are its base logits, and a
+    `_run_forward` that replays "captured graphs" for batches up to graph_max_bs (the tail runs) and runs eagerly
+    above (the tail does not run)."""
+    from draft_sampler_cpu import TinyDraft, stock_sampler
+
+    from flashtree.patches import graph_draws
+
+    model = TinyDraft(worker._proposer.draft_model.markov_head, V, sample_from_anchor=True)
+    worker._draft_sampler = graph_draws.build(state, worker, stock_sampler(model, gamma=GAMMA, max_bs=graph_max_bs))
+    assert graph_draws.sampler_of(worker) is worker._draft_sampler
+
+    def _run_forward(*, batch, draft_input, bs, draft_sampler, sampling_info, **kw):
+        anchor = draft_input.bonus_tokens.view(-1)
+        hidden = standin_base_logits(world, batch, anchor, bs).view(bs * GAMMA, V)
+        ids = torch.zeros((bs, GAMMA), dtype=torch.int64)
+        ids[:, 0] = anchor
+        graph = bs <= graph_max_bs
+        if graph:
+            assert draft_sampler is worker._draft_sampler
+            draft_sampler.stage_sampling_params(bs=bs, sampling_info=sampling_info)
+            worker._draft_sampler(hidden, ids.view(-1))  # the replay runs the captured tail
+        return types.SimpleNamespace(draft_block_ids=ids, raw_hidden=hidden, draft_hidden_3d=hidden.view(bs, GAMMA, V),
+                                     can_run_graph=graph)
+
+    worker._proposer = types.SimpleNamespace(_run_forward=_run_forward, draft_model=model, gamma=GAMMA,
+                                             sample_from_anchor=True)
+    worker._draft_context = contextlib.nullcontext
+    embeds = lambda ids: ids  # noqa: E731  (the stand-in forward takes no embeddings)
+    worker.target_worker = types.SimpleNamespace(
+        model_runner=types.SimpleNamespace(model=types.SimpleNamespace(get_input_embeddings=lambda: embeds)))
+    model.embed_tokens = embeds
+
+
 def real_markov_head():
     from sglang.srt.models.dspark import VanillaMarkov  # 0.5.17/0.5.20: sample_block; 0.5.23: init_state/step_bias
 
@@ -170,11 +214,13 @@ def tree_kernels():
     sglang_cpu.force_triton_tree_kernels()
 
 
-def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1, on_step=None, stage_times: int = 0):
+def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1, on_step=None, stage_times: int = 0,
+        graph_max_bs: int | None = None):
     """Decode `steps` tree steps. Greedy rows (all rows without sampling_info, else rows with top_k == 1) are checked
     token for token against the stand-in target's sequential greedy decode; every row's commit is checked for the
     req_to_token / KV layout, the draft-context injection and the step's bookkeeping. Returns (accept-length
-    histogram, tree state, generated tokens per request, world)."""
+    histogram, tree state, generated tokens per request, world). graph_max_bs: FLASHTREE_GRAPH_DRAWS on, with draft
+    graphs "captured" up to that batch size (the N draws come from the tail's buffer; eager above it)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.dspark_components.dspark_draft import make_next_draft_input
 
@@ -190,7 +236,14 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
         model_runner=types.SimpleNamespace(page_size=page_size, token_to_kv_pool=world),
         _proposer=types.SimpleNamespace(draft_model=types.SimpleNamespace(markov_head=real_markov_head())),
     )
-    state = create_state(adapter, TreeToggles(tree_n=n, seed=5, stage_times=stage_times), worker)
+    toggles = TreeToggles(tree_n=n, seed=5, stage_times=stage_times, graph_draws=graph_max_bs is not None)
+    state = create_state(adapter, toggles, worker)
+    if graph_max_bs is not None:
+        # The graph draws' noise comes from torch's default generator (FLASHTREE_SEED seeds the eager draws only).
+        # Seeded so the greedy test's coverage holds: accepts at depth 4 are rare here (about 2 in 120 request-steps
+        # with either draw path), seed 7 has them.
+        torch.manual_seed(7)
+        graph_proposer(world, worker, state, graph_max_bs)
     greedy_rows = [True] * bs if sampling_info is None else (sampling_info.top_ks <= 1).tolist()
     seq_lens = torch.tensor([len(p) for p in prompts])
     bonus = torch.tensor([r[len(p)] for r, p in zip(refs, prompts)])
@@ -246,8 +299,25 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
     return accepts, state, generated, world
 
 
+GRAPH_MODES = pytest.mark.parametrize(
+    "graph_max_bs", [None, 8, 2], ids=["eager-draws", "graph-draws", "graph-draws-above-captured-bs"]
+)
+
+
+def expected_draw_path(graph_max_bs, bs):
+    return "graph" if graph_max_bs is not None and bs <= graph_max_bs else "eager"
+
+
+@pytest.fixture(autouse=True)
+def _cpu_torch_capture_query(monkeypatch):
+    # DSPARK 0.5.23's sampler asks torch.cuda whether a capture is running; a CPU torch build raises there.
+    if not torch.cuda.is_available():
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+
+
+@GRAPH_MODES
 @pytest.mark.usefixtures("tree_kernels")
-def test_tree_step_matches_sequential_greedy_decode(monkeypatch):
+def test_tree_step_matches_sequential_greedy_decode(monkeypatch, graph_max_bs):
     """Drafts accepted deep, through non-first children, and rejected at every depth; every commit exact.
     (Seeded; seen on 0.5.20: accept lengths 0..5 -> 5, 34, 54, 18, 4, 5 request-steps over 40 steps.)"""
     import flashtree.patches.decode as decode
@@ -267,7 +337,8 @@ def test_tree_step_matches_sequential_greedy_decode(monkeypatch):
         return result
 
     monkeypatch.setattr(decode, "walk", walk)
-    accepts, state, _gen, _world = run(n=4, steps=40)
+    accepts, state, _gen, _world = run(n=4, steps=40, graph_max_bs=graph_max_bs)
+    assert state.draw_paths == {expected_draw_path(graph_max_bs, BS): state.steps}
     assert state.steps > 0
     assert all(accepts[d] > 0 for d in range(GAMMA)), f"not rejected at every depth: {sorted(accepts.items())}"
     assert sum(v for d, v in accepts.items() if d >= 2) > 0, sorted(accepts.items())
@@ -308,8 +379,9 @@ def test_flashtree_walk_agrees_with_sglang_tree_walk():
         assert [int(x) for x in accept_index[b] if x >= 0] == want
 
 
+@GRAPH_MODES
 @pytest.mark.usefixtures("tree_kernels")
-def test_n1_chain_equals_dspark_chain_accept(monkeypatch):
+def test_n1_chain_equals_dspark_chain_accept(monkeypatch, graph_max_bs):
     """N = 1: the tree is the drafted chain, and each step commits what DSPARK's own chain accept commits."""
     import flashtree.patches.decode as decode
     from sglang.srt.speculative.dspark_components.dspark_verify import accept_draft_tokens
@@ -336,16 +408,19 @@ def test_n1_chain_equals_dspark_chain_accept(monkeypatch):
         return result
 
     monkeypatch.setattr(decode, "walk", walk)
-    accepts, state, _gen, _world = run(n=1, steps=12)
+    accepts, state, _gen, _world = run(n=1, steps=12, graph_max_bs=graph_max_bs)
+    assert state.draw_paths == {expected_draw_path(graph_max_bs, BS): state.steps}
     assert len(checked) == state.steps > 0
     assert sum(accepts.values()) == BS * state.steps
 
 
+@pytest.mark.parametrize("graph_max_bs", [None, 8], ids=["eager-draws", "graph-draws"])
 @pytest.mark.usefixtures("tree_kernels")
-def test_paged_kv_commit_copies_accepted_kv():
+def test_paged_kv_commit_copies_accepted_kv(graph_max_bs):
     """Page size 4: req_to_token stays as allocated (paged layout intact); the accepted nodes' KV is copied to the
     window's first offsets through the pool's move_kv_cache; commits still equal the sequential greedy decode."""
-    accepts, state, _gen, world = run(n=4, steps=25, page_size=4)
+    accepts, state, _gen, world = run(n=4, steps=25, page_size=4, graph_max_bs=graph_max_bs)
+    assert state.draw_paths == {expected_draw_path(graph_max_bs, BS): state.steps}
     assert state.page_size == 4 and world.moves == state.steps * GAMMA  # one move_kv_cache call per depth per step
     assert sum(v for d, v in accepts.items() if d >= 2) > 0, sorted(accepts.items())
 
@@ -387,8 +462,9 @@ def chi2_critical_001(dof: int) -> float:
     return dof * (1 - 2 / (9 * dof) + z * (2 / (9 * dof)) ** 0.5) ** 3
 
 
+@pytest.mark.parametrize("graph_max_bs", [None, 2048], ids=["eager-draws", "graph-draws"])
 @pytest.mark.usefixtures("tree_kernels")
-def test_sampled_walk_is_lossless_in_a_mixed_batch(monkeypatch):
+def test_sampled_walk_is_lossless_in_a_mixed_batch(monkeypatch, graph_max_bs):
     """Temperature 0.7 rows (N = 4) are served by the lossless target-only walk: the first two sampled tokens after
     the anchor follow the target's own two-step distribution (chi-square, seeded). top_k = 1 rows in the same batch
     equal the greedy decode token for token. Each step's walk equals flashtree.tree.verify_sampled on the same draws
@@ -423,7 +499,9 @@ def test_sampled_walk_is_lossless_in_a_mixed_batch(monkeypatch):
         return result
 
     monkeypatch.setattr(decode, "walk", walk)
-    accepts, state, generated, _world = run(n=4, steps=2, prompts=[prompt] * bs, sampling_info=sampling_info)
+    accepts, state, generated, _world = run(n=4, steps=2, prompts=[prompt] * bs, sampling_info=sampling_info,
+                                            graph_max_bs=graph_max_bs)
+    assert state.draw_paths == {expected_draw_path(graph_max_bs, bs): state.steps}
     assert len(replayed) == state.steps == 2
     sampled_rows = [b for b in range(bs) if not greedy[b]]
     assert sum(v for d, v in accepts.items() if d >= 2) > 0, "no sampled step accepted two drafts"
@@ -488,6 +566,7 @@ def test_stage_times_cover_every_stage_of_each_step(caplog):
     assert all(ms >= 0 for ms in timer.totals_ms.values()) and sum(timer.totals_ms.values()) > 0
     lines = [r.getMessage() for r in caplog.records if "stage times" in r.getMessage()]
     assert len(lines) == 2 and "mean over steps 4-6" in lines[-1] and "verify" in lines[-1]
+    assert lines[-1].endswith("; draws ran: eager 3")
 
 
 def test_candidate_zero_is_the_greedy_block():

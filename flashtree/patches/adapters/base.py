@@ -45,6 +45,17 @@ class Draft:
 
 
 @dataclass
+class DraftOut:
+    """The tree step's draft forward: the anchor, and either the N candidates (graph draws) or what the eager draws
+    need (base logits (bs, K, V), draft hidden (bs, K, H) or None)."""
+
+    anchor: torch.Tensor
+    base_logits: torch.Tensor | None
+    draft_hidden: torch.Tensor | None
+    candidates: torch.Tensor | None = None  # (bs, N, K) int64
+
+
+@dataclass
 class Verified:
     logits_output: Any  # the release's LogitsProcessorOutput (hidden_states filled, FULL capture)
     logits: torch.Tensor  # (bs*W, V)
@@ -160,11 +171,18 @@ class SglangAdapter:
         )
         return Window(native.positions_2d, native.verify_cache_loc, native.verify_cache_loc_2d, native)
 
-    def draft_forward(self, worker, batch, draft_input, window: Window, bs: int):
-        """One draft forward over the block -> (anchor (bs,), base logits (bs, K, V), draft hidden (bs, K, H))."""
+    def draft_forward(self, worker, batch, draft_input, window: Window, bs: int) -> "DraftOut":
+        """One draft forward over the block -> anchor (bs,) and either the N candidates the draft graph's tail drew
+        (FLASHTREE_GRAPH_DRAWS, when the graph ran) or base logits (bs, K, V) and draft hidden (bs, K, H) for the
+        eager draws."""
+        from .. import graph_draws
+
         proposer = worker._proposer
         embed = self.embed_module(worker)
+        sampler = graph_draws.sampler_of(worker)
         with worker._draft_context():
+            # flashtree's sampler: staged before a replay (DSPARK's part reads its sampling parameters); the replay
+            # runs its tail. None (graph draws off): the captured tail, if any, is DSPARK's own.
             fwd = proposer._run_forward(
                 batch=batch,
                 draft_input=draft_input,
@@ -172,13 +190,16 @@ class SglangAdapter:
                 bs=bs,
                 device=worker.device,
                 embed_module=embed,
-                draft_sampler=None,
+                draft_sampler=sampler,
                 sampling_info=batch.sampling_info,
                 **self.run_forward_extra,
             )
+            anchor = fwd.draft_block_ids[:, 0].clone()
+            if sampler is not None and fwd.can_run_graph:
+                return DraftOut(anchor, None, None, sampler.flashtree_draws.read(bs))
             base, _tap = proposer.draft_model.compute_base_logits(fwd.raw_hidden)
         k = proposer.gamma
-        return fwd.draft_block_ids[:, 0].clone(), base.view(bs, k, -1), fwd.draft_hidden_3d
+        return DraftOut(anchor, base.view(bs, k, -1), fwd.draft_hidden_3d, None)
 
     def embed_module(self, worker):
         proposer = worker._proposer
@@ -197,8 +218,13 @@ class SglangAdapter:
 
     def sample_blocks(self, worker, base_logits, anchor, draft_hidden, n: int, sampler: Callable) -> torch.Tensor:
         """N draws of the block through the draft's Markov head -> (bs, N, K). `sampler(step_logits) -> tokens`."""
-        bs = base_logits.shape[0]
         head = worker._proposer.draft_model.markov_head
+        return self.markov_draws(head, base_logits, anchor, draft_hidden, n, sampler)
+
+    def markov_draws(self, head, base_logits, anchor, draft_hidden, n: int, sampler: Callable) -> torch.Tensor:
+        """bs*N request-major rows through `head.sample_block` (0.5.17 / 0.5.20) -> (bs, N, K). Runs eagerly (tree
+        step) and inside the draft graph's tail (graph draws): no host reads."""
+        bs = base_logits.shape[0]
 
         def step(step_logits: torch.Tensor, step_idx: int) -> torch.Tensor:
             return sampler(step_logits)
@@ -208,8 +234,23 @@ class SglangAdapter:
             first_prev_tokens=anchor.repeat_interleave(n, dim=0),
             hidden_states=None if draft_hidden is None else draft_hidden.repeat_interleave(n, dim=0),
             sampler=step,
+            **self.sample_block_extra,
         )
         return tokens.view(bs, n, -1)
+
+    sample_block_extra: dict = {}  # release-specific keyword arguments of the Markov head's sample_block
+
+    # ---- graph draws (flashtree/patches/graph_draws.py) ------------------------------------------------------
+    def graph_draw_bytes(self, *, rows: int, gamma: int, vocab: int, logits_bytes: int) -> int:
+        """Graph-pool bytes of the tail's N draws at `rows` = max_bs * N rows: the repeated base logits and the
+        corrected logits sample_block keeps (rows, K, V), and a step's float32 scores / argmax temporaries."""
+        return 2 * rows * gamma * vocab * logits_bytes + 3 * rows * vocab * 4
+
+    def graph_draws_unsupported(self, worker, sampler) -> str | None:
+        """Why the N draws cannot run in this worker's draft graph tail (None = they can)."""
+        if getattr(sampler, "markov_head", None) is None:
+            return "the draft sampler has no Markov head"
+        return None
 
     def verify_input_cls(self):
         return resolve("sglang.srt.speculative.dflash_info:DFlashVerifyInput")

@@ -13,7 +13,14 @@ class Adapter(SglangAdapter):
     probes = COMMON_PROBES + CHAIN_ERA_PROBES + LIVE_LENS_PROBES + (
         Has(f"{TRITON}:_should_use_verify_shared_kv"),
         Has("sglang.srt.model_executor.model_runner:ModelRunner"),
+        Has("sglang.srt.models.dspark:VanillaMarkov.sample_block", ("collect_corrected",)),
     )
+
+    # The tree's draws never read the corrected logits (0.5.20's sample_block can skip keeping them).
+    sample_block_extra = {"collect_corrected": False}
+
+    def graph_draw_bytes(self, *, rows: int, gamma: int, vocab: int, logits_bytes: int) -> int:
+        return rows * gamma * vocab * logits_bytes + 3 * rows * vocab * 4  # the repeated base logits only
 
     # ---- FlashMap drafts (flashtree/patches/flashmap_draft.py) -----------------------------------------------
     flashmap_noise_draws = True  # flashmap 0.1.0's sglang draft model runs on this release only

@@ -40,19 +40,28 @@ class Adapter(SglangAdapter):
         seq_lens_cpu = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu
         return {"seq_lens_cpu": seq_lens_cpu}
 
-    def sample_blocks(self, worker, base_logits, anchor, draft_hidden, n: int, sampler) -> torch.Tensor:
-        head = worker._proposer.draft_model.markov_head
+    def markov_draws(self, head, base_logits, anchor, draft_hidden, n: int, sampler) -> torch.Tensor:
+        # 0.5.23's Markov head API: init_state / step_bias, one (bs*N, V) step at a time (no (bs*N, K, V) copy).
         bs, k, _v = base_logits.shape
-        base = base_logits.repeat_interleave(n, dim=0)
         hidden = None if draft_hidden is None else draft_hidden.repeat_interleave(n, dim=0)
         prev = anchor.repeat_interleave(n, dim=0)
         state = head.init_state(hidden)
         out = []
         for j in range(k):
             bias, state = head.step_bias(prev, hidden_states=None if hidden is None else hidden[:, j], state=state)
-            prev = sampler(base[:, j].to(bias.dtype) + bias)
+            prev = sampler(base_logits[:, j].repeat_interleave(n, dim=0).to(bias.dtype) + bias)
             out.append(prev)
         return torch.stack(out, dim=1).view(bs, n, k)
+
+    def graph_draw_bytes(self, *, rows: int, gamma: int, vocab: int, logits_bytes: int) -> int:
+        # Per step: the repeated base row, the bias and their sum, then the float32 scores / argmax temporaries.
+        return 3 * rows * vocab * max(logits_bytes, 4) + 3 * rows * vocab * 4
+
+    def graph_draws_unsupported(self, worker, sampler) -> str | None:
+        head = getattr(sampler, "markov_head", None)
+        if head is not None and getattr(head, "vocab_shard", None) is not None:
+            return "the Markov head biases a TP-sharded vocabulary (SGLANG_DSPARK_OPT_MARKOV_W2_TP_SHARD)"
+        return super().graph_draws_unsupported(worker, sampler)
 
     def inject_committed(self, worker, batch, hidden, cache_loc_2d, positions_2d, commit_lens) -> None:
         # Untranslated pools only (unsupported_worker refuses the others): virtual ids are the physical ids.

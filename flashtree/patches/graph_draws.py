@@ -1,0 +1,249 @@
+"""The tree step's N draft draws folded into DSPARK's captured draft CUDA graph (FLASHTREE_GRAPH_DRAWS=1).
+
+DSPARK (sglang 0.5.17 / 0.5.20 / 0.5.23) folds its own block proposal into the draft model's CUDA graph: at
+`DSparkWorkerV2.init_cuda_graphs` it builds a `DsparkDraftSampler` (`_maybe_build_draft_sampler`), appends
+`make_draft_sampler_capture_hook(sampler)` to the draft runner's `capture_tail_hooks` and attaches the sampler to the
+proposer. sglang's decode graph runner calls every tail hook at the end of each warm-up and captured forward, so
+`sampler(hidden_states, input_ids)` runs inside the graph; an eager forward (a batch above the captured sizes, or a
+server without CUDA graphs) never runs it, and `_run_forward(..., draft_sampler=...)` only stages the sampler's
+sampling parameters before a replay and reports `can_run_graph`.
+
+flashtree wraps the worker's `_maybe_build_draft_sampler` (at `DSparkWorkerV2.__init__`, before the scheduler calls
+`init_cuda_graphs`) so that the sampler DSPARK builds is re-classed into a subclass of its own class whose `__call__`:
+  1. runs DSPARK's `__call__` unchanged (its `out`, folded-sampling buffers, step logits, confidence: DSPARK's own
+     decode, which still serves idle / DP / N = 1 sampled batches, reads them), with the model's
+     `compute_base_logits` tapped so its base logits are reused instead of recomputed;
+  2. draws the tree step's N candidate blocks per request through the Markov head, on bs*N request-major rows:
+     candidate 0 the greedy block, candidates 1..N-1 Gumbel-max draws at FLASHTREE_DRAFT_TEMPERATURE, with noise from
+     torch's default generator filled in-graph (`exponential_()` on a persistent buffer, as DSPARK's folded sampler
+     does; each replay redraws) -> the persistent `(max_bs, N, K)` int64 buffer `GraphDraws.out`.
+The tree step's draft forward passes that sampler to `_run_forward`; when the graph ran it reads the candidates from
+the buffer and computes no base logits; otherwise (eager forward) it keeps the eager path (base logits + N draws
+through flashtree's row sampler with FLASHTREE_SEED's generator).
+
+Memory: the noise buffer `(max_bs * N, V)` float32 is persistent; the draws' intermediates live in the graph's memory
+pool (the release's Markov draw: 0.5.17 / 0.5.20 repeat the block's base logits to `(bs * N, K, V)`, 0.5.17 also
+keeps the corrected logits; 0.5.23 steps on `(bs * N, V)` rows). If the estimate does not fit the free GPU memory
+(with DSPARK's 1 GB capture headroom) the worker keeps DSPARK's own sampler and the eager draws, and logs why.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import torch
+
+logger = logging.getLogger("flashtree.patches")
+
+# The free-memory floor DSPARK's init_cuda_graphs / folded sampling keep before capture.
+CAPTURE_HEADROOM_BYTES = 1 << 30
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+class _TapModel:
+    """Stands in for the draft model inside DSPARK's `__call__`: records the base logits it computes."""
+
+    def __init__(self, model):
+        self._model = model
+        self.base_logits = None
+
+    def compute_base_logits(self, hidden):
+        out = self._model.compute_base_logits(hidden)
+        if self.base_logits is None:
+            self.base_logits = out[0]
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
+class GraphDraws:
+    """The N candidate blocks per request, drawn in DSPARK's draft graph tail into persistent buffers."""
+
+    def __init__(self, *, adapter, n: int, gamma: int, max_bs: int, vocab: int, temperature: float, device):
+        self.adapter, self.n, self.k, self.max_bs = adapter, int(n), int(gamma), int(max_bs)
+        rows = self.max_bs * self.n
+        # What the tree step reads: (max_bs, N, K), request-major; the captured graphs rewrite rows [:bs] per replay.
+        self.out = torch.zeros((self.max_bs, self.n, self.k), dtype=torch.int64, device=device)
+        # Per-row constants: candidate 0 of each request greedy, the others at the draft temperature.
+        self.greedy = torch.zeros((self.max_bs, self.n), dtype=torch.bool, device=device)
+        self.greedy[:, 0] = True
+        self.greedy = self.greedy.view(-1)
+        self.inv_temperature = torch.full((rows,), 1.0 / float(temperature), dtype=torch.float32, device=device)
+        self.noise = torch.empty((rows, int(vocab)), dtype=torch.float32, device=device)
+        self.calls = 0  # tail runs (warm-up, capture and eager tails; not replays)
+
+    # ---- the step sampler ---------------------------------------------------------------------------------------
+    def step_sampler(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        def sample(step_logits: torch.Tensor) -> torch.Tensor:
+            rows, vocab = step_logits.shape
+            if vocab != self.noise.shape[1]:
+                if _capturing():
+                    raise RuntimeError(
+                        f"flashtree: graph draws see {vocab}-wide step logits, their noise buffer is "
+                        f"{self.noise.shape[1]} wide"
+                    )
+                self.noise = self.noise.new_empty((self.noise.shape[0], vocab))  # before capture (warm-up)
+            return gumbel_pick(step_logits, self.noise[:rows].exponential_(), self.inv_temperature[:rows],
+                               self.greedy[:rows])
+
+        return sample
+
+    # ---- the tail ------------------------------------------------------------------------------------------------
+    def draw(self, sampler, hidden_states: torch.Tensor, input_ids: torch.Tensor, base_logits) -> None:
+        bs, model_hidden, draft_hidden, anchor = tail_inputs(sampler, hidden_states, input_ids)
+        if bs > self.max_bs:
+            raise RuntimeError(f"flashtree: the draft tail ran for {bs} requests, above its {self.max_bs}-row buffer")
+        if base_logits is None:  # DSPARK's tail computed none (0.5.23's megakernel step)
+            base_logits, _ = sampler.model.compute_base_logits(model_hidden)
+        base_logits = base_logits.view(bs, self.k, -1)
+        tokens = self.adapter.markov_draws(
+            sampler.markov_head, base_logits, anchor, draft_hidden, self.n, self.step_sampler()
+        )
+        self.out[:bs].copy_(tokens.view(bs, self.n, self.k))
+        self.calls += 1
+
+    def read(self, bs: int) -> torch.Tensor:
+        """The (bs, N, K) candidates the last graph replay drew (a copy: the next draft forward rewrites them)."""
+        return self.out[:bs].clone()
+
+
+def gumbel_pick(step_logits, exp_noise, inv_temperature, greedy) -> torch.Tensor:
+    """Per row: argmax(logits) on greedy rows, else argmax(logits / T - log E) with E ~ Exp(1) (Gumbel-max: a draw
+    from softmax(logits / T)). `exp_noise` is overwritten."""
+    gumbel = exp_noise.clamp_min_(torch.finfo(torch.float32).tiny).log_()  # E = 0 would pick any token
+    scores = torch.mul(step_logits.float(), inv_temperature[:, None]).sub_(gumbel)
+    return torch.where(greedy, step_logits.argmax(dim=-1), scores.argmax(dim=-1))
+
+
+def tail_inputs(sampler, hidden_states: torch.Tensor, input_ids: torch.Tensor):
+    """(bs, hidden for the base logits, (bs, K, H) hidden for the Markov head, anchor (bs,)) as DSPARK's tail sees
+    them: 0.5.17 feeds K rows per request; 0.5.20+ feed K + 1 (the anchor's row first) unless the draft samples from
+    the anchor."""
+    k = int(sampler.gamma)
+    q = int(getattr(sampler, "query_token_num", k))
+    bs = hidden_states.shape[0] // q
+    anchor = input_ids.view(bs, q)[:, 0]
+    if q == k:
+        return bs, hidden_states, hidden_states.view(bs, k, -1), anchor
+    selected = hidden_states.view(bs, q, -1)[:, 1:].contiguous()
+    return bs, selected.view(bs * k, -1), selected, anchor
+
+
+class FlashtreeSamplerMixin:
+    """Mixed in front of the release's DsparkDraftSampler: DSPARK's tail, then flashtree's N draws."""
+
+    flashtree_draws: GraphDraws
+
+    def __call__(self, hidden_states, input_ids):
+        model = self.model
+        tap = _TapModel(model)
+        self.model = tap
+        try:
+            result = super().__call__(hidden_states, input_ids)
+        finally:
+            self.model = model
+        self.flashtree_draws.draw(self, hidden_states, input_ids, tap.base_logits)
+        return result
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def wrap(stock, draws: GraphDraws):
+    """DSPARK's sampler `stock`, re-classed as a flashtree sampler (same state, same buffers; DSPARK's own methods)."""
+    base = type(stock)
+    cls = _CLASSES.get(base)
+    if cls is None:
+        cls = _CLASSES[base] = type(f"Flashtree{base.__name__}", (FlashtreeSamplerMixin, base), {})
+    obj = cls.__new__(cls)
+    obj.__dict__.update(stock.__dict__)
+    obj.flashtree_draws = draws
+    return obj
+
+
+def sampler_of(worker):
+    """The worker's flashtree draft sampler (None: DSPARK's own sampler, or none)."""
+    sampler = getattr(worker, "_draft_sampler", None)
+    return sampler if isinstance(sampler, FlashtreeSamplerMixin) else None
+
+
+# ---- building (init_cuda_graphs) --------------------------------------------------------------------------------
+def need_bytes(adapter, *, n: int, gamma: int, max_bs: int, vocab: int, logits_bytes: int) -> int:
+    rows = max_bs * n
+    persistent = rows * vocab * 4 + max_bs * n * gamma * 8 + rows * 8
+    return persistent + adapter.graph_draw_bytes(rows=rows, gamma=gamma, vocab=vocab, logits_bytes=logits_bytes)
+
+
+def free_bytes(device) -> int | None:
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None  # unknown (CPU tests): assume it fits
+    free, _total = torch.cuda.mem_get_info(device)
+    return int(free)
+
+
+def build(state, worker, stock, *, free: Callable = free_bytes):
+    """Called with the sampler DSPARK built (or None). Returns the sampler the worker keeps: flashtree's, or DSPARK's
+    own (reason logged and kept in `state.graph_draws_off`)."""
+    from . import flashmap_draft
+
+    adapter, toggles = state.adapter, state.toggles
+
+    def keep(reason):
+        state.graph_draws_off = reason
+        logger.warning("flashtree: FLASHTREE_GRAPH_DRAWS=1 but the N draft draws stay eager: %s", reason)
+        return stock
+
+    if stock is None:
+        return keep("DSPARK built no graph-folded draft sampler (no draft CUDA graph, no Markov head, or folded "
+                    "proposal off)")
+    if isinstance(getattr(flashmap_draft.draft_model(worker), "_draft_tree", None), flashmap_draft.NoiseDraws):
+        return keep("the draft is a FlashMap draft; its noise draws give the candidates")
+    refuse = adapter.graph_draws_unsupported(worker, stock)
+    if refuse:
+        return keep(refuse)
+    model = stock.model
+    gamma = int(stock.gamma)
+    max_bs = int(stock.out.shape[0]) // gamma
+    vocab = int(model.lm_head.org_vocab_size)
+    weight = model.lm_head.weight
+    logits_bytes = weight.element_size() if weight.is_floating_point() else 2
+    need = need_bytes(adapter, n=toggles.tree_n, gamma=gamma, max_bs=max_bs, vocab=vocab, logits_bytes=logits_bytes)
+    have = free(worker.device)
+    if have is not None and have - need < CAPTURE_HEADROOM_BYTES:
+        return keep(
+            f"its buffers and graph intermediates need {need / 2**30:.2f} GiB for {max_bs} requests x "
+            f"N={toggles.tree_n} x vocab {vocab}, but only {have / 2**30:.2f} GiB GPU memory is free (1 GiB kept for "
+            "capture); lower --cuda-graph-max-bs / FLASHTREE_TREE_N or raise free memory (--mem-fraction-static)"
+        )
+    draws = GraphDraws(
+        adapter=adapter, n=toggles.tree_n, gamma=gamma, max_bs=max_bs, vocab=vocab,
+        temperature=toggles.draft_temperature, device=stock.out.device,
+    )
+    state.graph_draws = draws
+    state.graph_draws_off = None
+    logger.info(
+        "flashtree: the N=%d draft draws run in DSPARK's draft CUDA graph tail (up to %d requests, ~%.2f GiB)",
+        toggles.tree_n, max_bs, need / 2**30,
+    )
+    return wrap(stock, draws)
+
+
+def install(state, worker) -> None:
+    """At DSparkWorkerV2.__init__: route the worker's `_maybe_build_draft_sampler` through `build`."""
+    original = getattr(worker, "_maybe_build_draft_sampler", None)
+    if not callable(original):
+        state.graph_draws_off = "this DSparkWorkerV2 has no _maybe_build_draft_sampler"
+        logger.warning("flashtree: FLASHTREE_GRAPH_DRAWS=1 but the N draft draws stay eager: %s", state.graph_draws_off)
+        return
+    state.graph_draws_off = "init_cuda_graphs has not built the draft sampler yet"
+
+    def _maybe_build_draft_sampler(*args, **kwargs):  # 0.5.20 passes available_memory_gb
+        return build(state, worker, original(*args, **kwargs))
+
+    worker._maybe_build_draft_sampler = _maybe_build_draft_sampler

@@ -1,0 +1,387 @@
+"""FLASHTREE_GRAPH_DRAWS: the N draft draws in DSPARK's draft graph tail (flashtree/patches/graph_draws.py), run
+eagerly on CPU with the release's real DsparkDraftSampler, the real VanillaMarkov head, sglang's real capture-hook
+factory and the real DSparkWorkerV2.init_cuda_graphs; the tree step's use of them is in test_decode_cpu.py."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import types
+from collections import Counter
+
+import pytest
+import torch
+
+from draft_sampler_cpu import TinyDraft, dspark_outputs, query_rows, sampling_info, stock_sampler, tail_args
+from flashtree.patches import adapters, graph_draws
+from flashtree.patches.decode import create_state, make_worker_init
+from flashtree.patches.toggles import TreeToggles
+
+V, K = 12, 3
+
+
+@pytest.fixture(autouse=True)
+def _cpu_torch_capture_query(monkeypatch):
+    # DSPARK 0.5.23's sampler asks torch.cuda whether a capture is running before it sizes its step logits; a CPU
+    # torch build raises there instead of answering False.
+    if not torch.cuda.is_available():
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+
+
+def head(std: float = 0.7, vocab: int = V, seed: int = 0):
+    from sglang.srt.models.dspark import VanillaMarkov
+
+    torch.manual_seed(seed)
+    h = VanillaMarkov(vocab_size=vocab, markov_rank=4)
+    torch.nn.init.normal_(h.markov_w2.weight, std=std)  # a real bigram bias: each step depends on the token before
+    return h
+
+
+def flashtree_sampler(model, *, n: int, max_bs: int, temperature: float = 1.0, confidence_fn=None):
+    adapter = adapters.select_adapter()
+    stock = stock_sampler(model, gamma=K, max_bs=max_bs, confidence_fn=confidence_fn)
+    draws = graph_draws.GraphDraws(
+        adapter=adapter, n=n, gamma=K, max_bs=max_bs, vocab=V, temperature=temperature, device="cpu"
+    )
+    return graph_draws.wrap(stock, draws), draws
+
+
+def confidence_fn(*, draft_hidden, anchor_tokens, draft_tokens, confidence_tap):
+    return draft_hidden.float().mean(-1) + draft_tokens.float() + anchor_tokens.float().view(-1, 1)
+
+
+def greedy_blocks(markov_head, base, anchor):
+    argmax = lambda logits: logits.argmax(dim=-1)  # noqa: E731
+    return adapters.select_adapter().markov_draws(markov_head, base, anchor, None, 1, argmax)[:, 0]
+
+
+def test_dspark_outputs_unchanged_and_candidate_zero_is_greedy(sglang_release):
+    """(a) Everything DSPARK's own decode reads after the tail equals the stock sampler's on the same inputs and the
+    same noise (DSPARK draws first); the base logits are computed once. (b) Candidate 0 of each request is the greedy
+    block; DSPARK's own greedy rows (top_k = 1) drew the same block."""
+    bs, n, max_bs = 5, 4, 8
+    h = head()
+    base = torch.randn(bs, K, V) * 2
+    anchor = torch.randint(0, V, (bs,))
+    greedy = torch.tensor([True, False, True, False, False])
+    info = sampling_info(greedy)
+    conf = confidence_fn if sglang_release != "0.5.23" else None
+
+    stock_model, ours_model = TinyDraft(h, V), TinyDraft(h, V)
+    stock = stock_sampler(stock_model, gamma=K, max_bs=max_bs, confidence_fn=conf)
+    ours, draws = flashtree_sampler(ours_model, n=n, max_bs=max_bs, confidence_fn=conf)
+    from sglang.srt.speculative.dspark_components.dspark_draft_sampler import DsparkDraftSampler
+
+    assert isinstance(ours, DsparkDraftSampler) and type(ours) is not DsparkDraftSampler
+    hidden, ids = tail_args(stock, base, anchor)
+    for sampler, model in ((stock, stock_model), (ours, ours_model)):
+        sampler.stage_sampling_params(bs=bs, sampling_info=info)
+        torch.manual_seed(7)
+        sampler(hidden, ids)
+    want, got = dspark_outputs(stock, bs), dspark_outputs(ours, bs)
+    assert set(want) == set(got) and "out" in want
+    for name in want:
+        assert torch.equal(want[name], got[name]), name
+    assert stock_model.base_logits_calls == ours_model.base_logits_calls == 1
+    assert ours.model is ours_model  # the tap is gone after the call
+
+    cands = draws.read(bs)
+    assert cands.shape == (bs, n, K) and cands.dtype == torch.int64
+    assert torch.equal(cands[:, 0], greedy_blocks(h, base, anchor))
+    dspark_block = got["out"].view(bs, K)
+    assert torch.equal(dspark_block[greedy], cands[greedy, 0])
+    assert (cands[:, 1:] != cands[:, :1]).any(dim=-1).any()  # the draws are not all the greedy block
+
+
+def chi2_critical_001(dof: int) -> float:
+    z = 3.0902
+    return dof * (1 - 2 / (9 * dof) + z * (2 / (9 * dof)) ** 0.5) ** 3
+
+
+def chi2(counts: Counter, expected: dict, total: int) -> tuple[float, int]:
+    cells = [c for c, p in expected.items() if p * total >= 5]
+    rest = 1.0 - sum(expected[c] for c in cells)
+    stat = sum((counts.get(c, 0) - total * expected[c]) ** 2 / (total * expected[c]) for c in cells)
+    other = total - sum(counts.get(c, 0) for c in cells)
+    if rest * total > 0:
+        stat += (other - total * rest) ** 2 / (total * rest)
+    return stat, len(cells)
+
+
+def test_draws_follow_the_markov_heads_softmax_at_the_draft_temperature():
+    """(c) Draws 1..N-1 of the first two steps follow the Markov head's joint two-step distribution at the draft
+    temperature, softmax((base_0 + bias(anchor)) / T) x softmax((base_1 + bias(t_0)) / T) (chi-square, p = 0.001),
+    independently across the N - 1 draws of a request; every replay redraws."""
+    bs, n, temp = 300, 8, 0.7
+    h = head(std=0.8)
+    ours, draws = flashtree_sampler(TinyDraft(h, V), n=n, max_bs=bs, temperature=temp)
+    base = torch.randn(1, K, V).expand(bs, K, V).contiguous()
+    anchor = torch.full((bs,), 3, dtype=torch.int64)
+    hidden, ids = tail_args(ours, base, anchor)
+    ours.stage_sampling_params(bs=bs, sampling_info=None)
+    torch.manual_seed(11)
+    ours(hidden, ids)
+    first = draws.read(bs)
+    ours(hidden, ids)  # a second replay redraws
+    assert not torch.equal(first, draws.read(bs))
+
+    with torch.no_grad():
+        bias = lambda prev: h.markov_w2(h.markov_w1(torch.tensor([prev]))).view(-1)  # noqa: E731
+        p0 = ((base[0, 0] + bias(3)) / temp).softmax(-1)
+        expected = {}
+        for t0 in range(V):
+            p1 = ((base[0, 1] + bias(t0)) / temp).softmax(-1)
+            for t1 in range(V):
+                expected[(t0, t1)] = float(p0[t0] * p1[t1])
+    samples = first[:, 1:, :2].reshape(-1, 2).tolist()
+    counts = Counter(map(tuple, samples))
+    stat, cells = chi2(counts, expected, len(samples))
+    assert cells >= 10 and stat < chi2_critical_001(cells), (stat, cells)
+
+    # Independence across the draws of one request: (draw 1, draw 2) first tokens against the product.
+    pairs = Counter(zip(first[:, 1, 0].tolist(), first[:, 2, 0].tolist()))
+    joint = {(a, b): float(p0[a] * p0[b]) for a in range(V) for b in range(V)}
+    stat, cells = chi2(pairs, joint, bs)
+    assert stat < chi2_critical_001(cells), (stat, cells)
+    # Distinct draws: most requests' N - 1 draws are not one block repeated.
+    distinct = torch.tensor([len({tuple(r) for r in first[b, 1:].tolist()}) for b in range(bs)])
+    assert (distinct > 1).float().mean() > 0.95
+
+
+def test_buffer_layout_the_tree_step_reads():
+    """(d) `out` is (max_bs, N, K) int64, request-major (request b's candidates in out[b]); a padded replay writes
+    rows [:bs] only, `read` copies rows [:bs] of the last tail run."""
+    bs, n, max_bs = 3, 5, 6
+    h = head()
+    ours, draws = flashtree_sampler(TinyDraft(h, V), n=n, max_bs=max_bs, temperature=1e-3)
+    assert draws.out.shape == (max_bs, n, K) and draws.out.dtype == torch.int64
+    assert draws.noise.shape == (max_bs * n, V) and draws.noise.dtype == torch.float32
+    base = torch.randn(bs, K, V) * 4
+    anchor = torch.tensor([1, 5, 9])
+    hidden, ids = tail_args(ours, base, anchor)
+    ours.stage_sampling_params(bs=bs, sampling_info=None)
+    draws.out.fill_(-7)
+    ours(hidden, ids)
+    assert (draws.out[bs:] == -7).all()
+    want = greedy_blocks(h, base, anchor)
+    read = draws.read(bs)
+    for b in range(bs):  # at T = 1e-3 every draw is the request's greedy block: the rows belong to request b
+        assert (read[b] == want[b]).all()
+    read[0, 0, 0] = -1
+    assert draws.out[0, 0, 0] != -1
+
+
+def test_release_markov_draws_equal_sample_block_on_repeated_rows():
+    """The release's Markov draw (0.5.23: init_state / step_bias per step) equals the head's own block sampler over
+    bs*N repeated rows with the same step sampler (0.5.17 / 0.5.20: it is that call)."""
+    from sglang.srt.models import dspark
+
+    adapter = adapters.select_adapter()
+    h = head()
+    bs, n = 3, 4
+    base = torch.randn(bs, K, V)
+    anchor = torch.randint(0, V, (bs,))
+    g = torch.Generator().manual_seed(2)
+    noise = torch.rand(K, bs * n, V, generator=g)
+    calls = []
+
+    def sampler(step_logits):
+        calls.append(step_logits)
+        return (step_logits + noise[len(calls) - 1] * 3).argmax(-1)
+
+    got = adapter.markov_draws(h, base, anchor, None, n, sampler)
+    seen = list(calls)
+    calls.clear()
+    if hasattr(h, "sample_block"):
+        want, _ = h.sample_block(base.repeat_interleave(n, 0), first_prev_tokens=anchor.repeat_interleave(n, 0),
+                                 hidden_states=None, sampler=lambda logits, j: sampler(logits))
+    else:  # 0.5.23: DSPARK's own eager markov block with our sampler per step
+        prev, out = anchor.repeat_interleave(n, 0), []
+        for j in range(K):
+            bias, _ = h.step_bias(prev, hidden_states=None, state=None)
+            prev = sampler(base.repeat_interleave(n, 0)[:, j] + bias)
+            out.append(prev)
+        want = torch.stack(out, 1)
+    assert torch.equal(got, want.view(bs, n, K))
+    assert all(torch.allclose(a, b) for a, b in zip(seen, calls))
+    del dspark
+
+
+# ---- building the sampler at init_cuda_graphs -----------------------------------------------------------------
+def tree_state(n: int = 4, **toggles):
+    worker = types.SimpleNamespace(verify_num_draft_tokens=K + 1, device="cpu",
+                                   model_runner=types.SimpleNamespace(page_size=1, token_to_kv_pool=None))
+    return create_state(adapters.select_adapter(), TreeToggles(tree_n=n, graph_draws=True, **toggles), worker)
+
+
+def draft_worker(model):
+    return types.SimpleNamespace(device="cpu", _proposer=types.SimpleNamespace(draft_model=model))
+
+
+def test_build_wraps_dspark_sampler_or_keeps_it_with_a_reason(caplog):
+    h = head()
+    state = tree_state(n=4, draft_temperature=0.5)
+    worker = draft_worker(TinyDraft(h, V))
+    stock = stock_sampler(worker._proposer.draft_model, gamma=K, max_bs=8)
+    built = graph_draws.build(state, worker, stock)
+    assert graph_draws.sampler_of(types.SimpleNamespace(_draft_sampler=built)) is built
+    assert state.graph_draws is built.flashtree_draws and state.graph_draws_off is None
+    assert built.out is stock.out  # DSPARK's buffers are shared, not copied
+    d = state.graph_draws
+    assert d.out.shape == (8, 4, K) and torch.allclose(d.inv_temperature, torch.tensor(2.0))
+    assert d.greedy.view(8, 4)[:, 0].all() and not d.greedy.view(8, 4)[:, 1:].any()
+
+    # Not enough free memory: DSPARK's sampler is kept, the draws stay eager, the reason is logged.
+    state = tree_state()
+    with caplog.at_level(logging.WARNING, logger="flashtree.patches"):
+        kept = graph_draws.build(state, worker, stock, free=lambda device: 1 << 30)
+    assert kept is stock and state.graph_draws is None
+    assert "GiB GPU memory is free" in state.graph_draws_off
+    assert any("stay eager" in r.getMessage() and "GiB" in r.getMessage() for r in caplog.records)
+    # Enough: wrapped.
+    assert graph_draws.sampler_of(types.SimpleNamespace(_draft_sampler=graph_draws.build(
+        tree_state(), worker, stock, free=lambda device: 8 << 30))) is not None
+    # DSPARK built none (no draft graph / no Markov head / folded proposal off): nothing to fold into.
+    state = tree_state()
+    assert graph_draws.build(state, worker, None) is None and "built no graph-folded" in state.graph_draws_off
+
+
+def test_memory_estimate_scales_with_the_release_draw():
+    adapter = adapters.select_adapter()
+    small = graph_draws.need_bytes(adapter, n=8, gamma=8, max_bs=32, vocab=49152, logits_bytes=2)
+    big = graph_draws.need_bytes(adapter, n=8, gamma=8, max_bs=512, vocab=151936, logits_bytes=2)
+    assert small < (1 << 30) < big  # SmolLM2 at max_bs 32 fits easily; a 150k vocabulary at 512 requests does not
+    assert small >= 32 * 8 * 49152 * 4  # at least the noise buffer
+
+
+def fake_worker_for_init_cuda_graphs(stock, monkeypatch):
+    """What DSparkWorkerV2.init_cuda_graphs touches, around flashtree's wrapped `_maybe_build_draft_sampler`."""
+    from sglang.srt.speculative.dspark_components import dspark_worker_v2 as mod
+
+    if hasattr(mod, "draft_pp_context"):
+        monkeypatch.setattr(mod, "draft_pp_context", contextlib.nullcontext)
+    attached, graphs = [], []
+    w = types.SimpleNamespace(
+        _decode_graph_allowed=True,
+        _hosts_draft=True,
+        device="cpu",
+        gpu_id=0,
+        _draft_sampler=None,
+        _draft_context=contextlib.nullcontext,
+        _draft_graph_group=None,
+        _tp_sync=types.SimpleNamespace(available_memory_gb=lambda *a, **k: 100.0),
+        _deferred_commit=lambda: None,
+        draft_model_runner=types.SimpleNamespace(capture_tail_hooks=[]),
+        _proposer=types.SimpleNamespace(attach_draft_sampler=attached.append, draft_model=stock.model),
+        _draft_worker=types.SimpleNamespace(init_cuda_graphs=lambda **kw: graphs.append(kw)),
+        _maybe_build_draft_sampler=lambda **kw: graphs.append(("build", kw)) or stock,  # 0.5.20 passes kwargs
+    )
+    return w, attached, graphs
+
+
+def test_real_init_cuda_graphs_captures_flashtree_sampler_as_the_tail_hook(monkeypatch):
+    """flashtree's worker __init__ wraps `_maybe_build_draft_sampler`; sglang's own init_cuda_graphs then attaches
+    flashtree's sampler to the proposer and appends it as the draft graph's tail hook (sglang's hook factory), which
+    draws the candidates when the runner calls it with the draft forward's output."""
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+    from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2
+
+    adapter = adapters.select_adapter()
+    h = head()
+    stock = stock_sampler(TinyDraft(h, V), gamma=K, max_bs=4)
+    worker, attached, graphs = fake_worker_for_init_cuda_graphs(stock, monkeypatch)
+    worker.verify_num_draft_tokens = K + 1
+    worker.model_runner = types.SimpleNamespace(page_size=1, token_to_kv_pool=None)
+    init = make_worker_init(lambda self: None, adapter, TreeToggles(tree_n=3, graph_draws=True))
+    init(worker)
+    state = worker._flashtree
+    assert state.graph_draws is None and "not built" in state.graph_draws_off
+    DSparkWorkerV2.init_cuda_graphs(worker)
+    sampler = worker._draft_sampler
+    assert graph_draws.sampler_of(worker) is sampler and attached == [sampler]
+    assert [g[0] for g in graphs[:1]] == ["build"] and len(graphs) == 2  # built (release kwargs passed), then captured
+    assert state.graph_draws is sampler.flashtree_draws
+    (hook,) = worker.draft_model_runner.capture_tail_hooks
+
+    bs = 2
+    base, anchor = torch.randn(bs, K, V), torch.tensor([4, 7])
+    hidden, ids = tail_args(sampler, base, anchor)
+    sampler.stage_sampling_params(bs=bs, sampling_info=None)
+    out = LogitsProcessorOutput(next_token_logits=None, hidden_states=hidden)
+    hook(None, out, types.SimpleNamespace(input_ids=ids), ids.numel())
+    assert state.graph_draws.calls == 1
+    assert torch.equal(state.graph_draws.read(bs)[:, 0], greedy_blocks(h, base, anchor))
+    assert torch.equal(sampler.out[: bs * K].view(bs, K), greedy_blocks(h, base, anchor))  # DSPARK's greedy block
+
+
+def test_draft_forward_reads_the_buffer_after_a_replay_and_computes_base_logits_otherwise():
+    """The adapter's draft forward hands flashtree's sampler to `_run_forward`: after a graph replay it returns the
+    tail's candidates (no base logits computed); after an eager forward (the tail never ran) base logits and hidden
+    for the eager draws."""
+    adapter = adapters.select_adapter()
+    h = head()
+    model = TinyDraft(h, V, sample_from_anchor=True)
+    sampler, draws = flashtree_sampler(model, n=3, max_bs=4)
+    bs = 2
+    base, anchor = torch.randn(bs, K, V), torch.tensor([2, 8])
+    seen = []
+
+    def _run_forward(*, draft_sampler, bs, draft_input, **kw):
+        seen.append(draft_sampler)
+        hidden, ids = tail_args(sampler, base[:bs], anchor[:bs])
+        graph = bs <= 1  # stand-in: graphs captured for one request only
+        if graph:
+            if draft_sampler is not None:
+                draft_sampler.stage_sampling_params(bs=bs, sampling_info=None)
+            worker._draft_sampler(hidden, ids)  # the replay runs the tail captured at init_cuda_graphs
+        block = ids.view(bs, -1)
+        return types.SimpleNamespace(draft_block_ids=block, raw_hidden=hidden, draft_hidden_3d=hidden.view(bs, K, -1),
+                                     can_run_graph=graph)
+
+    embeds = torch.nn.Embedding(V, 4)
+    worker = types.SimpleNamespace(
+        device="cpu", _draft_sampler=sampler, _draft_context=contextlib.nullcontext,
+        _proposer=types.SimpleNamespace(_run_forward=_run_forward, draft_model=model, gamma=K, sample_from_anchor=True),
+        target_worker=types.SimpleNamespace(model_runner=types.SimpleNamespace(
+            model=types.SimpleNamespace(get_input_embeddings=lambda: embeds))),
+    )
+    model.embed_tokens = embeds
+    window = types.SimpleNamespace(native=None)
+    batch = types.SimpleNamespace(sampling_info=None)
+    draft_input = types.SimpleNamespace(bonus_tokens=anchor)
+
+    eager = adapter.draft_forward(worker, batch, draft_input, window, bs)
+    assert seen == [sampler] and eager.candidates is None and draws.calls == 0
+    assert torch.allclose(eager.base_logits, base) and torch.equal(eager.anchor, anchor)
+    calls = model.base_logits_calls
+    one = adapter.draft_forward(worker, batch, draft_input, window, 1)
+    assert draws.calls == 1 and one.base_logits is None and one.candidates.shape == (1, 3, K)
+    assert model.base_logits_calls == calls + 1  # DSPARK's tail's only: the tree step computed none
+    assert torch.equal(one.anchor, anchor[:1])
+
+    worker._draft_sampler = stock_sampler(model, gamma=K, max_bs=4)  # graph draws off: DSPARK's sampler is not passed
+    off = adapter.draft_forward(worker, batch, draft_input, window, 1)
+    assert seen[-1] is None and off.candidates is None and off.base_logits is not None
+
+
+def test_flashmap_draft_keeps_its_own_draws():
+    state = tree_state()
+    model = TinyDraft(head(), V)
+    from flashtree.patches import flashmap_draft
+
+    model._draft_tree = flashmap_draft.NoiseDraws.__new__(flashmap_draft.NoiseDraws)
+    stock = stock_sampler(model, gamma=K, max_bs=2)
+    assert graph_draws.build(state, draft_worker(model), stock) is stock
+    assert "FlashMap" in state.graph_draws_off
+
+
+@pytest.mark.parametrize("value,want", [("1", True), ("0", False), ("off", False)])
+def test_toggle(value, want):
+    from flashtree.patches import read_toggles
+
+    assert read_toggles({"FLASHTREE_TREE_N": "4", "FLASHTREE_GRAPH_DRAWS": value}).graph_draws is want
+    assert read_toggles({"FLASHTREE_TREE_N": "4"}).graph_draws is False
+    with pytest.raises(SystemExit, match="FLASHTREE_GRAPH_DRAWS is set but FLASHTREE_TREE_N"):
+        read_toggles({"FLASHTREE_GRAPH_DRAWS": value})
+    with pytest.raises(SystemExit, match="unknown toggle FLASHTREE_GRAPH_DRAW"):
+        read_toggles({"FLASHTREE_TREE_N": "4", "FLASHTREE_GRAPH_DRAW": "1"})
