@@ -6,17 +6,17 @@
 # the converted target in $FLASHTREE_CACHE/models/smollm2-135m and the draft in /tmp/ft-draft (TARGET= / DRAFT=
 # override both). One device call carrying .h200 (see scripts/live_h200.sh):
 #     run(command="bash scripts/live_smollm2_h200.sh", carry=[".h200"], kind="nvidia-h200", timeout_s=600)
-# Two server sets (Triton attention, page size 1, CUDA graphs on), started 6 s apart (STAGGER_S):
-#   float32, --enable-deterministic-inference (identity): f_plain, f_chain, f_tree4, f_tree8, f_tree8s (split-KV)
-#   bfloat16 (speed):  b_plain, b_chain, b_tree4, b_tree8, b_tree8s (split-KV), b_tree8b (FLASHTREE_TREE_BUDGET=64)
+# Two server sets (Triton attention, page size 1, CUDA graphs on, the N draft draws in DSPARK's captured draft graph:
+# FLASHTREE_GRAPH_DRAWS=1), started 6 s apart (STAGGER_S):
+#   float32, --enable-deterministic-inference (identity): f_plain, f_chain, f_tree4g, f_tree8g, f_tree8sg (split-KV);
+#     f_tree4g captures graphs for bs 1, 2, 4 only, so its batches of 5-8 run eagerly (draws and verify) and are checked
+#   bfloat16 (speed): b_plain, b_chain, b_tree1g (flashtree's step with N = 1: the chain's tau through the tree path,
+#     so its gap to b_chain is the tree path's own cost), b_tree4g, b_tree8g, b_tree8sg (split-KV)
 # Phases (PHASES, default "identity speed sampled"; only the sets the phases need start): greedy identity of every f_*
 # server against f_plain on 50 held-out GSM8K prompts (128 tokens), then the f_* servers stop; tokens/s, time per output
-# token and tau per b_* server alone at concurrency 1, 8, 32; a sampled (T = 0.7) chi-square of b_tree8 against b_plain.
-# Tree servers log per-stage times (FLASHTREE_STAGE_TIMES). $OUT gets identity/speed/sampled_results.json,
-# stage_times.txt, server_logs.tgz, the draft config.
-# GRAPH_DRAWS=1: FLASHTREE_GRAPH_DRAWS (the N draft draws in DSPARK's captured draft graph) on a tree-8 server of each
-# set, in the slots of f_tree8s / b_tree8b (same server count and memory): f_tree8g joins the identity phase, b_tree8g
-# the speed phase next to b_tree8 (eager draws); its stage-time lines end with "draws ran: graph X, eager Y".
+# token and tau per b_* server alone at concurrency 1, 8, 32; a sampled (T = 0.7) chi-square of b_tree8g against b_plain.
+# Tree servers log per-stage times (FLASHTREE_STAGE_TIMES; their lines end with "draws ran: graph X, eager Y"). $OUT
+# gets identity/speed/sampled_results.json, stage_times.txt, server_logs.tgz, the draft config.
 set -u
 T0=$(date +%s)
 OUT=${OUT:-/tmp/out}
@@ -53,33 +53,23 @@ F32="$BASE --dtype float32 --enable-deterministic-inference --max-running-reques
 B16="$BASE --dtype bfloat16 --max-running-requests 32 --cuda-graph-bs-decode 1 2 4 8 16 24 32"
 SPEC="--speculative-algorithm DSPARK --speculative-draft-model-path $DRAFT --speculative-num-draft-tokens 9
   --speculative-draft-attention-backend triton"
-TREE="FLASHTREE_STAGE_TIMES=100"
-F_X=f_tree8s; B_X=b_tree8b
-[ "${GRAPH_DRAWS:-0}" = 1 ] && { F_X=f_tree8g; B_X=b_tree8g; }
+TREE="FLASHTREE_STAGE_TIMES=100 FLASHTREE_GRAPH_DRAWS=1"
 trap stop_all EXIT
 has() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
 if has identity; then
   start_server f_plain 30010 FLASHTREE_TREE_N= -- $F32
   start_server f_chain 30011 FLASHTREE_TREE_N= -- $F32 $SPEC
-  start_server f_tree4 30012 FLASHTREE_TREE_N=4 -- $F32 $SPEC
-  start_server f_tree8 30013 FLASHTREE_TREE_N=8 -- $F32 $SPEC
-  if [ $F_X = f_tree8g ]; then
-    start_server f_tree8g 30014 FLASHTREE_TREE_N=8 FLASHTREE_GRAPH_DRAWS=1 -- $F32 $SPEC
-  else
-    start_server f_tree8s 30014 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 -- $F32 $SPEC
-  fi
+  start_server f_tree4g 30012 FLASHTREE_TREE_N=4 $TREE -- ${F32/--cuda-graph-bs-decode 1 2 4 8/--cuda-graph-bs-decode 1 2 4} $SPEC
+  start_server f_tree8g 30013 FLASHTREE_TREE_N=8 $TREE -- $F32 $SPEC
+  start_server f_tree8sg 30014 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TREE -- $F32 $SPEC
 fi
 if has speed || has sampled; then
   start_server b_plain 30020 FLASHTREE_TREE_N= -- $B16
   start_server b_chain 30021 FLASHTREE_TREE_N= -- $B16 $SPEC
-  start_server b_tree4 30022 FLASHTREE_TREE_N=4 $TREE -- $B16 $SPEC
-  start_server b_tree8 30023 FLASHTREE_TREE_N=8 $TREE -- $B16 $SPEC
-  start_server b_tree8s 30024 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TREE -- $B16 $SPEC
-  if [ $B_X = b_tree8g ]; then
-    start_server b_tree8g 30025 FLASHTREE_TREE_N=8 FLASHTREE_GRAPH_DRAWS=1 $TREE -- $B16 $SPEC
-  else
-    start_server b_tree8b 30025 FLASHTREE_TREE_N=8 FLASHTREE_TREE_BUDGET=64 $TREE -- $B16 $SPEC
-  fi
+  start_server b_tree1g 30022 FLASHTREE_TREE_N=1 $TREE -- $B16 $SPEC
+  start_server b_tree4g 30023 FLASHTREE_TREE_N=4 $TREE -- $B16 $SPEC
+  start_server b_tree8g 30024 FLASHTREE_TREE_N=8 $TREE -- $B16 $SPEC
+  start_server b_tree8sg 30025 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TREE -- $B16 $SPEC
 fi
 wait_up $(( TOTAL_S / 2 )) || el "not every server came up (continuing with those that did)"
 
@@ -87,19 +77,19 @@ args() { local t; for t in "$@"; do [ -n "${PID[$t]:-}" ] && kill -0 "${PID[$t]}
 if has identity; then
   el "identity phase"
   timeout 150 python3 benchmarks/live/bench_client.py identity --prompts "$PROMPTS" --out "$OUT" --n 50 --wait 5 \
-    $(args f_plain f_chain f_tree4 f_tree8 $F_X)
+    $(args f_plain f_chain f_tree4g f_tree8g f_tree8sg)
   el "identity rc=$?"
-  stop_all f_plain f_chain f_tree4 f_tree8 $F_X
+  stop_all f_plain f_chain f_tree4g f_tree8g f_tree8sg
 fi
 if has speed; then
   el "speed phase"
   timeout $(( TOTAL_S - ($(date +%s) - T0) - 60 )) python3 benchmarks/live/bench_client.py speed --prompts "$PROMPTS" \
-    --out "$OUT" --wait 5 $(args b_plain b_chain b_tree4 b_tree8 b_tree8s $B_X) | grep -v "^\[bench\]"
+    --out "$OUT" --wait 5 $(args b_plain b_chain b_tree1g b_tree4g b_tree8g b_tree8sg) | grep -v "^\[bench\]"
   el "speed done"
 fi
 left=$(( TOTAL_S - ($(date +%s) - T0) - 25 ))
 if has sampled && [ $left -gt 20 ]; then
-  timeout $left python3 benchmarks/live/bench_client.py sampled --prompts "$PROMPTS" --out "$OUT" $(args b_plain b_tree8)
+  timeout $left python3 benchmarks/live/bench_client.py sampled --prompts "$PROMPTS" --out "$OUT" $(args b_plain b_tree8g)
 fi
 stop_all
 trap - EXIT

@@ -2,6 +2,9 @@
 
 CUDA: events recorded between stages and read only when the log line is due (one synchronisation per N steps, not per
 step), so the timed server runs as it would untimed. CPU: wall clock. Stages are named by the tree step's marks.
+Each line also gives the host's time per step (Python and launches: when it matches the device time, the step is bound
+by the host, not the GPU) and the median device time between one step's end and the next one's start (sglang's work
+between steps: scheduling, output processing, and idle time).
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ class StageTimer:
         self.totals_ms: dict[str, float] = {}
         self._marks: list[tuple[str, object]] = []
         self._pending: list[list[tuple[str, object]]] = []
+        self._host_ms: list[float] = []  # per pending step: host wall time from start() to end_step()
+        self._host_t0 = 0.0
         self._paths: dict[str, int] = {}  # where the window's N draws ran (graph tail / eager), FLASHTREE_GRAPH_DRAWS
 
     def _now(self):
@@ -47,6 +52,7 @@ class StageTimer:
         return event
 
     def start(self) -> None:
+        self._host_t0 = time.perf_counter()
         self._marks = [("start", self._now())]
 
     def mark(self, stage: str) -> None:
@@ -57,6 +63,7 @@ class StageTimer:
         if draw_path is not None:
             self._paths[draw_path] = self._paths.get(draw_path, 0) + 1
         self._pending.append(self._marks)
+        self._host_ms.append((time.perf_counter() - self._host_t0) * 1e3)
         self._marks = []
         self.steps += 1
         self.batch_rows += batch_size
@@ -70,6 +77,10 @@ class StageTimer:
         if self.cuda:
             self._pending[-1][-1][1].synchronize()
         window: dict[str, float] = {}
+        gaps = [
+            (a[-1][1].elapsed_time(b[0][1]) if self.cuda else (b[0][1] - a[-1][1]) * 1e3)
+            for a, b in zip(self._pending, self._pending[1:])
+        ]
         for marks in self._pending:
             for (_, t0), (stage, t1) in zip(marks, marks[1:]):
                 ms = t0.elapsed_time(t1) if self.cuda else (t1 - t0) * 1e3
@@ -79,11 +90,15 @@ class StageTimer:
         rows = self.batch_rows - self._flushed_rows
         self._flushed_rows = self.batch_rows
         self._pending = []
+        host = sum(self._host_ms) / steps
+        self._host_ms = []
+        gap = sorted(gaps)[len(gaps) // 2] if gaps else float("nan")
         parts = ", ".join(f"{k} {v / steps:.3f}" for k, v in window.items())
         paths = ", ".join(f"{k} {v}" for k, v in sorted(self._paths.items()))
         self._paths = {}
         logger.info(
-            "flashtree stage times (ms per tree step, mean over steps %d-%d; mean bs %.1f): %s; total %.3f%s",
-            self.steps - steps + 1, self.steps, rows / steps, parts, sum(window.values()) / steps,
+            "flashtree stage times (ms per tree step, mean over steps %d-%d; mean bs %.1f): %s; total %.3f; "
+            "host %.3f; between steps (median) %.3f%s",
+            self.steps - steps + 1, self.steps, rows / steps, parts, sum(window.values()) / steps, host, gap,
             f"; draws ran: {paths}" if paths else "",
         )
