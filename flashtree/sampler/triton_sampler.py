@@ -1,22 +1,21 @@
 """Fused row sampler in Triton: argmax for greedy rows, Gumbel-max with in-kernel Philox for sampled rows.
 
-Each program reads one tile of BLOCK tokens of one row (grid rows x tiles, no loop): many small independent programs
-keep many loads in flight and need no block-wide reduction between two loads of the same program. A tile is cut into
-SUBG groups of BLOCK / SUBG tokens, the unit of the sampled rows' two-level (hierarchical) Gumbel-max:
+Sampled rows use a two-level (hierarchical) Gumbel-max that reads the logits once:
 
-* pass 1, grid (rows, tiles): per group the log-mass lse_g = log sum_i exp(l_i / T) plus one Gumbel draw per group and
-  draw (Philox counter = (group, row, draw, 0)); the program keeps the best (lse_g + g_g) of its groups. Greedy rows
-  keep the tile maximum and its lowest index instead.
-* pass 2, grid (rows, draws): the best tile's group is the drawn group, chosen with probability mass_g / total (the
-  Gumbel-max theorem over groups); a Gumbel-max over that group's logits alone (Philox counter = (token, row, draw,
-  1)) then picks token i with probability p_i / mass_g. The product is p_i: exact categorical sampling with Philox
-  noise for one group per draw, not one per vocabulary entry, so the kernel runs at the logits-read rate.
+* pass 1, grid (rows, splits): the vocabulary is cut into tiles of BLOCK tokens; for each tile the program computes the
+  tile's log-mass lse_t = log sum_i exp(l_i / T) and adds one Gumbel draw per tile (Philox counter = (tile, row, draw,
+  0)); it keeps the best (lse_t + g_t) of its tiles. Greedy rows keep the tile maximum and its first index instead.
+* pass 2, grid (rows, draws): the best split's tile is the drawn tile, chosen with probability mass_t / total (the
+  Gumbel-max theorem over tiles); a Gumbel-max over the BLOCK logits of that tile alone (Philox counter = (token, row,
+  draw, 1)) then picks token i with probability p_i / mass_t. The product is p_i: exact categorical sampling with
+  Philox noise for one tile per draw, not one per vocabulary entry, so the kernel runs at the logits-read rate.
 
 Greedy rows (temperature <= 0) take the argmax, ties to the lowest token id, bit-identical to the reference. When the
 caller passes the temperature as a Python number <= 0 (every row greedy, known on the host), one launch does it all:
-the last tile program of a row to finish (a per-row ticket counter) merges the row's tile maxima; the counters live in
-a persistent zeroed buffer that the merging program resets, so calls must not overlap on two streams.
-The N-candidate form draws N independent tokens per row from one read of the logits (N Gumbels per group in pass 1).
+grid (rows, tiles), one 4096-token tile per program (many independent loads in flight), and the last tile program of a
+row to finish (a per-row ticket counter) merges the row's tile maxima; the counters live in a persistent zeroed buffer
+that the merging program resets, so calls must not overlap on two streams. The
+N-candidate form draws N independent tokens per row from one read of the logits (N Gumbels per tile in pass 1).
 Top-k: the k-th largest scaled logit per row is found with `torch.topk` (fixed shapes) and applied as a threshold
 inside the kernels. Top-p falls back to the torch reference. bf16, fp16 and fp32 logits; no host synchronisation.
 """
@@ -28,9 +27,13 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK = 4096  # tokens per program
-SUBG = 4  # Gumbel groups per tile: pass 2 draws noise for BLOCK / SUBG tokens per draw
+from ..gpu import sm_count
+
+BLOCK = 4096
+SUBG = 4  # groups per tile in the greedy-only launch (a [SUBG, BLOCK / SUBG] tile keeps the reductions short)
 TICKETS = 1 << 16  # rows the first ticket buffer of a device holds
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
 
 
 @triton.jit
@@ -60,8 +63,9 @@ def _tile_argmax(raw, t, BLOCK: tl.constexpr, SUBG: tl.constexpr):
 
 @triton.jit
 def _merge_argmax(gmax_ptr, garg_ptr, r, NT, NTP: tl.constexpr):
-    """Row r's argmax from its NT tile maxima: the first tile at the maximum holds the lowest id. The loads skip L1
-    (.cg): in the one-launch path other programs wrote these partials during this launch."""
+    """Row r's argmax from its NT partial maxima (tiles or splits: increasing token ranges), so the first partial at the
+    maximum holds the lowest id. The loads skip L1 (.cg): in the one-launch path other programs wrote these partials
+    during this launch."""
     t = tl.arange(0, NTP)
     gm = tl.load(gmax_ptr + r * NT + t, mask=t < NT, other=-float("inf"), cache_modifier=".cg")
     ga = tl.load(garg_ptr + r * NT + t, mask=t < NT, other=0, cache_modifier=".cg")
@@ -94,65 +98,86 @@ def _greedy_kernel(
 @triton.jit
 def _pass1_kernel(
     x_ptr, stride_r, temp_ptr, thr_ptr, seed_ptr,
-    gmax_ptr, garg_ptr, score_ptr, group_ptr,
-    V, NT,
-    NDRAW: tl.constexpr, NDP: tl.constexpr, BLOCK: tl.constexpr, SUBG: tl.constexpr, HAS_THR: tl.constexpr,
+    gmax_ptr, garg_ptr, score_ptr, tile_ptr,
+    V, NT, TPS, S,
+    NDRAW: tl.constexpr, NDP: tl.constexpr, BLOCK: tl.constexpr, HAS_THR: tl.constexpr,
 ):
     r = tl.program_id(0)
-    t = tl.program_id(1)
-    raw = _load_tile(x_ptr, stride_r, r, t, V, BLOCK, SUBG)  # issued before the temperature is known
+    s = tl.program_id(1)
+    row = x_ptr + r.to(tl.int64) * stride_r
     temp = tl.load(temp_ptr + r).to(tl.float32)
-    out = r * NT + t
+    t0 = s * TPS
+    t1 = tl.minimum(t0 + TPS, NT)
+    offs = tl.arange(0, BLOCK)
+    out = r * S + s
     if temp <= 0:
-        best, arg = _tile_argmax(raw, t, BLOCK, SUBG)
+        best = -float("inf")
+        barg = 0
+        for tg in range(t0, t1):
+            gidx = tg * BLOCK + offs
+            gx = tl.load(row + gidx, mask=gidx < V, other=-float("inf")).to(tl.float32)
+            gmx = tl.max(gx, axis=0)
+            gam = tl.argmax(gx, axis=0)
+            gupd = gmx > best
+            barg = tl.where(gupd, tg * BLOCK + gam, barg)
+            best = tl.where(gupd, gmx, best)
         tl.store(gmax_ptr + out, best)
-        tl.store(garg_ptr + out, arg)
+        tl.store(garg_ptr + out, barg)
     else:
         seed = tl.load(seed_ptr)
-        x = raw * (1.4426950408889634 / temp)
+        scale = 1.4426950408889634 / temp
         if HAS_THR:
             thr = tl.load(thr_ptr + r)
-            x = tl.where(raw / temp >= thr, x, -float("inf"))
-        mx = tl.max(x, axis=1)
-        safe = tl.where(mx == -float("inf"), 0.0, mx)
-        ssum = tl.sum(tl.exp2(x - safe[:, None]), axis=1)
-        lse = tl.where(ssum > 0, (safe + tl.log2(ssum)) * 0.6931471805599453, -float("inf"))
-        grp = t * SUBG + tl.arange(0, SUBG)[:, None]
-        dr = tl.arange(0, NDP)[None, :]
-        z = grp * 0 + dr * 0
-        u = _uniform(seed, (z + grp).to(tl.uint32), (z + r).to(tl.uint32), (z + dr).to(tl.uint32), z.to(tl.uint32))
-        sc = lse[:, None] - tl.log(-tl.log(u))
-        bests, bg = tl.max(sc, axis=0, return_indices=True)
-        d = tl.arange(0, NDP)
-        tl.store(score_ptr + out * NDRAW + d, bests, mask=d < NDRAW)
-        tl.store(group_ptr + out * NDRAW + d, t * SUBG + bg, mask=d < NDRAW)
+        dr = tl.arange(0, NDP)
+        bests = tl.full([NDP], -float("inf"), tl.float32)
+        btile = tl.zeros([NDP], tl.int32)
+        for t in range(t0, t1):
+            idx = t * BLOCK + offs
+            raw = tl.load(row + idx, mask=idx < V, other=-float("inf")).to(tl.float32)
+            x = raw * scale
+            if HAS_THR:
+                x = tl.where(raw / temp >= thr, x, -float("inf"))
+            mx = tl.max(x, axis=0)
+            safe = tl.where(mx == -float("inf"), 0.0, mx)
+            ssum = tl.sum(tl.exp2(x - safe), axis=0)
+            lse = tl.where(ssum > 0, (safe + tl.log2(ssum)) * 0.6931471805599453, -float("inf"))
+            u = _uniform(seed, (dr * 0 + t).to(tl.uint32), (dr * 0 + r).to(tl.uint32), dr.to(tl.uint32),
+                         (dr * 0).to(tl.uint32))
+            sc = lse - tl.log(-tl.log(u))
+            upd = sc > bests
+            btile = tl.where(upd, t, btile)
+            bests = tl.where(upd, sc, bests)
+        base = out * NDRAW
+        tl.store(score_ptr + base + dr, bests, mask=dr < NDRAW)
+        tl.store(tile_ptr + base + dr, btile, mask=dr < NDRAW)
 
 
 @triton.jit
 def _pass2_kernel(
     x_ptr, stride_r, temp_ptr, thr_ptr, seed_ptr,
-    gmax_ptr, garg_ptr, score_ptr, group_ptr, out_ptr,
-    V, NT,
-    NDRAW: tl.constexpr, DPP: tl.constexpr, NTP: tl.constexpr, GROUP: tl.constexpr, HAS_THR: tl.constexpr,
+    gmax_ptr, garg_ptr, score_ptr, tile_ptr, out_ptr,
+    V, S,
+    NDRAW: tl.constexpr, DPP: tl.constexpr, SP: tl.constexpr, BLOCK: tl.constexpr, HAS_THR: tl.constexpr,
 ):
-    # program (r, c): draws c * DPP .. + DPP of row r, one per row of a [DPP, GROUP] tile
+    # program (r, c): draws c * DPP .. + DPP of row r, one per row of a [DPP, BLOCK] tile
     r = tl.program_id(0)
     j = tl.program_id(1) * DPP + tl.arange(0, DPP)
     jm = j < NDRAW
     temp = tl.load(temp_ptr + r).to(tl.float32)
+    sp = tl.arange(0, SP)
     if temp <= 0:
-        tok = _merge_argmax(gmax_ptr, garg_ptr, r, NT, NTP) + j * 0
+        tok = _merge_argmax(gmax_ptr, garg_ptr, r, S, SP) + j * 0
     else:
-        sp = tl.arange(0, NTP)
-        off2 = (r * NT + sp[None, :]) * NDRAW + j[:, None]
-        m2 = (sp[None, :] < NT) & jm[:, None]
+        off2 = (r * S + sp[None, :]) * NDRAW + j[:, None]
+        m2 = (sp[None, :] < S) & jm[:, None]
         sc = tl.load(score_ptr + off2, mask=m2, other=-float("inf"))
-        gg = tl.load(group_ptr + off2, mask=m2, other=0)
+        tt = tl.load(tile_ptr + off2, mask=m2, other=0)
         sbest = tl.max(sc, axis=1)
-        sfirst = tl.min(tl.where(sc == sbest[:, None], sp[None, :], NTP), axis=1)
-        g = tl.sum(tl.where(sp[None, :] == sfirst[:, None], gg, 0), axis=1)
+        sfirst = tl.min(tl.where(sc == sbest[:, None], sp[None, :], SP), axis=1)
+        t = tl.sum(tl.where(sp[None, :] == sfirst[:, None], tt, 0), axis=1)
         seed = tl.load(seed_ptr)
-        idx = g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+        offs = tl.arange(0, BLOCK)
+        idx = t[:, None] * BLOCK + offs[None, :]
         raw = tl.load(x_ptr + r.to(tl.int64) * stride_r + idx, mask=(idx < V) & jm[:, None],
                       other=-float("inf")).to(tl.float32)
         x = raw / temp
@@ -163,8 +188,10 @@ def _pass2_kernel(
         u = _uniform(seed, idx.to(tl.uint32), (z + r).to(tl.uint32), (z + j[:, None]).to(tl.uint32),
                      (z + 1).to(tl.uint32))
         y = x - tl.log(-tl.log(u))
-        tok = g * GROUP + tl.argmax(y, axis=1)
+        tok = t * BLOCK + tl.argmax(y, axis=1)
     tl.store(out_ptr + r * NDRAW + j, tok.to(tl.int64), mask=jm)
+
+
 
 
 _tickets: dict[torch.device, torch.Tensor] = {}
@@ -209,30 +236,34 @@ def _sample(logits, temperature, ndraw, generator, top_k, max_top_k, block=None)
     if r == 0:
         return out
     blk = block or min(BLOCK, max(16, triton.next_power_of_2(v)))
-    if blk < SUBG or blk & (blk - 1):
-        raise ValueError(f"block must be a power of two >= {SUBG}, got {blk}")
     nt = triton.cdiv(v, blk)
-    ntp = max(2, triton.next_power_of_2(nt))
-    ndp = max(2, triton.next_power_of_2(ndraw))
-    gmax = torch.empty(r * nt, dtype=torch.float32, device=dev)
-    garg = torch.empty(r * nt, dtype=torch.int32, device=dev)
     if isinstance(temperature, (int, float)) and temperature <= 0:
+        if blk < SUBG or blk & (blk - 1):
+            raise ValueError(f"block must be a power of two >= {SUBG}, got {blk}")
+        gmax = torch.empty(r * nt, dtype=torch.float32, device=dev)
+        garg = torch.empty(r * nt, dtype=torch.int32, device=dev)
         _greedy_kernel[(r, nt)](logits, logits.stride(0), gmax, garg, _ticket_buffer(r, dev), out, v, nt,
-                                NDRAW=ndraw, NDP=ndp, NTP=ntp, BLOCK=blk, SUBG=SUBG, num_warps=4)
+                                NDRAW=ndraw, NDP=max(2, triton.next_power_of_2(ndraw)),
+                                NTP=max(2, triton.next_power_of_2(nt)), BLOCK=blk, SUBG=SUBG, num_warps=4)
         return out
     temperature = torch.as_tensor(temperature, device=dev, dtype=torch.float32).expand(r).contiguous()
-    score = torch.empty(r * nt * ndraw, dtype=torch.float32, device=dev)
-    group = torch.empty(r * nt * ndraw, dtype=torch.int32, device=dev)
+    want = max(1, (4 * sm_count(dev, 4) + r - 1) // r)
+    tps = triton.cdiv(nt, min(want, nt))
+    s = triton.cdiv(nt, tps)
+    gmax = torch.empty(r * s, dtype=torch.float32, device=dev)
+    garg = torch.empty(r * s, dtype=torch.int32, device=dev)
+    score = torch.empty(r * s * ndraw, dtype=torch.float32, device=dev)
+    tile = torch.empty(r * s * ndraw, dtype=torch.int32, device=dev)
     seed = torch.randint(0, 2**62, (1,), device=dev, generator=generator, dtype=torch.int64)
     has_thr = top_k is not None
     thr = _threshold(logits, temperature, top_k, max_top_k) if has_thr else temperature
-    _pass1_kernel[(r, nt)](logits, logits.stride(0), temperature, thr, seed, gmax, garg, score, group, v, nt,
-                           NDRAW=ndraw, NDP=ndp, BLOCK=blk, SUBG=SUBG, HAS_THR=has_thr, num_warps=4)
-    grp = blk // SUBG
-    dpp = min(triton.next_power_of_2(ndraw), max(1, 4096 // grp))
+    _pass1_kernel[(r, s)](logits, logits.stride(0), temperature, thr, seed, gmax, garg, score, tile, v, nt, tps, s,
+                          NDRAW=ndraw, NDP=max(2, triton.next_power_of_2(ndraw)), BLOCK=blk, HAS_THR=has_thr,
+                          num_warps=8)
+    dpp = min(max(1, triton.next_power_of_2(ndraw)), max(1, 4096 // blk))
     _pass2_kernel[(r, triton.cdiv(ndraw, dpp))](logits, logits.stride(0), temperature, thr, seed, gmax, garg, score,
-                                                group, out, v, nt, NDRAW=ndraw, DPP=dpp, NTP=ntp, GROUP=grp,
-                                                HAS_THR=has_thr, num_warps=4)
+                              tile, out, v, s, NDRAW=ndraw, DPP=dpp, SP=max(2, triton.next_power_of_2(s)), BLOCK=blk, HAS_THR=has_thr,
+                              num_warps=8)
     return out
 
 
