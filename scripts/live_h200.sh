@@ -16,7 +16,8 @@
 # DTYPE=bfloat16 serves in bf16; SERVER_EXTRA replaces the extra server flags (default --enable-deterministic-inference).
 # If a server of the first attempt dies while starting, every server is restarted once with FALLBACK_EXTRA (default:
 # none) and the harness plugin benchmarks/live/fp32_native.py on (FT_FP32_NATIVE=1: sglang's native RMSNorm), the same
-# for all servers; ATTEMPTS=1 turns that off. The attempt that served is in $OUT/attempt.txt.
+# for all servers; ATTEMPTS=1 turns that off. The attempt that served is in $OUT/attempt.txt. TREE_ENV adds toggles to
+# the tree and splitkv servers (e.g. TREE_ENV=FLASHTREE_GRAPH_DRAWS=1).
 set -u
 T0=$(date +%s)
 OUT=${OUT:-/tmp/out}
@@ -50,9 +51,9 @@ start_all() {
     case $tag in
       plain) start_server plain ${PORTS[plain]} FLASHTREE_TREE_N= -- $COMMON $EXTRA --grammar-backend xgrammar ;;
       chain) start_server chain ${PORTS[chain]} FLASHTREE_TREE_N= -- $COMMON $EXTRA $SPEC --grammar-backend none ;;
-      tree) start_server tree ${PORTS[tree]} FLASHTREE_TREE_N=8 FLASHTREE_STAGE_TIMES=200 -- $COMMON $EXTRA $SPEC \
+      tree) start_server tree ${PORTS[tree]} FLASHTREE_TREE_N=8 FLASHTREE_STAGE_TIMES=200 ${TREE_ENV:-} -- $COMMON $EXTRA $SPEC \
         --grammar-backend xgrammar ;;
-      splitkv) start_server splitkv ${PORTS[splitkv]} FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 -- $COMMON $EXTRA \
+      splitkv) start_server splitkv ${PORTS[splitkv]} FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 ${TREE_ENV:-} -- $COMMON $EXTRA \
         $SPEC --grammar-backend none ;;
     esac
   done

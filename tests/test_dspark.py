@@ -1,9 +1,11 @@
 """flashtree's DSPARK drafter on CPU: config and checkpoint layout (sglang's names and shapes), training/inference
-agreement, the Markov head's step rule, candidate draws, the engine's greedy identity, and the training app."""
+agreement, the Markov head's step rule, candidate draws, the engine's greedy identity, the training data's sampled
+responses, and the training app."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -257,6 +259,123 @@ def test_the_held_out_gsm8k_half_cannot_be_a_training_source():
         with pytest.raises(ValueError, match="held out"):
             canonical_source(name)
     assert canonical_source("gsm8k_first_half") == "gsm8k-first-half"
+
+
+# ---- training data: extra sampled responses -------------------------------------------------------------------------
+
+
+def generate(target, rows, ids, **kw):
+    from flashtree.dspark.data import generate_responses
+
+    args = dict(max_new_tokens=6, batch_size=2, stop_ids=[258], pad_id=256, progress=False,
+                sampled=[r["sampled"] for r in rows])
+    return generate_responses(target, ids, **{**args, **kw})
+
+
+def sample_rows(extra: dict):
+    """Two GSM8K-first-half and three builtin prompts (token ids of lengths 3..7), expanded by `extra`."""
+    from flashtree.dspark.data import expand_samples
+
+    prompts = [{"source": "gsm8k-first-half", "text": f"q{i}"} for i in range(2)]
+    prompts += [{"source": "builtin", "text": f"b{i}"} for i in range(3)]
+    g = torch.Generator().manual_seed(0)
+    ids_of = {p["text"]: torch.randint(3, 250, (3 + i,), generator=g).tolist() for i, p in enumerate(prompts)}
+    rows = expand_samples(prompts, extra)
+    return rows, [ids_of[r["text"]] for r in rows]
+
+
+def test_extra_samples_add_sampled_sequences_to_their_source_only(tiny, tmp_path):
+    from flashtree.dspark.data import build_sequences, data_summary, load_sequences, save_sequences
+
+    rows, ids = sample_rows({"gsm8k_first_half": 3})  # an alias of the canonical name
+    seqs = build_sequences(rows, ids, generate(tiny, rows, ids))
+    by = data_summary(seqs)["by_source"]
+    assert (by["gsm8k-first-half"]["sequences"], by["gsm8k-first-half"]["sampled"]) == (2 * 4, 2 * 3)
+    assert (by["builtin"]["sequences"], by["builtin"]["sampled"]) == (3, 0)
+    save_sequences(tmp_path / "data.pt", seqs, {})
+    assert [s.sampled for s in load_sequences(tmp_path / "data.pt")[0]] == [s.sampled for s in seqs]
+
+
+def test_sampled_batches_run_first_and_survive_the_batch_limit(tiny, monkeypatch):
+    calls = []
+    real = tiny.generate
+    monkeypatch.setattr(tiny, "generate", lambda *a, **kw: calls.append(kw["do_sample"]) or real(*a, **kw))
+    rows, ids = sample_rows({"gsm8k-first-half": 3})  # 6 sampled rows: 3 batches of 2, then 3 greedy batches
+    out = generate(tiny, rows, ids, max_batches=4)
+    assert calls == [True, True, True, False]  # each batch all sampled or all greedy
+    assert all(o is not None for o, r in zip(out, rows) if r["sampled"])
+    assert sum(o is not None for o, r in zip(out, rows) if not r["sampled"]) == 2
+
+
+def test_sampling_is_seeded_and_follows_the_temperature(tiny):
+    rows, ids = sample_rows({"gsm8k-first-half": 4, "builtin": 1})
+
+    def departs(out):  # prompts with a sampled response other than their greedy one
+        greedy = {r["text"]: o for r, o in zip(rows, out) if not r["sampled"]}
+        return {r["text"] for r, o in zip(rows, out) if r["sampled"] and o != greedy[r["text"]]}
+
+    rng = torch.get_rng_state()
+    first = generate(tiny, rows, ids, temperature=5.0, seed=3)
+    assert torch.equal(torch.get_rng_state(), rng)  # the caller's RNG is left alone
+    assert generate(tiny, rows, ids, temperature=5.0, seed=3) == first
+    assert generate(tiny, rows, ids, temperature=5.0, seed=4) != first
+    assert len(departs(first)) >= 2
+    assert not departs(generate(tiny, rows, ids, temperature=1e-5, seed=3))  # ~greedy: the temperature is applied
+
+
+@pytest.mark.parametrize("data, match", [
+    (dict(extra_samples={"mt-bench": 2}), r"data\.extra_samples\.mt-bench=2: not a source of data\.sources: use one "
+                                          r"of builtin, gsm8k-first-half"),
+    (dict(extra_samples={"gsm8k": 2}), r"data\.extra_samples\.gsm8k: .*held out"),
+    (dict(extra_samples={"builtin": -1}), r"data\.extra_samples\.builtin=-1: must be an int >= 0"),
+    (dict(extra_samples={"builtin": 1.5}), r"data\.extra_samples\.builtin=1\.5: must be an int >= 0"),
+    (dict(extra_samples={"builtin": 1}, sample_temperature=0.0), r"data\.sample_temperature=0\.0: must be > 0"),
+])
+def test_extra_samples_config_errors_name_the_key_and_the_choices(data, match):
+    from flashtree.dspark.train_config import TrainConfigError, TrainDataConfig
+
+    sources = {"builtin": 8, "gsm8k_first_half": None}
+    with pytest.raises(TrainConfigError, match=match):
+        TrainDataConfig(sources=sources, **data)
+    TrainDataConfig(sources=sources, extra_samples={"builtin": 0}, sample_temperature=0.0)  # no samples, no need
+
+
+def test_default_config_samples_gsm8k_first_and_keeps_those_batches():
+    from hydra import compose, initialize_config_dir
+
+    from flashtree.dspark.train_config import register, to_train_config
+
+    register()
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        d = to_train_config(compose(config_name="default")).data
+    assert d.extra_samples == {"gsm8k-first-half": 7} and d.sample_temperature == 0.8
+    sampled_batches = math.ceil(659 * 7 / d.gen_batch_size)  # all 659 GSM8K-first-half prompts fit
+    assert sampled_batches == 5 < d.gen_max_batches == 12  # so the limit never cuts a sampled batch
+
+
+def test_prepare_data_expands_samples_from_the_config_also_over_a_prompts_file(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from flashtree.dspark.train import prepare_data
+    from flashtree.dspark.train_config import register, to_train_config
+
+    target, tokenizer = load_target("tiny-llama")
+    register()
+
+    def run(out, *overrides):
+        out.mkdir()  # train() makes it
+        with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+            cfg = to_train_config(compose(config_name="tiny", overrides=[f"out_dir={out}", "data.max_new_tokens=6",
+                                                                         *overrides]))
+        return prepare_data(cfg, target, tokenizer, out, log=lambda *a: None)
+
+    seqs, meta = run(tmp_path / "a", "+data.extra_samples={builtin: 2}")  # `+`: tiny.yaml lists none
+    assert (meta["generated"], meta["sampled_sequences"]) == (8 * 3, 8 * 2)
+    assert meta["by_source"]["builtin"]["sampled"] == 16 and meta["total"]["sequences"] == 24
+    assert all(s.source == "builtin" for s in seqs)
+    seqs, meta = run(tmp_path / "b", f"data.prompts_file={tmp_path / 'a' / 'prompts.json.gz'}",
+                     "+data.extra_samples={builtin: 1}")
+    assert (meta["prompts_selected"], meta["generated"], meta["sampled_sequences"]) == (8, 16, 8)
 
 
 def test_training_app_trains_exports_a_loadable_draft_and_resumes(tiny, tmp_path):

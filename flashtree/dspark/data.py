@@ -1,4 +1,4 @@
-"""Training data for the DSPARK drafter: prompts, and the target's own greedy responses to them.
+"""Training data for the DSPARK drafter: prompts, and the target's own responses to them.
 
 Prompts come from ShareGPT (a seeded subset of the first human turns), MT-Bench, HumanEval and the FIRST half of the
 GSM8K test set; the second half of GSM8K is the held-out evaluation set and is refused here. Each prompt is wrapped in
@@ -6,7 +6,8 @@ the target's chat template; prompts longer than `max_prompt_tokens` are skipped,
 equals a held-out GSM8K question is dropped (counted in the data summary).
 
 Responses: the target's greedy decoding (batched `generate`, left padding, stopping at the target's end tokens, the
-stop token kept), at most `max_new_tokens` tokens.
+stop token kept), at most `max_new_tokens` tokens; prompts of the sources named in `extra_samples` also get that many
+responses sampled at a temperature (more in-domain data than the prompts alone give).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class Sequence:
     source: str
     ids: torch.Tensor  # prompt + response (int64, 1-D)
     prompt_len: int
+    sampled: bool = False  # the response was sampled at a temperature, not greedy
 
 
 def canonical_source(name: str) -> str:
@@ -113,28 +115,47 @@ def read_prompts_file(path) -> tuple[list[dict], dict]:
     return d["prompts"], d.get("counts", {})
 
 
+def expand_samples(prompts: list[dict], extra_samples: dict[str, int]) -> list[dict]:
+    """The generation rows: every prompt once (greedy), then `extra_samples[source]` sampled copies of each prompt of
+    that source (`sampled: True`)."""
+    extra = {canonical_source(name): count for name, count in extra_samples.items()}
+    rows = [dict(p, sampled=False) for p in prompts]
+    for p in prompts:
+        rows += [dict(p, sampled=True) for _ in range(extra.get(p["source"], 0))]
+    return rows
+
+
+def _batches(rows: list[int], prompt_ids, batch_size: int, seed: int) -> list[list[int]]:
+    # batched by length (less padding), in a seeded order, so a cut keeps a length-balanced subset
+    order = sorted(rows, key=lambda i: len(prompt_ids[i]))
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    random.Random(seed).shuffle(batches)
+    return batches
+
+
 @torch.no_grad()
 def generate_responses(target, prompt_ids: list[list[int]], *, max_new_tokens: int, batch_size: int, stop_ids,
                        pad_id: int, seed: int = 0, time_limit_s: float | None = None, max_batches: int | None = None,
-                       progress: bool = True):
-    """The target's greedy response to each prompt (a list of int lists; None where the time limit came first).
+                       sampled: list[bool] | None = None, temperature: float = 0.8, progress: bool = True):
+    """The target's response to each prompt (a list of int lists; None where a batch limit or the time limit came
+    first): greedy, or sampled at `temperature` where `sampled[i]`.
 
-    Prompts are batched by length (less padding), the batches run in a seeded order, so a time limit keeps a
-    length-balanced subset.
+    The sampled rows run first (the config asks for them explicitly), then the greedy ones; each part is batched by
+    length and its batches run in a seeded order, and `max_batches` / `time_limit_s` count both parts together.
     """
     from tqdm.auto import tqdm
 
     device = next(target.parameters()).device
-    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
-    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    random.Random(seed).shuffle(batches)
+    sampled = sampled or [False] * len(prompt_ids)
+    batches = [(b, flag) for flag in (True, False)
+               for b in _batches([i for i, s in enumerate(sampled) if s == flag], prompt_ids, batch_size, seed)]
     if max_batches is not None:
         batches = batches[:max_batches]  # a fixed, seeded, length-balanced subset: reproducible, unlike a time limit
     stops = torch.tensor(sorted(set(stop_ids)), device=device)
     out: list[list[int] | None] = [None] * len(prompt_ids)
     start = time.perf_counter()
     bar = tqdm(batches, desc="generate", unit="batch", disable=not progress, dynamic_ncols=True)
-    for batch in bar:
+    for b, (batch, sample) in enumerate(bar):
         if time_limit_s is not None and time.perf_counter() - start > time_limit_s:
             bar.write(f"[dspark] generation time limit {time_limit_s:.0f}s reached")
             break
@@ -145,10 +166,15 @@ def generate_responses(target, prompt_ids: list[list[int]], *, max_new_tokens: i
             p = prompt_ids[i]
             ids[r, width - len(p):] = torch.tensor(p)
             mask[r, width - len(p):] = 1
-        gen = target.generate(
-            ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens, do_sample=False,
-            eos_token_id=list(stop_ids), pad_token_id=pad_id,
-        )[:, width:]
+        draw = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if sample else dict(do_sample=False)
+        # fork_rng leaves the caller's RNG as it was; a seed per (seed, batch) makes the draws reproducible
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            if sample:
+                torch.manual_seed(seed * 1_000_003 + b)
+            gen = target.generate(
+                ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens, **draw,
+                eos_token_id=list(stop_ids), pad_token_id=pad_id,
+            )[:, width:]
         hit = torch.isin(gen, stops)
         first = torch.where(hit.any(1), hit.float().argmax(1) + 1, torch.full_like(hit[:, 0], gen.shape[1], dtype=torch.long))
         for r, i in enumerate(batch):
@@ -161,28 +187,31 @@ def build_sequences(prompts: list[dict], prompt_ids: list[list[int]], responses)
     seqs = []
     for p, ids, resp in zip(prompts, prompt_ids, responses):
         if resp:  # None (not generated) or empty
-            seqs.append(Sequence(p["source"], torch.tensor(ids + resp, dtype=torch.long), len(ids)))
+            seqs.append(Sequence(p["source"], torch.tensor(ids + resp, dtype=torch.long), len(ids),
+                                 p.get("sampled", False)))
     return seqs
 
 
 def save_sequences(path, seqs: list[Sequence], meta: dict) -> None:
     path = Path(path)
     tmp = path.with_suffix(".tmp")
-    torch.save({"meta": meta, "sequences": [(s.source, s.ids, s.prompt_len) for s in seqs]}, tmp)
+    torch.save({"meta": meta, "sequences": [(s.source, s.ids, s.prompt_len, s.sampled) for s in seqs]}, tmp)
     tmp.replace(path)
 
 
 def load_sequences(path) -> tuple[list[Sequence], dict]:
     d = torch.load(path, weights_only=False)
-    return [Sequence(src, ids, int(p)) for src, ids, p in d["sequences"]], d["meta"]
+    # older data.pt files hold (source, ids, prompt_len): greedy responses only
+    return [Sequence(src, ids, int(p), bool(s and s[0])) for src, ids, p, *s in d["sequences"]], d["meta"]
 
 
 def data_summary(seqs: list[Sequence]) -> dict:
     by = {}
     for s in seqs:
-        e = by.setdefault(s.source, {"sequences": 0, "prompt_tokens": 0, "response_tokens": 0})
+        e = by.setdefault(s.source, {"sequences": 0, "sampled": 0, "prompt_tokens": 0, "response_tokens": 0})
         e["sequences"] += 1
+        e["sampled"] += s.sampled
         e["prompt_tokens"] += s.prompt_len
         e["response_tokens"] += s.ids.numel() - s.prompt_len
-    total = {k: sum(e[k] for e in by.values()) for k in ("sequences", "prompt_tokens", "response_tokens")}
+    total = {k: sum(e[k] for e in by.values()) for k in ("sequences", "sampled", "prompt_tokens", "response_tokens")}
     return {"by_source": by, "total": total}

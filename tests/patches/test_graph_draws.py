@@ -380,7 +380,7 @@ def test_toggle(value, want):
     from flashtree.patches import read_toggles
 
     assert read_toggles({"FLASHTREE_TREE_N": "4", "FLASHTREE_GRAPH_DRAWS": value}).graph_draws is want
-    assert read_toggles({"FLASHTREE_TREE_N": "4"}).graph_draws is False
+    assert read_toggles({"FLASHTREE_TREE_N": "4"}).graph_draws is True  # on by default
     with pytest.raises(SystemExit, match="FLASHTREE_GRAPH_DRAWS is set but FLASHTREE_TREE_N"):
         read_toggles({"FLASHTREE_GRAPH_DRAWS": value})
     with pytest.raises(SystemExit, match="unknown toggle FLASHTREE_GRAPH_DRAW"):
