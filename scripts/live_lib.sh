@@ -13,7 +13,8 @@ el() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
 
 # The bundle's Python (sglang 0.5.17) with flashtree installed next to it: the checkout plus its dist-info (the
 # sglang.srt.plugins entry point), so sglang's load_plugins() finds it in every server process; and the float32
-# harness plugin benchmarks/live/fp32_native.py (does nothing unless FT_FP32_NATIVE=1).
+# harness plugins benchmarks/live/fp32_native.py (does nothing unless FT_FP32_NATIVE=1) and
+# benchmarks/live/profile_steps.py (does nothing unless FT_PROFILE_STEPS=A:B).
 live_setup() {
   [ -f .h200/site312.tar.xz ] || { el "carry .h200 (site312.tar.xz, device-env.sh)"; return 2; }
   cd .h200 && . ./device-env.sh && cd "$ROOT" || { el "device-env failed"; return 2; }
@@ -32,10 +33,10 @@ live_setup() {
     : >"$FT_SITE/flashtree-0.1.0.dist-info/RECORD"
     ln -s "$ROOT/flashtree" "$FT_SITE/flashtree"
   fi
-  cp benchmarks/live/fp32_native.py "$FT_SITE/"
+  cp benchmarks/live/fp32_native.py benchmarks/live/profile_steps.py "$FT_SITE/"
   mkdir -p "$FT_SITE/ft_live_harness-0.dist-info"
   printf 'Metadata-Version: 2.1\nName: ft-live-harness\nVersion: 0\n' >"$FT_SITE/ft_live_harness-0.dist-info/METADATA"
-  printf '[sglang.srt.plugins]\nfp32native = fp32_native:register\n' \
+  printf '[sglang.srt.plugins]\nfp32native = fp32_native:register\nprofilesteps = profile_steps:register\n' \
     >"$FT_SITE/ft_live_harness-0.dist-info/entry_points.txt"
   : >"$FT_SITE/ft_live_harness-0.dist-info/RECORD"
   export PYTHONPATH=$FT_SITE:$PYTHONPATH

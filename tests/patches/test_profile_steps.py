@@ -1,0 +1,61 @@
+"""The live profiling harness plugin (benchmarks/live/profile_steps.py) against sglang's real DSparkWorkerV2."""
+
+from __future__ import annotations
+
+import importlib.util
+import types
+from pathlib import Path
+
+PLUGIN = Path(__file__).resolve().parents[2] / "benchmarks" / "live" / "profile_steps.py"
+
+
+def load_plugin():
+    spec = importlib.util.spec_from_file_location("profile_steps", PLUGIN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class Mode:
+    def __init__(self, extend: bool = False):
+        self.extend = extend
+
+    def is_extend(self):
+        return self.extend
+
+    def is_idle(self):
+        return False
+
+
+def test_profiles_the_decode_steps_asked_for(monkeypatch, tmp_path):
+    from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2
+
+    original = DSparkWorkerV2.__dict__["forward_batch_generation"]
+    calls = []
+
+    def stand_in(self, batch, *args, **kwargs):  # the step the plugin wraps: records which batches ran
+        calls.append(batch.tag)
+        return batch.tag
+
+    try:
+        DSparkWorkerV2.forward_batch_generation = stand_in
+        monkeypatch.delenv("FT_PROFILE_STEPS", raising=False)
+        load_plugin().register()
+        assert DSparkWorkerV2.forward_batch_generation is stand_in  # unset: nothing wrapped
+
+        monkeypatch.setenv("FT_PROFILE_STEPS", "2:4")
+        monkeypatch.setenv("FT_PROFILE_OUT", str(tmp_path))
+        load_plugin().register()
+        assert DSparkWorkerV2.forward_batch_generation is not stand_in
+        worker = DSparkWorkerV2.__new__(DSparkWorkerV2)
+        batches = [types.SimpleNamespace(tag=f"prefill{i}", forward_mode=Mode(True), is_extend_in_batch=True)
+                   for i in range(2)]
+        batches += [types.SimpleNamespace(tag=f"decode{i}", forward_mode=Mode(), is_extend_in_batch=False)
+                    for i in range(1, 6)]
+        assert [worker.forward_batch_generation(b) for b in batches] == [b.tag for b in batches]
+        assert calls == [b.tag for b in batches]  # every step still runs, profiled or not
+        (out,) = tmp_path.glob("profile_*.txt")  # written once, at decode step 4: steps 2 and 3 were profiled
+        text = out.read_text()
+        assert text.startswith("decode steps profiled: 2;") and "stand_in" in text and "=== by cumulative" in text
+    finally:
+        DSparkWorkerV2.forward_batch_generation = original
