@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
+import harness_plugins
 import torch
-
-PLUGIN = Path(__file__).resolve().parents[2] / "benchmarks" / "live" / "fp32_native.py"
-
-
-def load_plugin():
-    spec = importlib.util.spec_from_file_location("fp32_native", PLUGIN)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_native_rmsnorm_only_when_asked(monkeypatch):
     from sglang.srt.layers.layernorm import RMSNorm
 
     original = RMSNorm.__dict__["forward_cuda"]
-    plugin = load_plugin()
+    plugin = harness_plugins.load("fp32_native")
     try:
         monkeypatch.delenv("FT_FP32_NATIVE", raising=False)
         plugin.register()

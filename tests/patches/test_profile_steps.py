@@ -2,18 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import types
-from pathlib import Path
 
-PLUGIN = Path(__file__).resolve().parents[2] / "benchmarks" / "live" / "profile_steps.py"
-
-
-def load_plugin():
-    spec = importlib.util.spec_from_file_location("profile_steps", PLUGIN)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+import harness_plugins
 
 
 class Mode:
@@ -40,12 +31,12 @@ def test_profiles_the_decode_steps_asked_for(monkeypatch, tmp_path):
     try:
         DSparkWorkerV2.forward_batch_generation = stand_in
         monkeypatch.delenv("FT_PROFILE_STEPS", raising=False)
-        load_plugin().register()
+        harness_plugins.load("profile_steps").register()
         assert DSparkWorkerV2.forward_batch_generation is stand_in  # unset: nothing wrapped
 
         monkeypatch.setenv("FT_PROFILE_STEPS", "2:4")
         monkeypatch.setenv("FT_PROFILE_OUT", str(tmp_path))
-        load_plugin().register()
+        harness_plugins.load("profile_steps").register()
         assert DSparkWorkerV2.forward_batch_generation is not stand_in
         worker = DSparkWorkerV2.__new__(DSparkWorkerV2)
         batches = [types.SimpleNamespace(tag=f"prefill{i}", forward_mode=Mode(True), is_extend_in_batch=True)
