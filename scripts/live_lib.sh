@@ -7,6 +7,7 @@ WORK=/tmp/flashtree_live
 LOGS=${LOGS:-$WORK/logs}
 STAGGER_S=${STAGGER_S:-0}  # seconds between server starts: concurrent starts race sglang's memory check
 mkdir -p "$LOGS"
+rm -rf "$LOGS"/server_*.log "$LOGS"/profile_*  # a warm machine keeps /tmp: one run's archive holds that run's logs only
 HARNESS_ENV=${HARNESS_ENV:-FT_FP32_NATIVE=0}
 declare -A PORT PID
 el() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
