@@ -9,7 +9,8 @@ One step, per running batch of bs requests (W = tree width with the root, K = ga
   3. flashtree's trie-vote builder -> W - 1 nodes; sglang's `build_tree_kernel_efficient` (EAGLE ABI through
      `to_eagle`) -> the FULL_MASK tree mask and the node positions;
   4. target verify through DSPARK's executor with that mask and those positions;
-  5. greedy walk (`verify_greedy`) or the lossless target-only sampled walk (`verify_sampled`);
+  5. greedy walk with its commit plan and (page size 1) the req_to_token window rewrite in one launch on CUDA
+     (`walk_and_commit`), or the lossless target-only sampled walk (`verify_sampled`) and its plan;
   6. commit: page size 1 permutes req_to_token's window so the accepted path's slots come first (no KV moves); paged
      KV copies the accepted nodes' target KV into the window's first offsets (the pool's own move_kv_cache); the
      draft's context K/V is injected for the committed path only, at sequential positions;
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from flashtree.tree import build_vote_tree, commit_plan, to_eagle, verify_greedy, verify_sampled
+from flashtree.tree import build_vote_tree, commit_plan, to_eagle, verify_sampled, walk_and_commit
 from flashtree.tree.commit import apply_permutation
 from flashtree.tree.types import VoteTree
 
@@ -225,17 +226,23 @@ def draw_candidates(state: TreeState, worker, base_logits, anchor, draft_hidden,
     return state.adapter.sample_blocks(worker, base_logits, anchor, draft_hidden, n, sampler)
 
 
-def walk(state: TreeState, tree: VoteTree, logits: torch.Tensor, sampling_info):
+def walk(state: TreeState, tree: VoteTree, logits: torch.Tensor, sampling_info, req_to_token, rows, starts):
+    """The accepted path and its commit plan; with `req_to_token` (page size 1) the window `req_to_token[rows[b],
+    starts[b]:][:W]` is also rewritten so the accepted path's slots come first. Greedy batches: one launch on CUDA."""
     bs, w = tree.batch_size, tree.width
     logits = logits.view(bs, w, -1)
     if sampling_info is None or sampling_info.is_all_greedy:
-        return verify_greedy(tree, logits.argmax(dim=-1))
+        return walk_and_commit(tree, logits.argmax(dim=-1), req_to_token, rows, starts)
     greedy = (sampling_info.top_ks.view(-1) <= 1)
     temperature = torch.where(greedy, 0.0, sampling_info.temperatures.view(-1).float())
     top_k = torch.where(greedy, 0, sampling_info.top_ks.view(-1).to(torch.long))
     top_k = torch.where(top_k >= logits.shape[-1], 0, top_k)
     top_p = sampling_info.top_ps.view(-1).float()
-    return verify_sampled(tree, logits, temperature, generator=state.generator, top_k=top_k, top_p=top_p)
+    result = verify_sampled(tree, logits, temperature, generator=state.generator, top_k=top_k, top_p=top_p)
+    plan = commit_plan(tree, result)
+    if req_to_token is not None:
+        apply_permutation(req_to_token, rows, starts, plan)
+    return result, plan
 
 
 def tree_step(state: TreeState, worker, batch, on_publish):
@@ -269,16 +276,15 @@ def tree_step(state: TreeState, worker, batch, on_publish):
     verified = adapter.target_verify(worker, batch, draft_input, window, ids, positions.view(bs, w), tree_mask)
     timer.mark("verify")
 
-    result = walk(state, tree, verified.logits, batch.sampling_info)
-    plan = commit_plan(tree, result)
+    # Page size 1: the walk also permutes the window in req_to_token so the accepted path's slots come first (no KV
+    # moves). Paged KV: a slot's page offset is its position's, so the window stays put and the accepted nodes' target
+    # KV is copied to offsets 1..accept_len. Then the draft context is injected for the committed tokens only.
+    req_to_token = adapter.req_to_token(worker) if state.page_size == 1 else None
+    result, plan = walk(state, tree, verified.logits, batch.sampling_info, req_to_token, batch.req_pool_indices, prefix)
     commit_lens = result.commit_len.to(torch.int32)
     timer.mark("walk")
 
-    # Commit. Page size 1: permute the window in req_to_token so the accepted path's slots come first (no KV moves).
-    # Paged KV: a slot's page offset is its position's, so the window stays put and the accepted nodes' target KV is
-    # copied to offsets 1..accept_len. Then the draft context is injected for the committed tokens only.
     if state.page_size == 1:
-        apply_permutation(adapter.req_to_token(worker), batch.req_pool_indices, prefix, plan)
         slots = window.cache_loc_2d.gather(1, plan.permutation)
     else:
         adapter.copy_committed_kv(worker, window.cache_loc_2d, plan)

@@ -1,12 +1,12 @@
 """The tree algorithm: trie-vote builder, encoders, greedy and lossless-sampled verification, commit plans, and
 chain rejection sampling against draft probabilities (`verify_rejection`, N = 1).
 
-`build_vote_tree`, `verify_greedy` and `commit_plan` run the Triton kernels on CUDA tensors and the torch
+`build_vote_tree`, `verify_greedy`, `commit_plan` and `walk_and_commit` run the Triton kernels on CUDA tensors and the torch
 references (modules `build`, `verify`, `commit`) elsewhere.
 """
 
 from .commit import apply_copies, apply_permutation
-from .dispatch import build_vote_tree, commit_plan, verify_greedy
+from .dispatch import build_vote_tree, commit_plan, verify_greedy, walk_and_commit
 from .encode import ancestor_mask, child_links, to_eagle, tree_positions
 from .rejection import verify_rejection
 from .types import CommitPlan, EagleEncoding, VerifyResult, VoteTree
@@ -28,4 +28,5 @@ __all__ = [
     "verify_greedy",
     "verify_rejection",
     "verify_sampled",
+    "walk_and_commit",
 ]

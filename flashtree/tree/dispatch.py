@@ -34,3 +34,20 @@ def commit_plan(tree: VoteTree, result: VerifyResult) -> CommitPlan:
 
         return commit_plan_triton(tree, result)
     return commit.commit_plan(tree, result)
+
+
+def walk_and_commit(tree: VoteTree, target_tokens: torch.Tensor, req_to_token: torch.Tensor | None = None,
+                    rows: torch.Tensor | None = None, starts: torch.Tensor | None = None):
+    """Greedy walk, its commit plan and, with `req_to_token`, the page-size-1 window rewrite (`apply_permutation`):
+    (VerifyResult, CommitPlan). One launch on CUDA (the fused walk + commit kernel), the references elsewhere."""
+    if target_tokens.is_cuda:
+        from .triton_walk import walk_and_commit_triton
+
+        result, plan, _ = walk_and_commit_triton(tree, target_tokens, req_to_token=req_to_token, rows=rows,
+                                                 starts=starts)
+        return result, plan
+    result = verify.verify_greedy(tree, target_tokens)
+    plan = commit.commit_plan(tree, result)
+    if req_to_token is not None:
+        commit.apply_permutation(req_to_token, rows, starts, plan)
+    return result, plan

@@ -325,8 +325,8 @@ def test_tree_step_matches_sequential_greedy_decode(monkeypatch, graph_max_bs):
     seen = {"non_first_deep": 0}
     real_walk = decode.walk
 
-    def walk(state, tree, logits, sampling_info):
-        result = real_walk(state, tree, logits, sampling_info)
+    def walk(state, tree, logits, sampling_info, *commit_args):
+        result, plan = real_walk(state, tree, logits, sampling_info, *commit_args)
         first_child, _ = child_links(tree)
         path = result.path
         for b in range(tree.batch_size):
@@ -334,7 +334,7 @@ def test_tree_step_matches_sequential_greedy_decode(monkeypatch, graph_max_bs):
             through_other = any(first_child[b, p] != c for p, c in zip(nodes, nodes[1:]))
             if through_other and len(nodes) - 1 >= 2:
                 seen["non_first_deep"] += 1
-        return result
+        return result, plan
 
     monkeypatch.setattr(decode, "walk", walk)
     accepts, state, _gen, _world = run(n=4, steps=40, graph_max_bs=graph_max_bs)
@@ -343,6 +343,24 @@ def test_tree_step_matches_sequential_greedy_decode(monkeypatch, graph_max_bs):
     assert all(accepts[d] > 0 for d in range(GAMMA)), f"not rejected at every depth: {sorted(accepts.items())}"
     assert sum(v for d, v in accepts.items() if d >= 2) > 0, sorted(accepts.items())
     assert seen["non_first_deep"] > 0, "no acceptance of depth >= 2 through a branch other than the first child"
+
+
+def test_fused_walk_and_commit_kernel_in_the_tree_step(monkeypatch):
+    """The CUDA path of the greedy walk: the fused walk + commit Triton kernel (Triton interpreter here) rewrites the
+    stand-in server's real req_to_token layout, and every commit still equals the sequential greedy decode."""
+    import flashtree.patches.decode as decode
+    from flashtree.tree.triton_walk import walk_and_commit_triton
+
+    launches = []
+
+    def fused(tree, targets, req_to_token=None, rows=None, starts=None):
+        launches.append(req_to_token is not None)
+        return walk_and_commit_triton(tree, targets, req_to_token=req_to_token, rows=rows, starts=starts)[:2]
+
+    monkeypatch.setattr(decode, "walk_and_commit", fused)
+    accepts, state, _gen, _world = run(n=4, steps=12)
+    assert launches == [True] * state.steps and state.steps > 0
+    assert sum(v for d, v in accepts.items() if d >= 1) > 0, sorted(accepts.items())
 
 
 def test_flashtree_walk_agrees_with_sglang_tree_walk():
@@ -387,8 +405,8 @@ def test_n1_chain_equals_dspark_chain_accept(monkeypatch, graph_max_bs):
     checked = []
     real_walk = decode.walk
 
-    def walk(state, tree, logits, sampling_info):
-        result = real_walk(state, tree, logits, sampling_info)
+    def walk(state, tree, logits, sampling_info, *commit_args):
+        result, plan = real_walk(state, tree, logits, sampling_info, *commit_args)
         bs = tree.batch_size
         assert torch.equal(tree.parents, torch.arange(W - 1).expand(bs, W - 1)), "N = 1 must give the chain"
         anchor = torch.zeros(bs, 1, dtype=torch.int64)  # the anchor is not compared by the chain accept
@@ -403,7 +421,7 @@ def test_n1_chain_equals_dspark_chain_accept(monkeypatch, graph_max_bs):
         assert correct_len.tolist() == result.accept_len.tolist()
         assert bonus.tolist() == result.bonus.tolist()
         checked.append(bs)
-        return result
+        return result, plan
 
     monkeypatch.setattr(decode, "walk", walk)
     accepts, state, _gen, _world = run(n=1, steps=12, graph_max_bs=graph_max_bs)
@@ -483,16 +501,16 @@ def test_sampled_walk_is_lossless_in_a_mixed_batch(monkeypatch, graph_max_bs):
     real_walk = decode.walk
     replayed = []
 
-    def walk(state, tree, logits, info):
+    def walk(state, tree, logits, info, *commit_args):
         before = state.generator.get_state()
-        result = real_walk(state, tree, logits, info)
+        result, plan = real_walk(state, tree, logits, info, *commit_args)
         replay = torch.Generator().set_state(before)
         want = verify_sampled(
             tree, logits.view(bs, W, V), torch.where(greedy, 0.0, temp), generator=replay, top_k=torch.zeros(bs, dtype=torch.long)
         )
         assert torch.equal(want.tokens, result.tokens) and torch.equal(want.accept_len, result.accept_len)
         replayed.append(True)
-        return result
+        return result, plan
 
     monkeypatch.setattr(decode, "walk", walk)
     accepts, state, generated, _world = run(n=4, steps=2, prompts=[prompt] * bs, sampling_info=sampling_info,

@@ -1,6 +1,6 @@
 import torch
 
-from flashtree.tree import apply_copies, apply_permutation, commit_plan, verify_greedy
+from flashtree.tree import apply_copies, apply_permutation, commit_plan, verify_greedy, walk_and_commit
 
 from .random_trees import following_targets, random_tree
 
@@ -49,3 +49,22 @@ def test_copy_plan_gives_the_sequential_kv():
             a = res.accept_len[b].item()
             path = res.path[b, : a + 1]
             assert torch.equal(kv[slots[b, : a + 1]], node_kv[b, path])
+
+
+def test_walk_and_commit_is_walk_plan_and_window_rewrite():
+    """The tree step's one call (one launch on CUDA) equals the three separate stages, with and without req_to_token."""
+    for seed in range(10):
+        tree, g = random_tree(seed, bs=4, n=6, k=5, width=10)
+        targets = following_targets(tree, g)
+        rows, starts = torch.tensor([3, 0, 2, 1]), torch.randint(0, 20, (4,), generator=g)
+        req_to_token = torch.randperm(4 * 40, generator=g).view(4, 40).to(torch.int32)
+        want = req_to_token.clone()
+        res = verify_greedy(tree, targets)
+        plan = commit_plan(tree, res)
+        apply_permutation(want, rows, starts, plan)
+        got_res, got_plan = walk_and_commit(tree, targets, req_to_token, rows, starts)
+        assert torch.equal(req_to_token, want) and torch.equal(got_res.tokens, res.tokens)
+        assert torch.equal(got_plan.permutation, plan.permutation) and torch.equal(got_plan.kv_len, plan.kv_len)
+        untouched = req_to_token.clone()
+        walk_and_commit(tree, targets)
+        assert torch.equal(req_to_token, untouched)
