@@ -10,7 +10,12 @@
 #   call 1, carry .cache/dspark-carry/a:  bash scripts/train_drafter_h200.sh stage-a      (chunk A -> /tmp, exits)
 #   call 2, carry .cache/dspark-carry/b:  bash scripts/train_drafter_h200.sh train        (chunk B, join, convert with
 #        flashtree.models.load_target, generate data, train, export, record the replay; results packed into $OUT)
-# Env: TRAIN_S (training time limit, default 200 s; 3000 steps take ~232 s), GEN_S (generation time limit, 240 s: the
+# One device call holds at most 600 s, and the default recipe generates for ~5 min and trains for 680 s, so the
+# training spans calls on the same warm machine: each `train` call resumes out_dir's checkpoint and data.
+#   call 2:  GEN_S=290 STOP_S=200 bash scripts/train_drafter_h200.sh train   (generate, train 200 s, pause)
+#   call 3:  bash scripts/train_drafter_h200.sh train                          (resume: train to 680 s, export, pack)
+# Env: TRAIN_S (training seconds over all calls, the schedule's length; default: the config's optim.time_limit_s),
+# STOP_S (stop this call's training after this long; a later call resumes), GEN_S (generation time limit, 240 s: the
 # batches started by then are the data; pass TRAIN_ARGS=data.gen_max_batches=B to fix them by count), EVAL_PROMPTS
 # (16), EVAL_TOKENS (128), RECORD_S (0 = record the held-out replay on the dev machine instead), DEVICE (cuda),
 # TRAIN_ARGS (extra Hydra overrides of the training run). The draft is also left in /tmp/ft-draft and the converted
@@ -73,7 +78,8 @@ train)
   python3 -c 'from flashtree.models import load_target; m, t = load_target("smollm2-135m"); print(t.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}], tokenize=False, add_generation_prompt=True)[-40:])'
   stamp "train"
   python3 experiments/train_drafter.py "out_dir=$OUT_DIR" seed=0 logger.wandb.mode=disabled logger.every=50 \
-    ${PROMPTS:+data.prompts_file=$PROMPTS} "data.gen_time_limit_s=${GEN_S:-240}" "optim.time_limit_s=${TRAIN_S:-200}" \
+    ${PROMPTS:+data.prompts_file=$PROMPTS} "data.gen_time_limit_s=${GEN_S:-240}" ${TRAIN_S:+optim.time_limit_s=$TRAIN_S} \
+    ${STOP_S:+optim.stop_after_s=$STOP_S} \
     logger.progress=false "target.device=${DEVICE:-cuda}" ${TRAIN_ARGS:-}
   rm -rf /tmp/ft-draft && cp -r "$OUT_DIR/draft" /tmp/ft-draft
   if [ "${RECORD_S:-0}" -gt 0 ]; then

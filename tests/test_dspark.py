@@ -348,9 +348,9 @@ def test_default_config_samples_gsm8k_first_and_keeps_those_batches():
     register()
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         d = to_train_config(compose(config_name="default")).data
-    assert d.extra_samples == {"gsm8k-first-half": 7} and d.sample_temperature == 0.8
-    sampled_batches = math.ceil(659 * 7 / d.gen_batch_size)  # all 659 GSM8K-first-half prompts fit
-    assert sampled_batches == 5 < d.gen_max_batches == 12  # so the limit never cuts a sampled batch
+    assert d.extra_samples == {"gsm8k-first-half": 15} and d.sample_temperature == 0.8
+    sampled_batches = math.ceil(659 * 15 / d.gen_batch_size)  # all 659 GSM8K-first-half prompts fit
+    assert sampled_batches == 10 < d.gen_max_batches == 16  # so the limit never cuts a sampled batch
 
 
 def test_prepare_data_expands_samples_from_the_config_also_over_a_prompts_file(tmp_path):
@@ -399,3 +399,42 @@ def test_training_app_trains_exports_a_loadable_draft_and_resumes(tiny, tmp_path
     summary = train(more, log=lines.append)
     assert summary["steps"] == 9 and any("resumed" in line and "step 6" in line for line in lines)
     assert any("reusing" in line for line in lines)  # the data is not regenerated
+
+
+def test_a_training_can_pause_and_resume_on_one_time_schedule(tiny, tmp_path):
+    """stop_after_s ends a run early (checkpoint + export, `paused`); a resume continues the schedule that
+    time_limit_s spans over all runs: trained time carries over, so the learning rate picks up where it was."""
+    from hydra import compose, initialize_config_dir
+
+    from flashtree.dspark.train import train
+    from flashtree.dspark.train_config import register, to_train_config
+
+    register()
+
+    def cfg(*overrides):
+        with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+            return to_train_config(compose(config_name="tiny", overrides=[f"out_dir={tmp_path}", "optim.steps=12",
+                                                                         "optim.warmup=1", *overrides]))
+
+    first = train(cfg("optim.stop_after_s=1e-9", "optim.time_limit_s=1000"), log=lambda *a: None)
+    assert first["paused"] and not first["stopped_by_time_limit"] and first["steps"] == 0
+    assert (tmp_path / "draft" / "config.json").is_file()
+    # as if the first run had trained for 999 of the 1000 s: the resumed run starts at the schedule's end
+    state = torch.load(tmp_path / "state.pt", weights_only=False)
+    state["step"], state["train_time_s"] = 3, 999.0
+    torch.save(state, tmp_path / "state.pt")
+    lines = []
+    second = train(cfg("optim.time_limit_s=1000"), log=lines.append)
+    assert not second["paused"] and second["train_time_s"] >= 999.0
+    rows = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    lr = cfg().optim.lr
+    assert rows and all(row["lr"] < 0.2 * lr for row in rows), [row["lr"] for row in rows]
+    assert any("resumed" in line and "step 3" in line for line in lines)
+
+
+@pytest.mark.parametrize("key", ["time_limit_s", "stop_after_s"])
+def test_time_limits_must_be_positive(key):
+    from flashtree.dspark.train_config import TrainOptimConfig
+
+    with pytest.raises(ValueError, match=f"optim.{key}"):
+        TrainOptimConfig(**{key: 0})

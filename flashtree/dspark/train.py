@@ -247,16 +247,24 @@ def train(cfg: TrainConfig, log=print) -> dict:
                dynamic_ncols=True)
     stopped_early = False
     row = {}
+    paused = False
     while step < o.steps:
-        if o.time_limit_s is not None and time.perf_counter() - t_train > o.time_limit_s:
+        run_time = time.perf_counter() - t_train
+        total_time = train_time_before + run_time  # the schedule spans every run of this out_dir
+        if o.time_limit_s is not None and total_time > o.time_limit_s:
             stopped_early = True
             log(f"[dspark] training time limit {o.time_limit_s:.0f}s reached at step {step}")
+            break
+        if o.stop_after_s is not None and run_time > o.stop_after_s:
+            paused = True
+            log(f"[dspark] stopping this run after {o.stop_after_s:.0f}s at step {step} "
+                f"({total_time:.0f}s trained); resume to continue the schedule")
             break
         idx = torch.randint(len(seqs), (o.batch_size,), generator=gen).tolist()
         tokens, lengths, prompt_lens = make_batch(seqs, idx, o.max_seq_len, pad, device)
         anchors, valid = sample_anchors(lengths.cpu(), prompt_lens, o.anchors, gen)
         anchors, valid = anchors.to(device), valid.to(device)
-        time_frac = None if o.time_limit_s is None else (time.perf_counter() - t_train) / o.time_limit_s
+        time_frac = None if o.time_limit_s is None else total_time / o.time_limit_s
         for group in opt.param_groups:
             group["lr"] = lr_at(step, lr=o.lr, warmup=o.warmup, total=o.steps, time_frac=time_frac)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
@@ -296,6 +304,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
         "steps": step,
         "steps_planned": o.steps,
         "stopped_by_time_limit": stopped_early,
+        "paused": paused,  # stop_after_s: a resume continues the schedule
         "train_time_s": train_time + train_time_before,
         "wall_time_s": time.perf_counter() - t_start,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

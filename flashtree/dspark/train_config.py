@@ -95,13 +95,20 @@ class TrainOptimConfig:
     grad_clip: float = 1.0
     loss_decay: Optional[float] = 4.0  # block row j weighs exp(-j / loss_decay); null = uniform
     bf16: bool = True  # autocast (CUDA only)
-    time_limit_s: Optional[float] = None  # stop training after this long (the schedule still ends at `steps`)
+    # Training time over all runs of one out_dir (resumes included): the cosine schedule ends here, or at `steps`.
+    time_limit_s: Optional[float] = None
+    # Stop this run after this long (checkpoint + export); a resume continues the same schedule. Lets one training
+    # span several device calls of bounded length.
+    stop_after_s: Optional[float] = None
 
     def __post_init__(self) -> None:
         for key in ("steps", "batch_size", "anchors"):
             _check(getattr(self, key) >= 1, f"optim.{key}", getattr(self, key), "must be >= 1")
         _check(self.lr > 0, "optim.lr", self.lr, "must be > 0")
         _check(self.max_seq_len >= 4, "optim.max_seq_len", self.max_seq_len, "must be >= 4")
+        for key in ("time_limit_s", "stop_after_s"):
+            value = getattr(self, key)
+            _check(value is None or value > 0, f"optim.{key}", value, "must be > 0 seconds, or null")
 
 
 @dataclass
