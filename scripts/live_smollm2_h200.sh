@@ -11,11 +11,13 @@
 #   float32, --enable-deterministic-inference (identity): f_plain, f_chain, f_tree4g, f_tree8g, f_tree8sg (split-KV);
 #     f_tree4g captures graphs for bs 1, 2, 4 only, so its batches of 5-8 run eagerly (draws and verify) and are checked
 #   bfloat16 (speed): b_plain, b_chain, b_tree1g (flashtree's step with N = 1: the chain's tau through the tree path,
-#     so its gap to b_chain is the tree path's own cost), b_tree4g, b_tree8g, b_tree8sg (split-KV)
+#     so its gap to b_chain is the tree path's own cost), b_tree4g, b_tree8g, b_tree8sg (split-KV), b_tree8sgm (split-KV,
+#     FLASHTREE_TREE_MAX_BS=$MAX_BS: larger batches run DSPARK's chain step), b_tree8sgt (b_tree8sg with
+#     FLASHTREE_STAGE_TIMES, for the per-stage table; the others run without the timer's events)
 # Phases (PHASES, default "identity speed sampled"; only the sets the phases need start): greedy identity of every f_*
 # server against f_plain on 50 held-out GSM8K prompts (128 tokens), then the f_* servers stop; tokens/s, time per output
 # token and tau per b_* server alone at concurrency 1, 8, 32; a sampled (T = 0.7) chi-square of b_tree8g against b_plain.
-# Tree servers log per-stage times (FLASHTREE_STAGE_TIMES; their lines end with "draws ran: graph X, eager Y"). $OUT
+# Stage-timed servers log per-stage times (FLASHTREE_STAGE_TIMES; lines end with "draws ran: graph X, eager Y"). $OUT
 # gets identity/speed/sampled_results.json, stage_times.txt, server_logs.tgz, the draft config.
 set -u
 T0=$(date +%s)
@@ -53,15 +55,17 @@ F32="$BASE --dtype float32 --enable-deterministic-inference --max-running-reques
 B16="$BASE --dtype bfloat16 --max-running-requests 32 --cuda-graph-bs-decode 1 2 4 8 16 24 32"
 SPEC="--speculative-algorithm DSPARK --speculative-draft-model-path $DRAFT --speculative-num-draft-tokens 9
   --speculative-draft-attention-backend triton"
-TREE="FLASHTREE_STAGE_TIMES=100 FLASHTREE_GRAPH_DRAWS=1"
+TREE="FLASHTREE_GRAPH_DRAWS=1"
+TIMES="FLASHTREE_STAGE_TIMES=100"
+MAX_BS=${MAX_BS:-4}
 trap stop_all EXIT
 has() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
 if has identity; then
   start_server f_plain 30010 FLASHTREE_TREE_N= -- $F32
   start_server f_chain 30011 FLASHTREE_TREE_N= -- $F32 $SPEC
-  start_server f_tree4g 30012 FLASHTREE_TREE_N=4 $TREE -- ${F32/--cuda-graph-bs-decode 1 2 4 8/--cuda-graph-bs-decode 1 2 4} $SPEC
-  start_server f_tree8g 30013 FLASHTREE_TREE_N=8 $TREE -- $F32 $SPEC
-  start_server f_tree8sg 30014 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TREE -- $F32 $SPEC
+  start_server f_tree4g 30012 FLASHTREE_TREE_N=4 $TREE $TIMES -- ${F32/--cuda-graph-bs-decode 1 2 4 8/--cuda-graph-bs-decode 1 2 4} $SPEC
+  start_server f_tree8g 30013 FLASHTREE_TREE_N=8 $TREE $TIMES -- $F32 $SPEC
+  start_server f_tree8sg 30014 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TREE $TIMES -- $F32 $SPEC
 fi
 if has speed || has sampled; then
   start_server b_plain 30020 FLASHTREE_TREE_N= -- $B16
@@ -70,6 +74,8 @@ if has speed || has sampled; then
   start_server b_tree4g 30023 FLASHTREE_TREE_N=4 $TREE -- $B16 $SPEC
   start_server b_tree8g 30024 FLASHTREE_TREE_N=8 $TREE -- $B16 $SPEC
   start_server b_tree8sg 30025 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TREE -- $B16 $SPEC
+  start_server b_tree8sgm 30026 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 FLASHTREE_TREE_MAX_BS=$MAX_BS $TREE -- $B16 $SPEC
+  start_server b_tree8sgt 30027 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TREE $TIMES -- $B16 $SPEC
 fi
 wait_up $(( TOTAL_S / 2 )) || el "not every server came up (continuing with those that did)"
 
@@ -84,7 +90,8 @@ fi
 if has speed; then
   el "speed phase"
   timeout $(( TOTAL_S - ($(date +%s) - T0) - 60 )) python3 benchmarks/live/bench_client.py speed --prompts "$PROMPTS" \
-    --out "$OUT" --wait 5 $(args b_plain b_chain b_tree1g b_tree4g b_tree8g b_tree8sg) | grep -v "^\[bench\]"
+    --out "$OUT" --wait 5 $(args b_plain b_chain b_tree1g b_tree4g b_tree8g b_tree8sg b_tree8sgm b_tree8sgt) |
+    grep -v "^\[bench\]"
   el "speed done"
 fi
 left=$(( TOTAL_S - ($(date +%s) - T0) - 25 ))

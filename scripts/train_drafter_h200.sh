@@ -10,10 +10,10 @@
 #   call 1, carry .cache/dspark-carry/a:  bash scripts/train_drafter_h200.sh stage-a      (chunk A -> /tmp, exits)
 #   call 2, carry .cache/dspark-carry/b:  bash scripts/train_drafter_h200.sh train        (chunk B, join, convert with
 #        flashtree.models.load_target, generate data, train, export, record the replay; results packed into $OUT)
-# One device call holds at most 600 s, and the default recipe generates for ~5 min and trains for 680 s, so the
-# training spans calls on the same warm machine: each `train` call resumes out_dir's checkpoint and data.
-#   call 2:  GEN_S=290 STOP_S=200 bash scripts/train_drafter_h200.sh train   (generate, train 200 s, pause)
-#   call 3:  bash scripts/train_drafter_h200.sh train                          (resume: train to 680 s, export, pack)
+# One device call holds at most 600 s; the default recipe (~230 s generation, 280 s training) fits one. A longer
+# training spans calls on the same warm machine: each `train` call resumes out_dir's checkpoint and data, e.g.
+#   GEN_S=230 TRAIN_S=680 STOP_S=200 bash scripts/train_drafter_h200.sh train   (generate, train 200 s, pause)
+#   TRAIN_S=680 bash scripts/train_drafter_h200.sh train                         (resume: train to 680 s, export)
 # Env: TRAIN_S (training seconds over all calls, the schedule's length; default: the config's optim.time_limit_s),
 # STOP_S (stop this call's training after this long; a later call resumes), GEN_S (generation time limit, 240 s: the
 # batches started by then are the data; pass TRAIN_ARGS=data.gen_max_batches=B to fix them by count), EVAL_PROMPTS

@@ -6,8 +6,8 @@ One step, per running batch of bs requests (W = tree width with the root, K = ga
      sampler): candidate 0 is the greedy block, 1..N-1 are independent draws at the draft temperature -> (bs, N, K);
      with FLASHTREE_GRAPH_DRAWS=1 the draws run in the draft's captured CUDA graph tail (graph_draws.py) and the
      step reads them from its buffer (eager as above when the draft forward ran eagerly);
-  3. flashtree's trie-vote builder -> W - 1 nodes; sglang's `build_tree_kernel_efficient` (EAGLE ABI through
-     `to_eagle`) -> the FULL_MASK tree mask and the node positions;
+  3. flashtree's trie-vote builder -> W - 1 nodes; `verify_inputs` -> the verify ids, the node positions, sglang's
+     FULL_MASK tree mask and the step's statistics rows (one launch on CUDA);
   4. target verify through DSPARK's executor with that mask and those positions;
   5. greedy walk with its commit plan and (page size 1) the req_to_token window rewrite in one launch on CUDA
      (`walk_and_commit`), or the lossless target-only sampled walk (`verify_sampled`) and its plan;
@@ -18,8 +18,8 @@ One step, per running batch of bs requests (W = tree width with the root, K = ga
      ([candidates, distinct candidates, tree size, accepted depth] per step; they reach the response's meta_info).
 
 Batches the step does not take go to DSPARK's own decode unchanged: idle batches (DSPARK's idle result), DP-attention
-coordination, and sampled batches when N = 1 (DSPARK's chain rejection sampling uses the draft's probabilities and
-accepts more than the target-only walk can with one candidate).
+coordination, sampled batches when N = 1 (DSPARK's chain rejection sampling uses the draft's probabilities and
+accepts more than the target-only walk can with one candidate), and batches above FLASHTREE_TREE_MAX_BS requests.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from flashtree.tree import build_vote_tree, commit_plan, to_eagle, verify_sampled, walk_and_commit
+from flashtree.tree import build_vote_tree, commit_plan, verify_inputs, verify_sampled, walk_and_commit
 from flashtree.tree.commit import apply_permutation
 from flashtree.tree.types import VoteTree
 
@@ -157,6 +157,12 @@ def skip_reason(state: TreeState, batch, args, kwargs) -> str | None:
         return "dp-attention"
     if getattr(batch, "has_grammar", False) or getattr(batch, "return_logprob", False):
         return "refused-features"  # admission refuses these; a batch that still has them keeps DSPARK's own path
+    limit = state.toggles.tree_max_bs
+    if limit and len(batch.seq_lens) > limit:
+        # FLASHTREE_TREE_MAX_BS: DSPARK's chain step is cheaper here. Both steps leave req_to_token (accepted slots
+        # first), the KV and the next draft input (bonus, new seq_lens) in the same sequential layout, so requests
+        # move between them from one step to the next.
+        return "batch-size"
     info = batch.sampling_info
     all_greedy = info is None or info.is_all_greedy
     if not all_greedy and state.toggles.tree_n == 1:
@@ -183,29 +189,6 @@ def pad_tree(tree: VoteTree, width: int, n: int) -> VoteTree:
         first_candidate=pad(tree.first_candidate, n),
         k=tree.k,
     )
-
-
-def tree_mask_and_positions(tree: VoteTree, anchor, seq_lens, seq_lens_sum: int):
-    """sglang's EAGLE tree kernel over flashtree's tree: FULL_MASK (flat bool) and positions (bs*W,)."""
-    from .adapters.probe import resolve
-
-    build = resolve("sglang.srt.speculative.eagle_utils:build_tree_kernel_efficient")
-    mode = resolve("sglang.srt.speculative.eagle_utils:TreeMaskMode")
-    enc = to_eagle(tree)
-    out = build(
-        anchor,
-        enc.parent_list,
-        enc.top_scores_index,
-        enc.draft_tokens,
-        seq_lens,
-        seq_lens_sum,
-        enc.topk,
-        enc.spec_steps,
-        enc.num_verify_tokens,
-        tree_mask_mode=mode.FULL_MASK,
-    )
-    tree_mask, positions = out[0], out[1]
-    return tree_mask, positions
 
 
 def draw_temperatures(rows: int, n: int, temperature: float, device) -> torch.Tensor:
@@ -270,10 +253,10 @@ def tree_step(state: TreeState, worker, batch, on_publish):
     tree = pad_tree(build_vote_tree(candidates, state.width_for(bs)), w, n)
 
     seq_lens_sum = int(batch.seq_lens_sum) if batch.seq_lens_sum is not None else int(prefix.sum())
-    tree_mask, positions = tree_mask_and_positions(tree, anchor, prefix, seq_lens_sum)
-    ids = torch.cat([anchor.view(bs, 1), tree.tokens], dim=1)
+    inputs = verify_inputs(tree, anchor, prefix, seq_lens_sum, candidates)
     timer.mark("tree")
-    verified = adapter.target_verify(worker, batch, draft_input, window, ids, positions.view(bs, w), tree_mask)
+    verified = adapter.target_verify(worker, batch, draft_input, window, inputs.ids, inputs.positions.view(bs, w),
+                                     inputs.mask)
     timer.mark("verify")
 
     # Page size 1: the walk also permutes the window in req_to_token so the accepted path's slots come first (no KV
@@ -304,7 +287,8 @@ def tree_step(state: TreeState, worker, batch, on_publish):
 
     logits_output = verified.logits_output
     logits_output.hidden_states = None
-    stats = tree_stats(tree, candidates, result.accept_len)
+    inputs.stats[:, 3] = result.accept_len
+    stats = DeferredRows(inputs.stats)
     info = dict(getattr(logits_output, "customized_info", None) or {})
     info[STATS_KEY] = stats
     logits_output.customized_info = info
@@ -363,14 +347,3 @@ class DeferredRows:
         if self._done is not None:
             self._done.synchronize()
         return self._host[i].tolist()
-
-
-def tree_stats(tree: VoteTree, candidates: torch.Tensor, accept_len: torch.Tensor) -> DeferredRows:
-    """Per request: [candidates, distinct candidates, tree size, accepted depth] (ints, read lazily)."""
-    bs, n, _k = candidates.shape
-    same = (candidates.unsqueeze(2) == candidates.unsqueeze(1)).all(dim=-1)  # (bs, N, N)
-    earlier = torch.ones(n, n, dtype=torch.bool, device=candidates.device).tril(-1)
-    distinct = (~(same & earlier).any(dim=-1)).sum(dim=-1)
-    size = tree.valid.sum(dim=-1)
-    rows = torch.stack([torch.full_like(size, n), distinct, size, accept_len.to(size.dtype)], dim=1)
-    return DeferredRows(rows.to(torch.int32))

@@ -21,6 +21,12 @@ The tree step's draft forward passes that sampler to `_run_forward`; when the gr
 the buffer and computes no base logits; otherwise (eager forward) it keeps the eager path (base logits + N draws
 through flashtree's row sampler with FLASHTREE_SEED's generator).
 
+FLASHTREE_TREE_MAX_BS=L (> 0): batches of more than L requests run DSPARK's own chain step, which reads none of the
+draws, so the buffers hold `rows` = min(max graph bs, B) requests, B the configured graph size a batch of L requests
+is padded to (L itself when the configured sizes are unknown), and a tail that runs for more than `rows` requests
+skips the draws (those graphs are captured with DSPARK's tail only). A tree step reads the buffer only when the graph
+its batch replays (the smallest captured size >= bs, as recorded by the tail runs) drew; otherwise it draws eagerly.
+
 Memory: the noise buffer `(max_bs * N, V)` float32 is persistent; the draws' intermediates live in the graph's memory
 pool (the release's Markov draw: 0.5.17 / 0.5.20 repeat the block's base logits to `(bs * N, K, V)`, 0.5.17 also
 keeps the corrected logits; 0.5.23 steps on `(bs * N, V)` rows). If the estimate does not fit the free GPU memory
@@ -64,8 +70,12 @@ class _TapModel:
 class GraphDraws:
     """The N candidate blocks per request, drawn in DSPARK's draft graph tail into persistent buffers."""
 
-    def __init__(self, *, adapter, n: int, gamma: int, max_bs: int, vocab: int, temperature: float, device):
+    def __init__(self, *, adapter, n: int, gamma: int, max_bs: int, vocab: int, temperature: float, device,
+                 limit: int = 0):
+        # max_bs: the requests the buffers hold. limit (FLASHTREE_TREE_MAX_BS, 0 = none): with a limit, a tail run
+        # for more than max_bs requests (a graph only chain steps replay) skips the draws instead of failing.
         self.adapter, self.n, self.k, self.max_bs = adapter, int(n), int(gamma), int(max_bs)
+        self.limit = int(limit)
         rows = self.max_bs * self.n
         # What the tree step reads: (max_bs, N, K), request-major; the captured graphs rewrite rows [:bs] per replay.
         self.out = torch.zeros((self.max_bs, self.n, self.k), dtype=torch.int64, device=device)
@@ -76,6 +86,9 @@ class GraphDraws:
         self.inv_temperature = torch.full((rows,), 1.0 / float(temperature), dtype=torch.float32, device=device)
         self.noise = torch.empty((rows, int(vocab)), dtype=torch.float32, device=device)
         self.calls = 0  # tail runs (warm-up, capture and eager tails; not replays)
+        self.skips = 0  # tail runs above max_bs with a limit: DSPARK's tail only, no draws
+        self.drawn_sizes: set[int] = set()  # batch sizes the tail ran for, with the draws / without them
+        self.skipped_sizes: set[int] = set()
 
     # ---- the step sampler ---------------------------------------------------------------------------------------
     def step_sampler(self) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -97,7 +110,12 @@ class GraphDraws:
     def draw(self, sampler, hidden_states: torch.Tensor, input_ids: torch.Tensor, base_logits) -> None:
         bs, model_hidden, draft_hidden, anchor = tail_inputs(sampler, hidden_states, input_ids)
         if bs > self.max_bs:
+            if self.limit:  # only chain steps (bs > FLASHTREE_TREE_MAX_BS) replay this graph: DSPARK's tail only
+                self.skipped_sizes.add(bs)
+                self.skips += 1
+                return
             raise RuntimeError(f"flashtree: the draft tail ran for {bs} requests, above its {self.max_bs}-row buffer")
+        self.drawn_sizes.add(bs)
         if base_logits is None:  # DSPARK's tail computed none (0.5.23's megakernel step)
             base_logits, _ = sampler.model.compute_base_logits(model_hidden)
         base_logits = base_logits.view(bs, self.k, -1)
@@ -106,6 +124,17 @@ class GraphDraws:
         )
         self.out[:bs].copy_(tokens.view(bs, self.n, self.k))
         self.calls += 1
+
+    def covers(self, bs: int) -> bool:
+        """Whether the graph a batch of `bs` requests replays drew the candidates. Without a limit every captured
+        graph did. With one, the replayed graph is the smallest size >= bs the tail ran for (sglang pads a batch to
+        its next captured size; every captured size ran the tail at capture): it drew iff that size <= max_bs."""
+        if not self.limit:
+            return True
+        if bs > self.max_bs:
+            return False
+        sizes = [s for s in self.drawn_sizes | self.skipped_sizes if s >= bs]
+        return bool(sizes) and min(sizes) in self.drawn_sizes
 
     def read(self, bs: int) -> torch.Tensor:
         """The (bs, N, K) candidates the last graph replay drew (a copy: the next draft forward rewrites them)."""
@@ -179,6 +208,27 @@ def need_bytes(adapter, *, n: int, gamma: int, max_bs: int, vocab: int, logits_b
     return persistent + adapter.graph_draw_bytes(rows=rows, gamma=gamma, vocab=vocab, logits_bytes=logits_bytes)
 
 
+def configured_graph_sizes() -> list[int] | None:
+    """The decode CUDA-graph batch sizes sglang was configured with (`--cuda-graph-bs`; DSPARK sizes its own sampler
+    from their max), None when unknown. sglang captures a subset of them (plus its max running requests)."""
+    try:
+        from sglang.srt.runtime_context import get_exec
+
+        return sorted({int(s) for s in get_exec().graph.cuda_graph_config.decode.bs})
+    except Exception:  # not published (no server context), or another layout
+        return None
+
+
+def draw_rows(max_bs: int, limit: int, sizes) -> int:
+    """Requests the draw buffers hold: all `max_bs` without a limit; with FLASHTREE_TREE_MAX_BS = limit, the graph
+    size a batch of `limit` requests is padded to (the smallest configured size >= limit; `limit` when unknown),
+    at most `max_bs`."""
+    if not limit or limit >= max_bs:
+        return max_bs
+    above = [int(s) for s in sizes or () if int(s) >= limit]
+    return min(min(above) if above else limit, max_bs)
+
+
 def free_bytes(device) -> int | None:
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
@@ -187,7 +237,7 @@ def free_bytes(device) -> int | None:
     return int(free)
 
 
-def build(state, worker, stock, *, free: Callable = free_bytes):
+def build(state, worker, stock, *, free: Callable = free_bytes, graph_sizes: Callable = configured_graph_sizes):
     """Called with the sampler DSPARK built (or None). Returns the sampler the worker keeps: flashtree's, or DSPARK's
     own (reason logged and kept in `state.graph_draws_off`)."""
     from . import flashmap_draft
@@ -209,7 +259,9 @@ def build(state, worker, stock, *, free: Callable = free_bytes):
         return keep(refuse)
     model = stock.model
     gamma = int(stock.gamma)
-    max_bs = int(stock.out.shape[0]) // gamma
+    graph_bs = int(stock.out.shape[0]) // gamma  # DSPARK's sampler: the largest configured graph size
+    limit = toggles.tree_max_bs
+    max_bs = draw_rows(graph_bs, limit, graph_sizes() if limit else None)
     vocab = int(model.lm_head.org_vocab_size)
     weight = model.lm_head.weight
     logits_bytes = weight.element_size() if weight.is_floating_point() else 2
@@ -223,13 +275,15 @@ def build(state, worker, stock, *, free: Callable = free_bytes):
         )
     draws = GraphDraws(
         adapter=adapter, n=toggles.tree_n, gamma=gamma, max_bs=max_bs, vocab=vocab,
-        temperature=toggles.draft_temperature, device=stock.out.device,
+        temperature=toggles.draft_temperature, device=stock.out.device, limit=limit if max_bs < graph_bs else 0,
     )
     state.graph_draws = draws
     state.graph_draws_off = None
     logger.info(
-        "flashtree: the N=%d draft draws run in DSPARK's draft CUDA graph tail (up to %d requests, ~%.2f GiB)",
+        "flashtree: the N=%d draft draws run in DSPARK's draft CUDA graph tail (up to %d requests, ~%.2f GiB)%s",
         toggles.tree_n, max_bs, need / 2**30,
+        f"; graphs above {max_bs} requests (FLASHTREE_TREE_MAX_BS={limit}: chain steps) are captured without them"
+        if max_bs < graph_bs else "",
     )
     return wrap(stock, draws)
 

@@ -45,6 +45,7 @@ class TreeToggles:
     tree_n: int = 0  # max candidate blocks per request (0 = tree path off)
     tree_width: int = 0  # W: verify tokens per request, root included (0 = auto: DSPARK's window, gamma + 1)
     tree_budget: int = 0  # batch-wide verify-token budget; per-request width = clamp(budget // bs, 2, W) (0 = none)
+    tree_max_bs: int = 0  # decode batches of more requests run DSPARK's own chain step (0 = no limit)
     draft_temperature: float = 1.0  # temperature of the N independent draft draws
     splitkv_verify: bool = False  # split-KV tree-verify attention on the target's Triton backend
     fused_sampler: bool = False  # flashtree's fused row sampler for the N draft draws
@@ -116,6 +117,11 @@ TOGGLES: dict[str, tuple[str, Callable[[str], object], str]] = {
         _int_in(0, 1 << 20),
         "batch-wide verify-token budget: each request gets W_eff = clamp(budget // bs, 2, W) tree nodes; 0 = no budget",
     ),
+    "FLASHTREE_TREE_MAX_BS": (
+        "tree_max_bs",
+        _int_in(0, 1 << 16),
+        "decode batches of more running requests than this run DSPARK's own chain step; 0 = no limit",
+    ),
     "FLASHTREE_DRAFT_TEMPERATURE": (
         "draft_temperature",
         _positive_float,
@@ -144,8 +150,8 @@ _TOGGLE_FAMILIES = (
     "FLASHTREE_GRAPH",
 )
 # Set without FLASHTREE_TREE_N they would do nothing; refuse rather than ignore them.
-_NEED_TREE = ("FLASHTREE_TREE_WIDTH", "FLASHTREE_TREE_BUDGET", "FLASHTREE_DRAFT_TEMPERATURE", "FLASHTREE_SEED",
-              "FLASHTREE_STAGE_TIMES", "FLASHTREE_GRAPH_DRAWS")
+_NEED_TREE = ("FLASHTREE_TREE_WIDTH", "FLASHTREE_TREE_BUDGET", "FLASHTREE_TREE_MAX_BS", "FLASHTREE_DRAFT_TEMPERATURE",
+              "FLASHTREE_SEED", "FLASHTREE_STAGE_TIMES", "FLASHTREE_GRAPH_DRAWS")
 
 
 def read_toggles(environ: Mapping[str, str] | None = None) -> TreeToggles | None:

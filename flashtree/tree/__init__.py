@@ -1,20 +1,21 @@
 """The tree algorithm: trie-vote builder, encoders, greedy and lossless-sampled verification, commit plans, and
 chain rejection sampling against draft probabilities (`verify_rejection`, N = 1).
 
-`build_vote_tree`, `verify_greedy`, `commit_plan` and `walk_and_commit` run the Triton kernels on CUDA tensors and the torch
-references (modules `build`, `verify`, `commit`) elsewhere.
+`build_vote_tree`, `verify_greedy`, `commit_plan`, `walk_and_commit` and `verify_inputs` run the Triton kernels on CUDA
+tensors and the torch references (modules `build`, `verify`, `commit`, `encode`) elsewhere.
 """
 
 from .commit import apply_copies, apply_permutation
-from .dispatch import build_vote_tree, commit_plan, verify_greedy, walk_and_commit
+from .dispatch import build_vote_tree, commit_plan, verify_greedy, verify_inputs, walk_and_commit
 from .encode import ancestor_mask, child_links, to_eagle, tree_positions
 from .rejection import verify_rejection
-from .types import CommitPlan, EagleEncoding, VerifyResult, VoteTree
+from .types import CommitPlan, EagleEncoding, VerifyInputs, VerifyResult, VoteTree
 from .verify import verify_sampled
 
 __all__ = [
     "CommitPlan",
     "EagleEncoding",
+    "VerifyInputs",
     "VerifyResult",
     "VoteTree",
     "ancestor_mask",
@@ -26,6 +27,7 @@ __all__ = [
     "to_eagle",
     "tree_positions",
     "verify_greedy",
+    "verify_inputs",
     "verify_rejection",
     "verify_sampled",
     "walk_and_commit",

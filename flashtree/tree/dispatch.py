@@ -1,15 +1,16 @@
 """One function per tree stage, chosen by device: the fused Triton kernel on CUDA, the torch reference elsewhere.
 
-The references (`build.py`, `verify.py`, `commit.py`) define the semantics; the kernels reproduce them bit for bit
-(tests/kernels). Triton is imported only when a CUDA tensor arrives, so CPU users need no Triton.
+The references (`build.py`, `verify.py`, `commit.py`, `encode.verify_inputs`) define the semantics; the kernels
+reproduce them bit for bit (tests/kernels). Triton is imported only when a CUDA tensor arrives, so CPU users need no
+Triton.
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import build, commit, verify
-from .types import CommitPlan, VerifyResult, VoteTree
+from . import build, commit, encode, verify
+from .types import CommitPlan, VerifyInputs, VerifyResult, VoteTree
 
 
 def build_vote_tree(candidates: torch.Tensor, width: int) -> VoteTree:
@@ -34,6 +35,16 @@ def commit_plan(tree: VoteTree, result: VerifyResult) -> CommitPlan:
 
         return commit_plan_triton(tree, result)
     return commit.commit_plan(tree, result)
+
+
+def verify_inputs(tree: VoteTree, anchor: torch.Tensor, seq_lens: torch.Tensor, seq_lens_sum: int,
+                  candidates: torch.Tensor | None = None) -> VerifyInputs:
+    """Verify ids, positions, sglang's FULL_MASK tree mask and the statistics rows: one launch on CUDA."""
+    if tree.tokens.is_cuda:
+        from .triton_mask import verify_inputs_triton
+
+        return verify_inputs_triton(tree, anchor, seq_lens, seq_lens_sum, candidates)
+    return encode.verify_inputs(tree, anchor, seq_lens, seq_lens_sum, candidates)
 
 
 def walk_and_commit(tree: VoteTree, target_tokens: torch.Tensor, req_to_token: torch.Tensor | None = None,

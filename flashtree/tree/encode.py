@@ -1,10 +1,11 @@
-"""What verifiers need from a VoteTree: ancestor mask, positions, child links, and EAGLE's encoding for sglang."""
+"""What verifiers need from a VoteTree: ancestor mask, positions, child links, sglang's verify inputs (`verify_inputs`)
+and EAGLE's encoding."""
 
 from __future__ import annotations
 
 import torch
 
-from .types import EagleEncoding, VoteTree
+from .types import EagleEncoding, VerifyInputs, VoteTree
 
 
 def with_root(x: torch.Tensor, root_value: int) -> torch.Tensor:
@@ -27,6 +28,37 @@ def ancestor_mask(tree: VoteTree) -> torch.Tensor:
 def tree_positions(tree: VoteTree, prefix_len: torch.Tensor) -> torch.Tensor:
     """(bs, W) absolute positions: the root (anchor) at prefix_len, node i at prefix_len + depth."""
     return prefix_len.view(-1, 1).to(torch.long) + with_root(tree.depth, 0)
+
+
+def verify_inputs(tree: VoteTree, anchor: torch.Tensor, seq_lens: torch.Tensor, seq_lens_sum: int,
+                  candidates: torch.Tensor | None = None) -> VerifyInputs:
+    """The verify forward's token ids, positions and FULL_MASK tree mask (the layout of sglang's
+    `build_tree_kernel_efficient`), and the step's statistics rows when `candidates` (bs, N, K) are given.
+
+    `seq_lens_sum` (host int) must equal `seq_lens.sum()`: it sizes the mask without a host synchronisation.
+    """
+    bs, w = tree.batch_size, tree.width
+    device = tree.tokens.device
+    ids = torch.cat([anchor.view(bs, 1).to(tree.tokens.dtype), tree.tokens], dim=1)
+    lens = seq_lens.to(torch.long)
+    # Request b's block: W rows of lens[b] + W bits, the prefix all True, then node i's ancestor row.
+    row_len = lens + w
+    ends = torch.cumsum(row_len * w, dim=0)
+    e = torch.arange(seq_lens_sum * w + bs * w * w, device=device)
+    b = torch.searchsorted(ends, e, right=True)
+    local = e - (ends - row_len * w)[b]
+    row, col = local // row_len[b], local % row_len[b] - lens[b]
+    mask = (col < 0) | ancestor_mask(tree)[b, row, col.clamp(min=0)]
+    stats = None
+    if candidates is not None:
+        n = candidates.shape[1]
+        same = (candidates.unsqueeze(2) == candidates.unsqueeze(1)).all(dim=-1)  # (bs, N, N)
+        earlier = torch.ones(n, n, dtype=torch.bool, device=device).tril(-1)
+        distinct = (~(same & earlier).any(dim=-1)).sum(dim=-1)
+        size = tree.valid.sum(dim=-1)
+        stats = torch.stack([torch.full_like(size, n), distinct, size, torch.zeros_like(size)], dim=1)
+        stats = stats.to(torch.int32)
+    return VerifyInputs(ids=ids, positions=tree_positions(tree, seq_lens).reshape(-1), mask=mask, stats=stats)
 
 
 def child_links(tree: VoteTree) -> tuple[torch.Tensor, torch.Tensor]:

@@ -49,6 +49,16 @@ class VerifyResult:
 
 
 @dataclass
+class VerifyInputs:
+    """What the target's tree verify forward takes, plus the step's statistics rows (`verify_inputs`)."""
+
+    ids: torch.Tensor  # (bs, W) int64 verify tokens: the anchor, then the tree's nodes
+    positions: torch.Tensor  # (bs*W,) int64 seq_lens + depth
+    mask: torch.Tensor  # flat bool, sglang's FULL_MASK layout: per request W rows of (seq_len prefix + W tree) bits
+    stats: torch.Tensor | None  # (bs, 4) int32 [N, distinct candidates, tree size, 0 (accepted depth, filled later)]
+
+
+@dataclass
 class EagleEncoding:
     """A VoteTree in EAGLE's tree ABI as sglang's `build_tree_kernel_efficient` takes it (topk = W)."""
 

@@ -75,6 +75,10 @@ class StandIns:
             self.kv[s, 1] = torch.tensor(p)
         self.moves = 0
 
+    def request(self, batch, b: int) -> int:
+        """The request at position b of `batch` (batches may hold any subset of the requests, in any order)."""
+        return self.rows.tolist().index(int(batch.req_pool_indices[b]))
+
     def context(self, b: int, seq_len: int) -> list[int]:
         slots = self.req_to_token[self.rows[b], :seq_len]
         assert torch.equal(self.kv[slots, 0], torch.arange(seq_len)), "req_to_token prefix is not sequential"
@@ -125,7 +129,7 @@ class StandInAdapter:
             rows = custom_mask[offset : offset + W * (L + W)].view(W, L + W)
             offset += W * (L + W)
             assert rows[:, :L].all(), "prefix must be visible to every tree node"
-            prefix = world.context(b, L)
+            prefix = world.context(world.request(batch, b), L)
             for i in range(W):
                 seen = rows[i, L:].nonzero().flatten()
                 tokens = ids_2d[b, seen]
@@ -155,7 +159,7 @@ def standin_base_logits(world: StandIns, batch, anchor, bs: int) -> torch.Tensor
     base = torch.full((bs, GAMMA, V), -30.0)
     for b in range(bs):
         L = int(batch.seq_lens[b])
-        ctx = world.context(b, L) + [int(anchor[b])]
+        ctx = world.context(world.request(batch, b), L) + [int(anchor[b])]
         for j in range(GAMMA):
             tok = target_next(ctx)
             decoy = (tok + 1 + j) % V
@@ -363,6 +367,24 @@ def test_fused_walk_and_commit_kernel_in_the_tree_step(monkeypatch):
     assert sum(v for d, v in accepts.items() if d >= 1) > 0, sorted(accepts.items())
 
 
+def test_verify_inputs_kernel_in_the_tree_step(monkeypatch):
+    """The CUDA path of the verify inputs: the one-launch Triton kernel (interpreter here) gives the target verify its
+    ids, positions and FULL_MASK, and the statistics rows; commits still equal the sequential greedy decode."""
+    import flashtree.patches.decode as decode
+    from flashtree.tree.triton_mask import verify_inputs_triton
+
+    launches = []
+
+    def kernel(tree, anchor, seq_lens, seq_lens_sum, candidates=None):
+        launches.append(candidates is not None)
+        return verify_inputs_triton(tree, anchor, seq_lens, seq_lens_sum, candidates)
+
+    monkeypatch.setattr(decode, "verify_inputs", kernel)
+    accepts, state, _gen, _world = run(n=4, steps=10)
+    assert launches == [True] * state.steps and state.steps > 0
+    assert sum(v for d, v in accepts.items() if d >= 1) > 0, sorted(accepts.items())
+
+
 def test_flashtree_walk_agrees_with_sglang_tree_walk():
     """flashtree's greedy walk and sglang's verify_tree_greedy_func (Triton) accept the same path on a vote tree."""
     from sglang.srt.speculative import eagle_utils
@@ -462,15 +484,6 @@ def test_budget_narrows_trees_per_batch_size_and_says_what_it_costs(caplog):
     assert create_state(adapters.select_adapter(), TreeToggles(tree_n=4), worker).width_for(32) == W
 
 
-def torch_tree_mask_and_positions(tree, anchor, seq_lens, seq_lens_sum):
-    """sglang's FULL_MASK layout (per request W rows of prefix + W booleans, flat) and positions, in torch."""
-    from flashtree.tree import ancestor_mask, tree_positions
-
-    block = ancestor_mask(tree)
-    rows = [torch.cat([torch.ones(W, int(L), dtype=torch.bool), block[b]], dim=1).flatten() for b, L in enumerate(seq_lens)]
-    return torch.cat(rows), tree_positions(tree, seq_lens).reshape(-1)
-
-
 def chi2_critical_001(dof: int) -> float:
     """Chi-square critical value at p = 0.001 (Wilson-Hilferty; within 1% of the table for dof >= 3)."""
     z = 3.0902
@@ -488,9 +501,6 @@ def test_sampled_walk_is_lossless_in_a_mixed_batch(monkeypatch, graph_max_bs):
 
     prompt = [4, 4, 2, 7]
     bs, temp = 1600, 0.7
-    # sglang's Triton tree-mask kernel costs ~0.2 s per request under the interpreter; the greedy tests above run it,
-    # here the same FULL_MASK layout comes from flashtree's torch encoders so the sample can be large.
-    monkeypatch.setattr(decode, "tree_mask_and_positions", torch_tree_mask_and_positions)
     greedy = torch.arange(bs) % 8 == 0
     sampling_info = types.SimpleNamespace(
         is_all_greedy=False,
@@ -606,3 +616,190 @@ def test_candidate_zero_is_the_greedy_block():
     greedy = decode.draw_candidates(greedy_state, worker, base, anchor, None, 1)
     assert torch.equal(cands[:, 0], greedy[:, 0])
     assert (cands[:, 1:] != cands[:, :1]).any(dim=-1).any()  # the draws are not all the greedy block
+
+
+# ---- FLASHTREE_TREE_MAX_BS: batches above the limit run DSPARK's own chain step ---------------------------------
+class ChainStep:
+    """Stand-in for DSPARK's own `_forward_decode` (the original the patch falls back to), keeping what it leaves
+    behind (sglang 0.5.17 / 0.5.20 / 0.5.23): the verify window req_to_token[req, L : L + W] used in place (DSPARK
+    never rewrites req_to_token), the draft's greedy block (after a draft graph replay: DSPARK's own folded sampler
+    output, `out`), a causal chain verify over [anchor, block], sglang's real chain accept (`accept_draft_tokens`),
+    target KV and the draft context committed in place, and `make_next_draft_input(bonus, new_seq_lens)`."""
+
+    def __init__(self, adapter: StandInAdapter):
+        self.adapter = adapter
+        self.calls: list[int] = []  # batch sizes
+        self.graph_blocks = 0  # blocks taken from DSPARK's own graph-folded sampler
+
+    def __call__(self, worker, batch, on_publish, *args, **kwargs):
+        from sglang.srt.speculative.dspark_components.dspark_verify import accept_draft_tokens
+
+        adapter, world = self.adapter, self.adapter.world
+        bs = len(batch.seq_lens)
+        self.calls.append(bs)
+        draft_input = batch.spec_info
+        window = adapter.alloc_window(worker, batch, bs, draft_input)
+        anchor = draft_input.bonus_tokens.view(-1)
+        head = worker._proposer.draft_model.markov_head
+        base = standin_base_logits(world, batch, anchor, bs)
+        greedy = adapter.real.markov_draws(head, base, anchor, None, 1, lambda logits: logits.argmax(-1))[:, 0]
+        block = greedy
+        sampler = getattr(worker, "_draft_sampler", None)
+        if sampler is not None:  # DSPARK's propose: a draft graph replay runs the captured tail (flashtree's sampler)
+            fwd = worker._proposer._run_forward(batch=batch, draft_input=draft_input, bs=bs, draft_sampler=sampler,
+                                                sampling_info=batch.sampling_info)
+            if fwd.can_run_graph:
+                block = sampler.out[: bs * GAMMA].view(bs, GAMMA).clone()
+                assert torch.equal(block, greedy), "DSPARK's own tail did not run in the replay"
+                self.graph_blocks += 1
+        ids = torch.cat([anchor.view(bs, 1), block], dim=1)
+        chain = torch.ones(W, W, dtype=torch.bool).tril()
+        mask = torch.cat([torch.cat([torch.ones(W, int(L), dtype=torch.bool), chain], dim=1).flatten()
+                          for L in batch.seq_lens.tolist()])
+        verified = adapter.target_verify(worker, batch, draft_input, window, ids, window.positions_2d, mask)
+        draft_block = types.SimpleNamespace(draft_tokens=block, corrected_logits=None,
+                                            greedy_mask=torch.ones(bs, dtype=torch.bool), temperatures=torch.ones(bs))
+        correct_len, bonus, _cap = accept_draft_tokens(
+            candidates=ids, target_logits=verified.logits, draft_block=draft_block, sampling_info=None,
+            draft_input=None, gamma=GAMMA, verify_num_draft_tokens=W,
+        )
+        commit = (correct_len + 1).to(torch.int32)
+        out = torch.zeros((bs, W), dtype=torch.int64)
+        for b in range(bs):
+            c = int(commit[b])
+            out[b, : c - 1] = block[b, : c - 1]
+            out[b, c - 1] = bonus[b]
+        adapter.inject_committed(worker, batch, verified.hidden, window.cache_loc_2d, window.positions_2d, commit)
+        new_seq_lens = batch.seq_lens + commit.to(batch.seq_lens.dtype)
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+        return adapter.batch_result(
+            logits_output=verified.logits_output, next_token_ids=out.reshape(-1), accept_lens=commit,
+            block_accept_lens=commit, can_run_cuda_graph=False,
+            next_draft_input=adapter.make_next_draft_input(bonus.to(torch.int64), new_seq_lens),
+            speculative_num_draft_tokens=W, new_seq_lens=new_seq_lens,
+        )
+
+
+def run_routed(limit: int, schedule: list[list[int]], steps: int, graph_max_bs: int | None = None):
+    """Decode with the patched `_forward_decode` (FLASHTREE_TREE_MAX_BS = limit, N = 4) over DSPARK's stand-in chain
+    step, each step on the subset of the requests `schedule` names (cycled; any order), as sglang's scheduler forms
+    batches when requests arrive, finish or are retracted: every request carries its own seq_len and next draft
+    input (its bonus token) from whichever step served it last. Every commit is checked against the stand-in target's
+    sequential greedy decode and the sequential req_to_token / KV / draft-context layout. Returns (paths per step,
+    accept lengths per path, tree state, chain stand-in)."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative.dspark_components.dspark_draft import make_next_draft_input
+
+    import flashtree.patches.decode as decode
+
+    prompts = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9]]
+    refs = [reference(p, MAX_LEN - len(p) - 2 * W) for p in prompts]
+    world = StandIns(prompts, refs)
+    adapter = StandInAdapter(adapters.select_adapter(), world)
+    worker = types.SimpleNamespace(
+        verify_num_draft_tokens=W, device="cpu",
+        model_runner=types.SimpleNamespace(page_size=1, token_to_kv_pool=world),
+        _proposer=types.SimpleNamespace(draft_model=types.SimpleNamespace(markov_head=real_markov_head())),
+    )
+    toggles = TreeToggles(tree_n=4, seed=5, tree_max_bs=limit, graph_draws=graph_max_bs is not None)
+    worker._flashtree = state = create_state(adapter, toggles, worker)
+    if graph_max_bs is not None:
+        torch.manual_seed(7)
+        graph_proposer(world, worker, state, graph_max_bs)
+    chain = ChainStep(adapter)
+    forward = decode.make_forward_decode(chain, adapter, toggles)
+
+    seq = [len(p) for p in prompts]
+    bonus = [refs[i][len(p)] for i, p in enumerate(prompts)]
+    generated = [[bonus[i]] for i in range(len(prompts))]
+    paths, accepts = [], {"tree": Counter(), "chain": Counter()}
+    for step in range(steps):
+        idx = schedule[step % len(schedule)]
+        if max(seq) + 2 * W >= MAX_LEN - 2 * W:
+            break
+        seq_lens = torch.tensor([seq[i] for i in idx])
+        batch = types.SimpleNamespace(
+            seq_lens=seq_lens.clone(), seq_lens_cpu=seq_lens.clone(), seq_lens_sum=int(seq_lens.sum()),
+            req_pool_indices=world.rows[idx].clone(), forward_mode=ForwardMode.DECODE, sampling_info=None,
+            spec_info=make_next_draft_input(bonus_tokens=torch.tensor([bonus[i] for i in idx]), new_seq_lens=seq_lens),
+            has_grammar=False, return_logprob=False,
+        )
+        tree_steps, published = state.steps, []
+        res = forward(worker, batch, published.append)
+        path = "tree" if state.steps == tree_steps + 1 else "chain"
+        paths.append(path)
+        commit = res.accept_lens.to(torch.int64)
+        assert torch.equal(res.new_seq_lens, seq_lens + commit) and torch.equal(published[-1], res.new_seq_lens)
+        out = res.next_token_ids.view(len(idx), W)
+        for j, i in enumerate(idx):
+            L, c = seq[i], int(commit[j])
+            ctx = world.context(i, L + c)  # positions 0 .. L + c - 1 hold sequential KV through req_to_token
+            assert ctx == prompts[i] + generated[i] + out[j, : c - 1].tolist()
+            assert out[j, :c].tolist() == refs[i][L + 1 : L + 1 + c], f"step {step} ({path}) request {i}"
+            slots = world.req_to_token[world.rows[i], L : L + c]
+            assert world.draft_kv[slots, 0].tolist() == list(range(L, L + c))
+            assert world.draft_kv[slots, 1].tolist() == ctx[L : L + c]
+            assert int(res.next_draft_input.bonus_tokens[j]) == int(out[j, c - 1])
+            assert int(res.next_draft_input.new_seq_lens[j]) == L + c
+            seq[i], bonus[i] = L + c, int(res.next_draft_input.bonus_tokens[j])
+            generated[i].extend(out[j, :c].tolist())
+            accepts[path][c - 1] += 1
+    return paths, accepts, state, chain
+
+
+def test_max_bs_skip_reason():
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    import flashtree.patches.decode as decode
+
+    worker = types.SimpleNamespace(verify_num_draft_tokens=W, device="cpu", model_runner=types.SimpleNamespace(page_size=1))
+    state = create_state(adapters.select_adapter(), TreeToggles(tree_n=4, tree_max_bs=2), worker)
+
+    def batch(bs, mode=ForwardMode.DECODE):
+        return types.SimpleNamespace(forward_mode=mode, seq_lens=torch.zeros(bs, dtype=torch.int64), sampling_info=None,
+                                     has_grammar=False, return_logprob=False)
+
+    assert [decode.skip_reason(state, batch(bs), (), {}) for bs in (1, 2, 3, 64)] == [None, None, "batch-size", "batch-size"]
+    assert decode.skip_reason(state, batch(5, ForwardMode.IDLE), (), {}) == "idle"  # idle keeps its own reason
+    state.toggles = TreeToggles(tree_n=4)  # 0 = no limit
+    assert decode.skip_reason(state, batch(4096), (), {}) is None
+
+
+@pytest.mark.parametrize("graph_max_bs", [None, 8], ids=["eager-draws", "graph-draws"])
+def test_max_bs_below_the_batch_runs_dspark_chain_every_step(graph_max_bs):
+    """FLASHTREE_TREE_MAX_BS=2 with 3 running requests: every step is DSPARK's own (counted as "batch-size"), the tree
+    step never runs, and the commits are the greedy decode. With graph draws the draw buffers hold 2 requests and the
+    tail of the 3-request replays runs DSPARK's part only (its greedy block feeds the chain step)."""
+    paths, accepts, state, chain = run_routed(2, [[0, 1, 2]], 10, graph_max_bs=graph_max_bs)
+    assert paths == ["chain"] * 10 and chain.calls == [3] * 10
+    assert state.fallbacks == {"batch-size": 10} and state.steps == 0 and state.draw_paths == {}
+    assert sum(v for d, v in accepts["chain"].items() if d >= 1) > 0, accepts
+    if graph_max_bs is not None:
+        draws = state.graph_draws
+        assert draws.out.shape[0] == 2 and draws.skipped_sizes == {3} and draws.skips == 10 and draws.calls == 0
+        assert chain.graph_blocks == 10
+
+
+@pytest.mark.parametrize("graph_max_bs", [None, 8], ids=["eager-draws", "graph-draws"])
+def test_max_bs_crossed_both_paths_commit_the_greedy_decode(graph_max_bs):
+    """FLASHTREE_TREE_MAX_BS=2 while the batch goes 3, 2, 1, 3, 2, 1, 3, 2 requests (subsets in changing order):
+    3-request batches run DSPARK's chain step, smaller ones the tree step; each request moves between the two many
+    times and every commit of either path is the stand-in target's sequential greedy decode, over the layout the other
+    path left (req_to_token, KV, draft context, next draft input)."""
+    schedule = [[0, 1, 2], [2, 0], [1], [0, 1, 2], [1, 2], [0], [2, 1, 0], [0, 1]]
+    paths, accepts, state, chain = run_routed(2, schedule, 24, graph_max_bs=graph_max_bs)
+    want = ["chain" if len(schedule[s % len(schedule)]) > 2 else "tree" for s in range(len(paths))]
+    assert len(paths) == 24 and paths == want
+    assert state.fallbacks == {"batch-size": want.count("chain")} and chain.calls == [3] * want.count("chain")
+    assert state.steps == want.count("tree") > 0
+    # Neither path is degenerate: both accept drafts, the tree also at depth >= 2.
+    assert sum(v for d, v in accepts["chain"].items() if d >= 1) > 0, accepts
+    assert sum(v for d, v in accepts["tree"].items() if d >= 2) > 0, accepts
+    if graph_max_bs is None:
+        assert state.draw_paths == {"eager": state.steps}
+    else:  # buffers for 2 requests: the tree steps' replays drew, the chain steps' replays (3) did not
+        draws = state.graph_draws
+        assert state.draw_paths == {"graph": state.steps} and draws.out.shape[0] == 2
+        assert draws.drawn_sizes == {1, 2} and draws.skipped_sizes == {3}
+        assert draws.calls == state.steps and draws.skips == want.count("chain") == chain.graph_blocks

@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 import torch
 
-from draft_sampler_cpu import TinyDraft, dspark_outputs, query_rows, sampling_info, stock_sampler, tail_args
+from draft_sampler_cpu import TinyDraft, dspark_outputs, sampling_info, stock_sampler, tail_args
 from flashtree.patches import adapters, graph_draws
 from flashtree.patches.decode import create_state, make_worker_init
 from flashtree.patches.toggles import TreeToggles
@@ -385,3 +385,130 @@ def test_toggle(value, want):
         read_toggles({"FLASHTREE_GRAPH_DRAWS": value})
     with pytest.raises(SystemExit, match="unknown toggle FLASHTREE_GRAPH_DRAW"):
         read_toggles({"FLASHTREE_TREE_N": "4", "FLASHTREE_GRAPH_DRAW": "1"})
+
+
+# ---- FLASHTREE_TREE_MAX_BS: no draws for the graphs only chain steps replay ------------------------------------
+SIZES = [1, 2, 4, 8, 12, 16]  # configured decode graph sizes (--cuda-graph-bs)
+
+
+def test_max_bs_sizes_the_draw_buffers_to_the_limit():
+    """Buffers for the graph size a batch of FLASHTREE_TREE_MAX_BS requests replays (the smallest configured size >=
+    the limit; the limit itself when the sizes are unknown), at most DSPARK's max graph bs; without a limit, or with
+    one at or above the max, for every graph as before. The smaller buffers are what the memory check counts: with
+    free memory between the two estimates, the limited build folds the draws and the unlimited one stays eager."""
+    worker = draft_worker(TinyDraft(head(), V))
+    stock = stock_sampler(worker._proposer.draft_model, gamma=K, max_bs=16)
+
+    def built(limit, sizes=SIZES, free=graph_draws.free_bytes):
+        state = tree_state(n=4, tree_max_bs=limit)
+        sampler = graph_draws.build(state, worker, stock, free=free, graph_sizes=lambda: sizes)
+        return state.graph_draws, sampler
+
+    for limit, rows in [(5, 8), (8, 8), (9, 12), (12, 12), (1, 1)]:
+        d, _ = built(limit)
+        assert (d.max_bs, d.limit) == (rows, limit), limit
+        assert d.out.shape == (rows, 4, K) and d.noise.shape == (rows * 4, V) and d.greedy.shape == (rows * 4,)
+    assert built(5, sizes=None)[0].max_bs == 5  # sizes unknown (no server context): the limit itself
+    for limit in (0, 13, 16, 65536):  # no limit, or every graph a tree step can replay is the max: all, as before
+        d, _ = built(limit)
+        assert (d.max_bs, d.limit) == (16, 0), limit
+
+    adapter = adapters.select_adapter()
+    need = {bs: graph_draws.need_bytes(adapter, n=4, gamma=K, max_bs=bs, vocab=V, logits_bytes=4) for bs in (8, 16)}
+    assert need[8] < need[16]
+    between = lambda device: graph_draws.CAPTURE_HEADROOM_BYTES + (need[8] + need[16]) // 2  # noqa: E731
+    d, sampler = built(5, free=between)
+    assert d is not None and graph_draws.sampler_of(types.SimpleNamespace(_draft_sampler=sampler)) is sampler
+    d, sampler = built(0, free=between)
+    assert d is None and sampler is stock
+
+
+@pytest.mark.parametrize("sizes,rows,covered", [(None, 3, [1, 2]), ([1, 2, 4, 8], 4, [1, 2, 3, 4])],
+                         ids=["sizes-unknown", "sizes-configured"])
+def test_max_bs_tail_skips_the_draws_above_the_buffer(sizes, rows, covered):
+    """FLASHTREE_TREE_MAX_BS=3, graphs captured for 8, 4, 2, 1 (largest first, as sglang's runner does): a tail for
+    more requests than the buffers hold runs DSPARK's part only (everything DSPARK's own decode reads equals the
+    stock sampler's on the same inputs and noise) and draws nothing; smaller tails draw (candidate 0 the greedy
+    block). `covers(bs)`: whether the graph a batch of bs replays (the next captured size) drew: with unknown sizes a
+    batch of 3 replays the graph for 4, captured without draws (the tree step draws eagerly); with the configured
+    sizes the buffers hold 4 and that graph drew."""
+    h = head()
+    stock_model, ours_model = TinyDraft(h, V), TinyDraft(h, V)
+    stock = stock_sampler(stock_model, gamma=K, max_bs=8)
+    state = tree_state(n=3, tree_max_bs=3)
+    ours = graph_draws.build(state, draft_worker(ours_model), stock_sampler(ours_model, gamma=K, max_bs=8),
+                             graph_sizes=lambda: sizes)
+    draws = state.graph_draws
+    assert draws.max_bs == rows and draws.limit == 3
+    for bs in (8, 4, 2, 1):
+        base, anchor = torch.randn(bs, K, V) * 2, torch.randint(0, V, (bs,))
+        hidden, ids = tail_args(stock, base, anchor)
+        draws.out.fill_(-7)
+        for sampler in (stock, ours):
+            sampler.stage_sampling_params(bs=bs, sampling_info=None)
+            torch.manual_seed(bs)
+            sampler(hidden, ids)
+        want, got = dspark_outputs(stock, bs), dspark_outputs(ours, bs)
+        assert set(want) == set(got) and all(torch.equal(want[k], got[k]) for k in want), bs
+        if bs <= rows:
+            assert torch.equal(draws.read(bs)[:, 0], greedy_blocks(h, base, anchor)), bs
+        else:
+            assert (draws.out == -7).all(), bs  # nothing drawn
+    assert draws.drawn_sizes == {s for s in (8, 4, 2, 1) if s <= rows} and draws.calls == len(draws.drawn_sizes)
+    assert draws.skipped_sizes == {s for s in (8, 4, 2, 1) if s > rows} and draws.skips == len(draws.skipped_sizes)
+    assert [bs for bs in range(1, 10) if draws.covers(bs)] == covered
+    assert stock_model.base_logits_calls == ours_model.base_logits_calls == 4  # DSPARK's, once per tail; none added
+
+
+def test_without_a_limit_a_tail_above_the_buffer_still_fails():
+    draws = graph_draws.GraphDraws(adapter=adapters.select_adapter(), n=2, gamma=K, max_bs=2, vocab=V, temperature=1.0,
+                                   device="cpu")
+    ours = graph_draws.wrap(stock_sampler(TinyDraft(head(), V), gamma=K, max_bs=4), draws)
+    assert draws.limit == 0 and all(draws.covers(bs) for bs in (1, 2, 3))
+    hidden, ids = tail_args(ours, torch.randn(3, K, V), torch.tensor([1, 2, 3]))
+    ours.stage_sampling_params(bs=3, sampling_info=None)
+    with pytest.raises(RuntimeError, match="ran for 3 requests, above its 2-row buffer"):
+        ours(hidden, ids)
+
+
+def test_max_bs_draft_forward_draws_eagerly_when_the_replayed_graph_has_no_draws():
+    """The adapter's draft forward with FLASHTREE_TREE_MAX_BS=3 (sizes unknown: buffers for 3) over graphs for
+    1, 2, 4, 8 (a replay pads the batch to the next size and runs that graph's tail): a batch of 2 reads the tail's
+    candidates; a batch of 3 replays the graph for 4, which has no draws, and gets base logits for the eager draws."""
+    adapter = adapters.select_adapter()
+    h = head()
+    model = TinyDraft(h, V, sample_from_anchor=True)
+    state = tree_state(n=3, tree_max_bs=3)
+    sampler = graph_draws.build(state, draft_worker(model), stock_sampler(model, gamma=K, max_bs=8),
+                                graph_sizes=lambda: None)
+    draws = state.graph_draws
+    graphs = [1, 2, 4, 8]
+    base, anchor = torch.randn(8, K, V), torch.randint(0, V, (8,))
+
+    def _run_forward(*, draft_sampler, bs, **kw):
+        padded = min(s for s in graphs if s >= bs)
+        hidden, ids = tail_args(sampler, base[:padded], anchor[:padded])
+        draft_sampler.stage_sampling_params(bs=padded, sampling_info=None)
+        draft_sampler(hidden, ids)  # the replay runs the tail captured for `padded` requests
+        hidden, ids = hidden.view(padded, K, V)[:bs], ids.view(padded, -1)[:bs]
+        return types.SimpleNamespace(draft_block_ids=ids, raw_hidden=hidden.reshape(bs * K, V), draft_hidden_3d=hidden,
+                                     can_run_graph=True)
+
+    embeds = torch.nn.Embedding(V, 4)
+    worker = types.SimpleNamespace(
+        device="cpu", _draft_sampler=sampler, _draft_context=contextlib.nullcontext,
+        _proposer=types.SimpleNamespace(_run_forward=_run_forward, draft_model=model, gamma=K, sample_from_anchor=True),
+        target_worker=types.SimpleNamespace(model_runner=types.SimpleNamespace(
+            model=types.SimpleNamespace(get_input_embeddings=lambda: embeds))),
+    )
+    model.embed_tokens = embeds
+    args = (types.SimpleNamespace(sampling_info=None), types.SimpleNamespace(), types.SimpleNamespace(native=None))
+
+    for bs in sorted(graphs, reverse=True):  # capture
+        _run_forward(draft_sampler=sampler, bs=bs)
+    two = adapter.draft_forward(worker, *args, 2)
+    assert two.base_logits is None and torch.equal(two.candidates[:, 0], greedy_blocks(h, base[:2], anchor[:2]))
+    three = adapter.draft_forward(worker, *args, 3)
+    assert three.candidates is None and torch.allclose(three.base_logits, base[:3])
+    assert draws.skipped_sizes == {4, 8} and draws.drawn_sizes == {1, 2}
+

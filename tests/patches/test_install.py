@@ -87,6 +87,37 @@ def test_register_reads_environment(monkeypatch):
     assert diff(before, snapshot()) == TREE_KEYS
 
 
+def test_tree_max_bs_installs_the_same_patches_and_routes_big_batches_to_dspark(monkeypatch):
+    """FLASHTREE_TREE_MAX_BS adds no patch; the installed `_forward_decode` hands batches above it to DSPARK's real
+    `_forward_decode` (here it stops at its first check, on a stand-in draft input) and smaller ones to the tree step."""
+    import torch
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    import flashtree.patches.decode as decode
+    from flashtree.patches import read_toggles
+
+    before = snapshot()
+    monkeypatch.setenv("FLASHTREE_TREE_N", "4")
+    monkeypatch.setenv("FLASHTREE_TREE_MAX_BS", "2")
+    patches.register()
+    assert diff(before, snapshot()) == TREE_KEYS
+    trees = []
+    monkeypatch.setattr(decode, "tree_step", lambda state, worker, batch, on_publish: trees.append(len(batch.seq_lens)))
+    worker = types.SimpleNamespace(verify_num_draft_tokens=8, model_runner=types.SimpleNamespace(page_size=1), device="cpu")
+    worker._flashtree = decode.create_state(adapters.select_adapter(), read_toggles(), worker)
+
+    def batch(bs):
+        return types.SimpleNamespace(forward_mode=ForwardMode.DECODE, seq_lens=torch.zeros(bs),
+                                     sampling_info=None, has_grammar=False, return_logprob=False, spec_info=object())
+
+    forward = owner(W)._forward_decode
+    with pytest.raises(RuntimeError, match="DSpark spec-v2 expected DFlashDraftInputV2"):  # DSPARK's own step ran
+        forward(worker, batch(3), None)
+    forward(worker, batch(2), None)
+    forward(worker, batch(1), None)
+    assert trees == [2, 1] and worker._flashtree.fallbacks == {"batch-size": 1}
+
+
 def test_bad_toggle_touches_nothing(monkeypatch):
     before = snapshot()
     monkeypatch.setenv("FLASHTREE_TREE_N", "8")

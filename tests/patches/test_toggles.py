@@ -46,6 +46,10 @@ def test_values_parse():
         ("FLASHTREE_DRAFT_TEMPERATURE", "0", "a number > 0"),
         ("FLASHTREE_SPLITKV_VERIFY", "maybe", "one of 1/0"),
         ("FLASHTREE_STAGE_TIMES", "often", "an integer from 0 to"),
+        ("FLASHTREE_TREE_MAX_BS", "-1", "an integer from 0 to 65536"),
+        ("FLASHTREE_TREE_MAX_BS", "65537", "an integer from 0 to 65536"),
+        ("FLASHTREE_TREE_MAX_BS", "16.5", "an integer from 0 to 65536"),
+        ("FLASHTREE_TREE_MAX_BS", "all", "an integer from 0 to 65536"),
     ],
 )
 def test_bad_value_names_variable_and_allowed(name, value, allowed):
@@ -57,11 +61,28 @@ def test_bad_value_names_variable_and_allowed(name, value, allowed):
     assert name in msg and repr(value) in msg and allowed in msg
 
 
+@pytest.mark.parametrize("value,want", [("0", 0), ("1", 1), (" 24 ", 24), ("65536", 65536)])
+def test_tree_max_bs_parses(value, want):
+    t = read_toggles({"FLASHTREE_TREE_N": "8", "FLASHTREE_TREE_MAX_BS": value})
+    assert t.tree_max_bs == want and f"tree_max_bs={want}" in t.describe()
+    assert read_toggles({"FLASHTREE_TREE_N": "8"}).tree_max_bs == 0  # default: no limit
+
+
+def test_bad_tree_max_bs_message_is_one_line():
+    with pytest.raises(SystemExit) as exc:
+        read_toggles({"FLASHTREE_TREE_N": "8", "FLASHTREE_TREE_MAX_BS": "big"})
+    assert str(exc.value) == "flashtree: FLASHTREE_TREE_MAX_BS='big' is invalid; allowed: an integer from 0 to 65536"
+
+
 def test_typo_and_orphans_are_refused():
     with pytest.raises(SystemExit, match="unknown toggle FLASHTREE_TREE_NN"):
         read_toggles({"FLASHTREE_TREE_NN": "4"})
     with pytest.raises(SystemExit, match="FLASHTREE_TREE_WIDTH is set but FLASHTREE_TREE_N is unset"):
         read_toggles({"FLASHTREE_TREE_WIDTH": "4"})
+    with pytest.raises(SystemExit, match="FLASHTREE_TREE_MAX_BS is set but FLASHTREE_TREE_N is unset"):
+        read_toggles({"FLASHTREE_TREE_MAX_BS": "8"})
+    with pytest.raises(SystemExit, match="unknown toggle FLASHTREE_TREE_MAXBS"):
+        read_toggles({"FLASHTREE_TREE_N": "4", "FLASHTREE_TREE_MAXBS": "8"})
     with pytest.raises(SystemExit, match="FLASHTREE_FUSED_SAMPLER=1 only changes"):
         read_toggles({"FLASHTREE_FUSED_SAMPLER": "1"})
 

@@ -195,7 +195,8 @@ class SglangAdapter:
                 **self.run_forward_extra,
             )
             anchor = fwd.draft_block_ids[:, 0].clone()
-            if sampler is not None and fwd.can_run_graph:
+            # covers: with FLASHTREE_TREE_MAX_BS the graphs above it were captured without the draws (graph_draws.py)
+            if sampler is not None and fwd.can_run_graph and sampler.flashtree_draws.covers(bs):
                 return DraftOut(anchor, None, None, sampler.flashtree_draws.read(bs))
             base, _tap = proposer.draft_model.compute_base_logits(fwd.raw_hidden)
         k = proposer.gamma
