@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from flashtree.attention.triton_verify import tree_attention_paged_triton, tree_attention_triton  # noqa: E402
 from flashtree.sampler.triton_sampler import sample_candidates_triton, sample_rows_triton  # noqa: E402
-from flashtree.tree import to_eagle  # noqa: E402
+from flashtree.tree import to_eagle, verify_inputs  # noqa: E402
 from flashtree.tree.build import build_vote_tree  # noqa: E402 (the torch reference the kernels are checked against)
 from flashtree.tree.commit import commit_plan  # noqa: E402
 from flashtree.tree.verify import verify_greedy  # noqa: E402
@@ -151,6 +151,56 @@ def part_walk():
             flashtree_eager_us=bench(fn), flashtree_graph_us=try_graph(fn),
             build_plus_walk_graph_us=try_graph(whole),
             torch_reference_eager_us=bench(lambda: commit_plan(ref_tree, verify_greedy(ref_tree, tgt))))
+
+
+def host_and_wall_us(fn, calls=200):
+    """Per call: host time to issue `calls` back-to-back calls, and wall time until the device has run them (the
+    larger of host and device time per call: what a host-bound decode step pays)."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return round((t1 - t0) / calls * 1e6, 1), round((t2 - t0) / calls * 1e6, 1)
+
+
+def part_inputs():
+    """The tree step's verify inputs: flashtree's one launch (ids, positions, FULL_MASK, statistics rows) against the
+    path it replaced (`to_eagle` + sglang's `build_tree_kernel_efficient` + the ids concatenation)."""
+    try:
+        from sglang.srt.speculative.eagle_utils import TreeMaskMode, build_tree_kernel_efficient
+    except Exception as e:  # noqa: BLE001
+        print("sglang not importable:", repr(e)[:200])
+        build_tree_kernel_efficient = None
+    for bs, n, k, w in [(1, 8, 8, 9), (8, 8, 8, 9), (32, 8, 8, 9), (64, 32, 15, 32)]:
+        cands = anchor_candidates(bs, n, k)
+        tree, _ = build_vote_tree_eagle_triton(cands, w)
+        anchor = torch.randint(0, 50, (bs,), device="cuda")
+        seq = torch.randint(100, 600, (bs,), device="cuda")
+        total = int(seq.sum())
+        mine = lambda: verify_inputs(tree, anchor, seq, total, cands)  # noqa: E731
+        inp = mine()
+        host, wall = host_and_wall_us(mine)
+        row = dict(kind="verify_inputs", bs=bs, n=n, k=k, width=w, flashtree_host_us=host, flashtree_wall_us=wall,
+                   flashtree_graph_us=try_graph(mine))
+        if build_tree_kernel_efficient is not None:
+            def peer():
+                enc = to_eagle(tree)
+                out = build_tree_kernel_efficient(
+                    anchor, enc.parent_list, enc.top_scores_index, enc.draft_tokens, seq, total, enc.topk,
+                    enc.spec_steps, enc.num_verify_tokens, tree_mask_mode=TreeMaskMode.FULL_MASK)
+                return out, torch.cat([anchor.view(bs, 1), tree.tokens], dim=1)
+
+            out, ids = peer()
+            row["same_as_sglang"] = bool(torch.equal(out[0], inp.mask) and torch.equal(out[1], inp.positions)
+                                         and torch.equal(ids, inp.ids))
+            row["sglang_host_us"], row["sglang_wall_us"] = host_and_wall_us(peer)
+            row["wall_speedup_vs_sglang"] = ratio(row["sglang_wall_us"], wall)
+        log(**row)
 
 
 def part_sampler(bw):
@@ -364,7 +414,7 @@ def main():
         python=sys.version.split()[0], date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     torch.manual_seed(0)
     bw = ceiling()
-    parts = {"builder": part_builder, "walk": part_walk, "sampler": lambda: part_sampler(bw),
+    parts = {"builder": part_builder, "walk": part_walk, "inputs": part_inputs, "sampler": lambda: part_sampler(bw),
              "attention": lambda: part_attention(bw, not a.no_flex)}
     for name in a.parts.split(","):
         t = time.time()

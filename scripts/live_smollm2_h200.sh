@@ -49,8 +49,10 @@ json.dump({"prompts": ids, "source": "gsm8k second_half[:200]"}, open(sys.argv[2
 print("prompts:", len(ids), "mean length", sum(map(len, ids)) / len(ids))
 PY
 
+# --sleep-on-idle: an idle sglang scheduler otherwise polls without sleeping, and the servers not being measured then
+# compete for the CPU with the one that is (the step is host-bound at low concurrency); run 3 ran without it.
 BASE="--model-path $TARGET --attention-backend triton --sampling-backend pytorch --page-size 1 --mem-fraction-static 0.08
-  --max-total-tokens 65536 --context-length 2048 --cuda-graph-backend-prefill disabled --log-level info"
+  --max-total-tokens 65536 --context-length 2048 --cuda-graph-backend-prefill disabled --log-level info --sleep-on-idle"
 F32="$BASE --dtype float32 --enable-deterministic-inference --max-running-requests 8 --cuda-graph-bs-decode 1 2 4 8"
 B16="$BASE --dtype bfloat16 --max-running-requests 32 --cuda-graph-bs-decode 1 2 4 8 16 24 32"
 SPEC="--speculative-algorithm DSPARK --speculative-draft-model-path $DRAFT --speculative-num-draft-tokens 9

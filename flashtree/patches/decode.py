@@ -112,6 +112,12 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeState:
         timer=StageTimer(toggles.stage_times, device) if toggles.stage_times else None,
     )
     logger.info("flashtree tree path on (sglang %s): %s, W=%d, gamma=%d", adapter.release, toggles.describe(), window, gamma)
+    if toggles.tree_max_bs:
+        logger.warning(
+            "flashtree: FLASHTREE_TREE_MAX_BS=%d is experimental: live on SmolLM2-135M, requests that moved from DSPARK's "
+            "chain steps back to tree steps lost most of their draft acceptance (outputs stay lossless; BENCHMARKS.md "
+            "section 6, run 3)", toggles.tree_max_bs,
+        )
     if toggles.tree_budget:
         logger.warning(
             "flashtree: FLASHTREE_TREE_BUDGET=%d narrows each request's tree, but verify still runs DSPARK's W=%d window "
