@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from flashtree.tree import build_vote_tree, commit_plan, verify_inputs, verify_sampled, walk_and_commit
+from flashtree.tree import build_vote_tree, chain_tree, commit_plan, verify_inputs, verify_sampled, walk_and_commit
 from flashtree.tree.commit import apply_permutation
 from flashtree.tree.types import VoteTree
 
@@ -114,9 +114,9 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeState:
     logger.info("flashtree tree path on (sglang %s): %s, W=%d, gamma=%d", adapter.release, toggles.describe(), window, gamma)
     if toggles.tree_max_bs:
         logger.warning(
-            "flashtree: FLASHTREE_TREE_MAX_BS=%d is experimental: live on SmolLM2-135M, requests that moved from DSPARK's "
-            "chain steps back to tree steps lost most of their draft acceptance (outputs stay lossless; BENCHMARKS.md "
-            "section 6, run 3)", toggles.tree_max_bs,
+            "flashtree: FLASHTREE_TREE_MAX_BS=%d is experimental: its chain steps read a stale tree mask in the verify "
+            "graphs on the one live run so far (BENCHMARKS.md section 6, run 3); the fix (a causal mask staged before "
+            "each chain step) has not run live yet", toggles.tree_max_bs,
         )
     if toggles.tree_budget:
         logger.warning(
@@ -150,10 +150,34 @@ def make_forward_decode(original, adapter, toggles: TreeToggles):
         reason = skip_reason(state, batch, args, kwargs)
         if reason is not None:
             state.fallbacks[reason] = state.fallbacks.get(reason, 0) + 1
+            if reason in CHAIN_VERIFY_FALLBACKS:
+                stage_chain_mask(state, self, batch)
             return original(self, batch, on_publish, *args, **kwargs)
         return tree_step(state, self, batch, on_publish)
 
     return _forward_decode
+
+
+# Fallbacks whose DSPARK chain step runs a target verify of W tokens per request.
+CHAIN_VERIFY_FALLBACKS = ("batch-size", "sampled-n1", "refused-features")
+
+
+def stage_chain_mask(state: TreeState, worker, batch) -> None:
+    """Write a chain verify's causal FULL_MASK into the target backend's verify-mask buffer before DSPARK's own step.
+
+    The tree path has the verify graphs captured with a custom mask (Triton leaves the skip-custom-mask set), and a
+    replay reads that buffer; DSPARK's chain step passes no mask, so sglang copies none in and the replay would read
+    the last tree step's mask (seen live: lower acceptance, and wrong target logits). Eager verifies ignore it."""
+    buf = state.adapter.verify_mask_buffer(worker)
+    if buf is None:
+        return
+    bs, w = len(batch.seq_lens), state.width
+    total = int(batch.seq_lens_sum) if batch.seq_lens_sum is not None else int(batch.seq_lens.sum())
+    if total * w + bs * w * w > buf.numel():
+        return  # larger than any captured graph's buffer: the verify runs eagerly, causal without a mask
+    anchor = torch.zeros(bs, dtype=torch.long, device=batch.seq_lens.device)
+    mask = verify_inputs(chain_tree(bs, w, anchor.device), anchor, batch.seq_lens, total).mask
+    buf[: mask.numel()].copy_(mask)
 
 
 def skip_reason(state: TreeState, batch, args, kwargs) -> str | None:

@@ -7,7 +7,7 @@ tensors and the torch references (modules `build`, `verify`, `commit`, `encode`)
 
 from .commit import apply_copies, apply_permutation
 from .dispatch import build_vote_tree, commit_plan, verify_greedy, verify_inputs, walk_and_commit
-from .encode import ancestor_mask, child_links, to_eagle, tree_positions
+from .encode import ancestor_mask, chain_tree, child_links, to_eagle, tree_positions
 from .rejection import verify_rejection
 from .types import CommitPlan, EagleEncoding, VerifyInputs, VerifyResult, VoteTree
 from .verify import verify_sampled
@@ -19,6 +19,7 @@ __all__ = [
     "VerifyResult",
     "VoteTree",
     "ancestor_mask",
+    "chain_tree",
     "apply_copies",
     "apply_permutation",
     "build_vote_tree",

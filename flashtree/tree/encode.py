@@ -80,6 +80,22 @@ def child_links(tree: VoteTree) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.where(first_child < big, first_child, none), torch.where(next_sibling < big, next_sibling, none)
 
 
+def chain_tree(bs: int, width: int, device=None) -> VoteTree:
+    """The chain as a tree: node i's parent is node i - 1 (a single candidate of W - 1 tokens; tokens are zeros). Its
+    ancestor mask is causal, so its `verify_inputs` mask is a chain verify's FULL_MASK."""
+    m = width - 1
+    line = torch.arange(m, dtype=torch.long, device=device).expand(bs, m)
+    return VoteTree(
+        tokens=torch.zeros(bs, m, dtype=torch.long, device=device),
+        parents=line.contiguous(),
+        depth=(line + 1).contiguous(),
+        votes=torch.ones(bs, m, dtype=torch.long, device=device),
+        valid=torch.ones(bs, m, dtype=torch.bool, device=device),
+        first_candidate=torch.zeros(bs, m, dtype=torch.long, device=device),
+        k=m,
+    )
+
+
 def to_eagle(tree: VoteTree) -> EagleEncoding:
     """EAGLE's tree ABI with topk = W: node i's id is parent * W + i, so `id // W` names the parent's slot in
     `parent_list`, and `parent_list[:, p]` holds node p's own id. Padding nodes hang off the root and repeat node 1's

@@ -103,6 +103,9 @@ class StandInAdapter:
     def __getattr__(self, name):
         return getattr(self.real, name)
 
+    def verify_mask_buffer(self, worker):
+        return None  # the stand-in target verify runs eagerly and reads no mask buffer (test_install checks the staging)
+
     def alloc_window(self, worker, batch, bs, draft_input):
         # alloc_verify_window's contract: slots req_to_token[req, seq_len : seq_len + W], positions seq_len + j.
         cols = batch.seq_lens.view(-1, 1) + torch.arange(W)
@@ -578,7 +581,8 @@ def test_n1_sampled_batches_keep_dspark_chain_sampling():
     adapter = adapters.select_adapter()
     fwd = decode.make_forward_decode(original, adapter, TreeToggles(tree_n=1))
     worker = types.SimpleNamespace(
-        verify_num_draft_tokens=W, device="cpu", model_runner=types.SimpleNamespace(page_size=1)
+        verify_num_draft_tokens=W, device="cpu", model_runner=types.SimpleNamespace(page_size=1),
+        target_worker=types.SimpleNamespace(model_runner=types.SimpleNamespace(attn_backend=object())),  # no mask buffer
     )
     worker._flashtree = create_state(adapter, TreeToggles(tree_n=1), worker)
 

@@ -103,19 +103,29 @@ def test_tree_max_bs_installs_the_same_patches_and_routes_big_batches_to_dspark(
     assert diff(before, snapshot()) == TREE_KEYS
     trees = []
     monkeypatch.setattr(decode, "tree_step", lambda state, worker, batch, on_publish: trees.append(len(batch.seq_lens)))
-    worker = types.SimpleNamespace(verify_num_draft_tokens=8, model_runner=types.SimpleNamespace(page_size=1), device="cpu")
+    # the target backend's verify-mask buffer, which verify graphs captured for trees read
+    buffer = torch.zeros(1000, dtype=torch.uint8)
+    backend = types.SimpleNamespace(verify_mask=types.SimpleNamespace(buffer=buffer))
+    worker = types.SimpleNamespace(verify_num_draft_tokens=8, model_runner=types.SimpleNamespace(page_size=1), device="cpu",
+                                   target_worker=types.SimpleNamespace(model_runner=types.SimpleNamespace(attn_backend=backend)))
     worker._flashtree = decode.create_state(adapters.select_adapter(), read_toggles(), worker)
 
-    def batch(bs):
-        return types.SimpleNamespace(forward_mode=ForwardMode.DECODE, seq_lens=torch.zeros(bs),
+    def batch(lens):
+        return types.SimpleNamespace(forward_mode=ForwardMode.DECODE, seq_lens=torch.tensor(lens), seq_lens_sum=sum(lens),
                                      sampling_info=None, has_grammar=False, return_logprob=False, spec_info=object())
 
     forward = owner(W)._forward_decode
     with pytest.raises(RuntimeError, match="DSpark spec-v2 expected DFlashDraftInputV2"):  # DSPARK's own step ran
-        forward(worker, batch(3), None)
-    forward(worker, batch(2), None)
-    forward(worker, batch(1), None)
+        forward(worker, batch([3, 0, 5]), None)
+    # ... after the chain's causal FULL_MASK was staged: per request 8 rows of (prefix True, then causal 8 x 8)
+    want = [[1] * n + [int(j <= i) for j in range(8)] for n in (3, 0, 5) for i in range(8)]
+    flat = [x for row in want for x in row]
+    assert buffer[: len(flat)].tolist() == flat and not buffer[len(flat):].any()
+    buffer.zero_()
+    forward(worker, batch([4, 4]), None)
+    forward(worker, batch([9]), None)
     assert trees == [2, 1] and worker._flashtree.fallbacks == {"batch-size": 1}
+    assert not buffer.any()  # tree steps pass their own mask; sglang copies it in
 
 
 def test_bad_toggle_touches_nothing(monkeypatch):

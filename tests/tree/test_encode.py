@@ -51,3 +51,15 @@ def test_eagle_encoding_decodes_to_the_same_parents():
                 bucket = sel[i - 1] // enc.topk
                 parent = 0 if bucket == 0 else sel.index(enc.parent_list[b, bucket].item()) + 1
                 assert parent == tree.parents[b, i - 1]
+
+
+def test_chain_tree_is_a_line_and_its_mask_is_causal():
+    from flashtree.tree import chain_tree, verify_inputs
+
+    tree = chain_tree(2, 5)
+    assert tree.parents.tolist() == [[0, 1, 2, 3]] * 2 and tree.depth.tolist() == [[1, 2, 3, 4]] * 2
+    assert torch.equal(ancestor_mask(tree), torch.ones(5, 5, dtype=torch.bool).tril().expand(2, 5, 5))
+    seq = torch.tensor([2, 0])
+    inp = verify_inputs(tree, torch.tensor([7, 8]), seq, 2)
+    assert inp.positions.tolist() == [2, 3, 4, 5, 6, 0, 1, 2, 3, 4]
+    assert inp.mask[:7].tolist() == [True, True, True, False, False, False, False]

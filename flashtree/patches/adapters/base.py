@@ -324,6 +324,17 @@ class SglangAdapter:
         for j in range(src.shape[1]):
             pool.move_kv_cache(dst[:, j].contiguous(), src[:, j].contiguous())
 
+    def verify_mask_buffer(self, worker) -> torch.Tensor | None:
+        """The target attention backend's verify-mask buffer, which its captured verify graphs read (None: none)."""
+        backend = worker.target_worker.model_runner.attn_backend
+        for _ in range(4):  # hybrid backends wrap the full-attention one
+            inner = getattr(backend, "full_attn_backend", None)
+            if inner is None:
+                break
+            backend = inner
+        mask = getattr(backend, "verify_mask", None)
+        return None if mask is None else mask.buffer
+
     def publish_req_to_token_write(self, worker) -> None:
         """The scheduler's next req_to_token write must wait for this step's reads (0.5.20+: a fresh event)."""
         runner = worker.target_worker.model_runner
@@ -360,6 +371,7 @@ COMMON_PROBES = (
     Has(f"{DFLASH_UTILS}:apply_dflash_verify_logits_adjustments", ("next_token_logits", "sampling_info", "draft_token_num")),
     Has("sglang.srt.speculative.dflash_info:DFlashVerifyInput", ("draft_token", "positions", "draft_token_num", "custom_mask", "capture_hidden_mode")),
     Has(f"{TRITON}:TritonAttnBackend.__init__", ("model_runner",)),
+    Has(f"{TRITON}:TritonAttnBackend.verify_mask"),  # the buffer captured verify graphs read (stage_chain_mask)
     Has("sglang.srt.speculative.eagle_utils:build_tree_kernel_efficient", ("bonus_tokens", "parent_list", "top_scores_index", "draft_tokens", "seq_lens", "seq_lens_sum", "topk", "spec_steps", "num_verify_tokens", "tree_mask_mode")),
 )
 
