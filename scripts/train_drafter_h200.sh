@@ -10,7 +10,7 @@
 #   call 1, carry .cache/dspark-carry/a:  bash scripts/train_drafter_h200.sh stage-a      (chunk A -> /tmp, exits)
 #   call 2, carry .cache/dspark-carry/b:  bash scripts/train_drafter_h200.sh train        (chunk B, join, convert with
 #        flashtree.models.load_target, generate data, train, export, record the replay; results packed into $OUT)
-# One device call holds at most 600 s; the default recipe (~230 s generation, 280 s training) fits one. A longer
+# One device call holds at most 600 s; the default recipe (~250 s generation, 270 s training) fits one. A longer
 # training spans calls on the same warm machine: each `train` call resumes out_dir's checkpoint and data, e.g.
 #   GEN_S=230 TRAIN_S=680 STOP_S=200 bash scripts/train_drafter_h200.sh train   (generate, train 200 s, pause)
 #   TRAIN_S=680 bash scripts/train_drafter_h200.sh train                         (resume: train to 680 s, export)
