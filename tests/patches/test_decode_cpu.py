@@ -74,6 +74,8 @@ class StandIns:
             self.kv[s, 0] = torch.arange(len(p))
             self.kv[s, 1] = torch.tensor(p)
         self.moves = 0
+        # The target's verify-mask buffer, which sglang's captured verify graphs read (FULL_MASK layout, uint8).
+        self.verify_mask = torch.zeros(bs * W * (MAX_LEN + W), dtype=torch.uint8)
 
     def request(self, batch, b: int) -> int:
         """The request at position b of `batch` (batches may hold any subset of the requests, in any order)."""
@@ -104,7 +106,7 @@ class StandInAdapter:
         return getattr(self.real, name)
 
     def verify_mask_buffer(self, worker):
-        return None  # the stand-in target verify runs eagerly and reads no mask buffer (test_install checks the staging)
+        return self.world.verify_mask
 
     def alloc_window(self, worker, batch, bs, draft_input):
         # alloc_verify_window's contract: slots req_to_token[req, seq_len : seq_len + W], positions seq_len + j.
@@ -120,8 +122,13 @@ class StandInAdapter:
         return DraftOut(anchor, standin_base_logits(self.world, batch, anchor, bs), None)
 
     def target_verify(self, worker, batch, draft_input, window, ids_2d, positions_2d, custom_mask):
+        """As a replayed verify graph captured with a mask buffer: a request's mask is copied into the buffer (sglang's
+        replay), a verify without one (DSPARK's chain) reads whatever the buffer holds."""
         world = self.world
         bs = ids_2d.shape[0]
+        if custom_mask is not None:
+            world.verify_mask[: custom_mask.numel()].copy_(custom_mask)
+        custom_mask = world.verify_mask.bool()
         # A target writes KV for every verify token at its window slot.
         world.kv[window.cache_loc, 0] = positions_2d.reshape(-1)
         world.kv[window.cache_loc, 1] = ids_2d.reshape(-1)
@@ -671,10 +678,8 @@ class ChainStep:
                 assert torch.equal(block, greedy), "DSPARK's own tail did not run in the replay"
                 self.graph_blocks += 1
         ids = torch.cat([anchor.view(bs, 1), block], dim=1)
-        chain = torch.ones(W, W, dtype=torch.bool).tril()
-        mask = torch.cat([torch.cat([torch.ones(W, int(L), dtype=torch.bool), chain], dim=1).flatten()
-                          for L in batch.seq_lens.tolist()])
-        verified = adapter.target_verify(worker, batch, draft_input, window, ids, window.positions_2d, mask)
+        # DSPARK's chain verify passes no mask: a replayed graph reads the buffer flashtree staged (stage_chain_mask)
+        verified = adapter.target_verify(worker, batch, draft_input, window, ids, window.positions_2d, None)
         draft_block = types.SimpleNamespace(draft_tokens=block, corrected_logits=None,
                                             greedy_mask=torch.ones(bs, dtype=torch.bool), temperatures=torch.ones(bs))
         correct_len, bonus, _cap = accept_draft_tokens(
