@@ -8,7 +8,8 @@
 #     run(command="bash scripts/live_smollm2_h200.sh", carry=[".h200"], kind="nvidia-h200", timeout_s=600)
 # Two server sets (Triton attention, page size 1, CUDA graphs on, the N draft draws in DSPARK's captured draft graph:
 # FLASHTREE_GRAPH_DRAWS=1), started 6 s apart (STAGGER_S):
-#   float32, --enable-deterministic-inference (identity): f_plain, f_chain, f_tree4g, f_tree8g, f_tree8sg (split-KV);
+#   float32, --enable-deterministic-inference (identity): f_plain, f_chain, f_tree4g, f_tree8g, f_tree8sg (split-KV),
+#     f_tree8m (FLASHTREE_TREE_MAX_BS=2: its batches of 3-8 run DSPARK's chain step in the tree server's verify graphs);
 #     f_tree4g captures graphs for bs 1, 2, 4 only, so its batches of 5-8 run eagerly (draws and verify) and are checked
 #   bfloat16 (speed): b_plain, b_chain, b_tree1g (flashtree's step with N = 1: the chain's tau through the tree path,
 #     so its gap to b_chain is the tree path's own cost), b_tree4g, b_tree8g, b_tree8sg (split-KV), b_tree8sgm (split-KV,
@@ -68,6 +69,7 @@ if has identity; then
   start_server f_tree4g 30012 FLASHTREE_TREE_N=4 $TREE $TIMES -- ${F32/--cuda-graph-bs-decode 1 2 4 8/--cuda-graph-bs-decode 1 2 4} $SPEC
   start_server f_tree8g 30013 FLASHTREE_TREE_N=8 $TREE $TIMES -- $F32 $SPEC
   start_server f_tree8sg 30014 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TREE $TIMES -- $F32 $SPEC
+  start_server f_tree8m 30015 FLASHTREE_TREE_N=8 FLASHTREE_TREE_MAX_BS=2 $TREE -- $F32 $SPEC
 fi
 if has speed || has sampled; then
   start_server b_plain 30020 FLASHTREE_TREE_N= -- $B16
@@ -85,9 +87,9 @@ args() { local t; for t in "$@"; do [ -n "${PID[$t]:-}" ] && kill -0 "${PID[$t]}
 if has identity; then
   el "identity phase"
   timeout 150 python3 benchmarks/live/bench_client.py identity --prompts "$PROMPTS" --out "$OUT" --n 50 --wait 5 \
-    $(args f_plain f_chain f_tree4g f_tree8g f_tree8sg)
+    $(args f_plain f_chain f_tree4g f_tree8g f_tree8sg f_tree8m)
   el "identity rc=$?"
-  stop_all f_plain f_chain f_tree4g f_tree8g f_tree8sg
+  stop_all f_plain f_chain f_tree4g f_tree8g f_tree8sg f_tree8m
 fi
 if has speed; then
   el "speed phase"
