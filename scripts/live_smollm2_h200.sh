@@ -4,7 +4,8 @@
 #
 # Runs on the machine right after `scripts/train_drafter_h200.sh train` (same warm machine, < 30 s later), which leaves
 # the converted target in $FLASHTREE_CACHE/models/smollm2-135m and the draft in /tmp/ft-draft (TARGET= / DRAFT=
-# override both). One device call carrying .h200 (see scripts/live_h200.sh):
+# override both; without retraining, scripts/train_drafter_h200.sh's `convert` and `stage-draft` modes leave the same
+# two there). One device call carrying .h200 (see scripts/live_h200.sh):
 #     run(command="bash scripts/live_smollm2_h200.sh", carry=[".h200"], kind="nvidia-h200", timeout_s=600)
 # Two server sets (Triton attention, page size 1, CUDA graphs on, the N draft draws in DSPARK's captured draft graph:
 # FLASHTREE_GRAPH_DRAWS=1), started 6 s apart (STAGGER_S):

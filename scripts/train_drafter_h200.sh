@@ -22,12 +22,17 @@
 # target in $FLASHTREE_CACHE (/tmp/flashtree-cache) for a live run that follows on the same warm machine
 # (scripts/live_smollm2_h200.sh).
 # Afterwards, on the dev machine: bash scripts/train_drafter_h200.sh unpack DIR  (DIR = the run's files folder).
+# A live run without retraining (saves the ~10 device minutes of `train`): `pack-draft` on the dev machine, then on the
+# device, back to back: `stage-a` (carry .cache/dspark-carry/a), `convert` (carry .cache/dspark-carry/b: GGUF join and
+# conversion only), `stage-draft` (carry .cache/dspark-carry/draft), then scripts/live_smollm2_h200.sh (carry .h200).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-train}
 CARRY=.cache/dspark-carry
 OUT_DIR=results/dspark-smollm2
-REPLAY_ARGS=(name=dspark "target.device=${DEVICE:-cuda}" drafter.name=dspark "+drafter.options.path=$OUT_DIR/draft"
+default_device=cuda
+[ "$mode" = unpack ] && default_device=cpu  # the dev machine has no GPU
+REPLAY_ARGS=(name=dspark "target.device=${DEVICE:-$default_device}" drafter.name=dspark "+drafter.options.path=$OUT_DIR/draft"
   +drafter.options.temperature=1.0 dataset=gsm8k dataset.split=second_half "dataset.limit=${EVAL_PROMPTS:-16}"
   "engine.max_new_tokens=${EVAL_TOKENS:-128}" replay.n_max=8)
 GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
@@ -56,11 +61,19 @@ prepare)
 stage-a)
   cp "$CARRY/a/gguf.part-a" /tmp/gguf.part-a && ls -la /tmp/gguf.part-a
   ;;
-train)
+pack-draft)
+  # dev machine: the trained draft as a carry folder of its own (bf16, ~31 MB)
+  rm -rf "$CARRY/draft" && cp -r "$OUT_DIR/draft" "$CARRY/draft" && du -sh "$CARRY/draft"
+  ;;
+stage-draft)
+  rm -rf /tmp/ft-draft && cp -r "$CARRY/draft" /tmp/ft-draft && ls /tmp/ft-draft
+  ;;
+convert | train)
   T0=$SECONDS
   OUT=${OUT:-results/h200-out}
   mkdir -p "$OUT" "$OUT_DIR"
   log="$OUT_DIR/run.log"
+  [ "$mode" = train ] || log=/tmp/convert.log
   exec > >(tee "$log") 2>&1
   stamp() { echo "[train_drafter_h200] $(date +%T) +$((SECONDS - T0))s $*"; }
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
@@ -76,6 +89,10 @@ train)
   fi
   stamp "convert + load SmolLM2"
   python3 -c 'from flashtree.models import load_target; m, t = load_target("smollm2-135m"); print(t.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}], tokenize=False, add_generation_prompt=True)[-40:])'
+  if [ "$mode" = convert ]; then
+    stamp "target converted in \$FLASHTREE_CACHE; done"
+    exit 0
+  fi
   stamp "train"
   python3 experiments/train_drafter.py "out_dir=$OUT_DIR" seed=0 logger.wandb.mode=disabled logger.every=50 \
     ${PROMPTS:+data.prompts_file=$PROMPTS} "data.gen_time_limit_s=${GEN_S:-240}" ${TRAIN_S:+optim.time_limit_s=$TRAIN_S} \
@@ -105,7 +122,7 @@ unpack)
     logger.wandb.mode=disabled
   ;;
 *)
-  echo "usage: $0 prepare|stage-a|train|unpack DIR" >&2
+  echo "usage: $0 prepare|stage-a|train|convert|pack-draft|stage-draft|unpack DIR" >&2
   exit 2
   ;;
 esac
