@@ -61,6 +61,9 @@ SPEC="--speculative-algorithm DSPARK --speculative-draft-model-path $DRAFT --spe
   --speculative-draft-attention-backend triton"
 TREE="FLASHTREE_GRAPH_DRAWS=1"
 TIMES="FLASHTREE_STAGE_TIMES=100"
+# Host and device time per decode step, chain and trees alike (harness plugin benchmarks/live/profile_steps.py): decode
+# steps 50-399 fall in the c = 1 phase; steps_<pid>.json lands in the server logs.
+STEPS="FT_STEP_TIMES=${STEP_TIMES:-50:400} FT_PROFILE_OUT=$LOGS"
 MAX_BS=${MAX_BS:-4}
 trap stop_all EXIT
 has() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
@@ -74,12 +77,12 @@ if has identity; then
 fi
 if has speed || has sampled; then
   start_server b_plain 30020 FLASHTREE_TREE_N= -- $B16
-  start_server b_chain 30021 FLASHTREE_TREE_N= -- $B16 $SPEC
-  start_server b_tree1g 30022 FLASHTREE_TREE_N=1 $TREE -- $B16 $SPEC
-  start_server b_tree4g 30023 FLASHTREE_TREE_N=4 $TREE -- $B16 $SPEC
-  start_server b_tree8g 30024 FLASHTREE_TREE_N=8 $TREE -- $B16 $SPEC
-  start_server b_tree8sg 30025 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TREE -- $B16 $SPEC
-  start_server b_tree8sgm 30026 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 FLASHTREE_TREE_MAX_BS=$MAX_BS $TREE -- $B16 $SPEC
+  start_server b_chain 30021 FLASHTREE_TREE_N= $STEPS -- $B16 $SPEC
+  start_server b_tree1g 30022 FLASHTREE_TREE_N=1 $TREE $STEPS -- $B16 $SPEC
+  start_server b_tree4g 30023 FLASHTREE_TREE_N=4 $TREE $STEPS -- $B16 $SPEC
+  start_server b_tree8g 30024 FLASHTREE_TREE_N=8 $TREE $STEPS -- $B16 $SPEC
+  start_server b_tree8sg 30025 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TREE $STEPS -- $B16 $SPEC
+  start_server b_tree8sgm 30026 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 FLASHTREE_TREE_MAX_BS=$MAX_BS $TREE $STEPS -- $B16 $SPEC
   start_server b_tree8sgt 30027 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TREE $TIMES -- $B16 $SPEC
 fi
 wait_up $(( TOTAL_S / 2 )) || el "not every server came up (continuing with those that did)"
@@ -106,6 +109,7 @@ fi
 stop_all
 trap - EXIT
 key_log_lines
+for f in "$LOGS"/server_b_*.log; do echo "$(basename "$f"): $(grep -h '\[profile_steps\]' "$f" | tail -1 | cut -c1-400)"; done
 pack_logs
 tail -6 "$OUT/stage_times.txt"
 el "done"

@@ -1,57 +1,110 @@
-"""Harness plugin of the live runs (not part of flashtree): a host-side cProfile of DSPARK decode steps.
+"""Harness plugin of the live runs (not part of flashtree): host-side measurements of DSPARK decode steps.
 
-With FT_PROFILE_STEPS=A:B in a server's environment, decode steps A..B-1 (prefill and idle steps not counted) of
-`DSparkWorkerV2.forward_batch_generation` run under cProfile, DSPARK's own chain and flashtree's tree step alike
-(flashtree patches `_forward_decode`, one level below). At step B the profile (top functions by own time and by
-cumulative time, and the mean host time per profiled step) is written to FT_PROFILE_OUT/profile_<pid>.txt.
+Decode steps A..B-1 (prefill and idle steps not counted) of `DSparkWorkerV2.forward_batch_generation` are measured,
+DSPARK's own chain and flashtree's tree step alike (flashtree patches `_forward_decode`, one level below), and at step
+B the result is written to FT_PROFILE_OUT (default /tmp):
+  FT_PROFILE_STEPS=A:B  the steps run under cProfile -> profile_<pid>.txt (top functions by own and cumulative time,
+                        and the mean host time per profiled step);
+  FT_STEP_TIMES=A:B     the steps are only timed -> steps_<pid>.json: host time per step (the call's wall time on the
+                        CPU), device time per step (CUDA events around the call) and the device time from one step's
+                        end to the next one's start, as mean and median, so servers compare step for step.
 """
 
 import cProfile
 import io
+import json
 import os
 import pstats
+import statistics
 import time
 
 
 def register() -> None:
-    spec = os.environ.get("FT_PROFILE_STEPS")
-    if not spec:
+    profile, times = os.environ.get("FT_PROFILE_STEPS"), os.environ.get("FT_STEP_TIMES")
+    if not (profile or times):
         return
-    first, last = (int(x) for x in spec.split(":"))
     out_dir = os.environ.get("FT_PROFILE_OUT", "/tmp")
+    recorder = CProfileRecorder(out_dir) if profile else TimingRecorder(out_dir)
+    first, last = (int(x) for x in (profile or times).split(":"))
     from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2
 
     original = DSparkWorkerV2.forward_batch_generation
-    state = {"steps": 0, "host_s": 0.0, "profile": cProfile.Profile()}
+    count = {"steps": 0}
 
     def forward_batch_generation(self, batch, *args, **kwargs):
         mode = batch.forward_mode
         if mode.is_extend() or batch.is_extend_in_batch or mode.is_idle():
             return original(self, batch, *args, **kwargs)
-        state["steps"] += 1
-        step = state["steps"]
+        count["steps"] += 1
+        step = count["steps"]
         if not first <= step < last:
             if step == last:
-                write(state, os.path.join(out_dir, f"profile_{os.getpid()}.txt"), last - first)
+                recorder.write(last - first)
             return original(self, batch, *args, **kwargs)
-        t0 = time.perf_counter()
-        state["profile"].enable()
-        try:
-            return original(self, batch, *args, **kwargs)
-        finally:
-            state["profile"].disable()
-            state["host_s"] += time.perf_counter() - t0
+        return recorder.around(lambda: original(self, batch, *args, **kwargs))
 
     DSparkWorkerV2.forward_batch_generation = forward_batch_generation
 
 
-def write(state, path: str, steps: int) -> None:
-    buf = io.StringIO()
-    buf.write(f"decode steps profiled: {steps}; mean host time per step under cProfile: "
-              f"{state['host_s'] / steps * 1e3:.3f} ms\n")
-    stats = pstats.Stats(state["profile"], stream=buf)
-    for key in ("tottime", "cumulative"):
-        buf.write(f"\n=== by {key}\n")
-        stats.sort_stats(key).print_stats(45)
-    with open(path, "w") as fh:
-        fh.write(buf.getvalue())
+class CProfileRecorder:
+    def __init__(self, out_dir: str):
+        self.path = os.path.join(out_dir, f"profile_{os.getpid()}.txt")
+        self.profile = cProfile.Profile()
+        self.host_s = 0.0
+
+    def around(self, call):
+        t0 = time.perf_counter()
+        self.profile.enable()
+        try:
+            return call()
+        finally:
+            self.profile.disable()
+            self.host_s += time.perf_counter() - t0
+
+    def write(self, steps: int) -> None:
+        buf = io.StringIO()
+        buf.write(f"decode steps profiled: {steps}; mean host time per step under cProfile: "
+                  f"{self.host_s / steps * 1e3:.3f} ms\n")
+        stats = pstats.Stats(self.profile, stream=buf)
+        for key in ("tottime", "cumulative"):
+            buf.write(f"\n=== by {key}\n")
+            stats.sort_stats(key).print_stats(45)
+        with open(self.path, "w") as fh:
+            fh.write(buf.getvalue())
+
+
+class TimingRecorder:
+    def __init__(self, out_dir: str):
+        self.path = os.path.join(out_dir, f"steps_{os.getpid()}.json")
+        self.host_ms: list[float] = []
+        self.events: list = []  # (start, end) CUDA events per step
+
+    def around(self, call):
+        import torch
+
+        cuda = torch.cuda.is_available()
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter()
+        try:
+            return call()
+        finally:
+            self.host_ms.append((time.perf_counter() - t0) * 1e3)
+            if cuda:
+                end.record()
+                self.events.append((start, end))
+
+    def write(self, steps: int) -> None:
+        result = {"steps": steps, "host_ms": summary(self.host_ms)}
+        if self.events:
+            self.events[-1][1].synchronize()
+            result["device_ms"] = summary([s.elapsed_time(e) for s, e in self.events])
+            result["between_ms"] = summary([e.elapsed_time(s) for (_, e), (s, _) in zip(self.events, self.events[1:])])
+        with open(self.path, "w") as fh:
+            json.dump(result, fh, indent=1)
+        print(f"[profile_steps] decode steps {steps}: {json.dumps(result)}", flush=True)
+
+
+def summary(values: list[float]) -> dict:
+    return {"mean": round(statistics.fmean(values), 4), "median": round(statistics.median(values), 4)} if values else {}
