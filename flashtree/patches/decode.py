@@ -61,6 +61,7 @@ class TreeState:
     graph_draws: object | None = None
     graph_draws_off: str | None = "FLASHTREE_GRAPH_DRAWS=0"
     draw_paths: dict = field(default_factory=dict)  # steps whose N draws came from the graph tail / ran eagerly
+    chain_trees: dict = field(default_factory=dict)  # bs -> (chain VoteTree, zero anchors) for stage_chain_mask
 
     def width_for(self, bs: int) -> int:
         w = self.tree_width
@@ -175,8 +176,11 @@ def stage_chain_mask(state: TreeState, worker, batch) -> None:
     total = int(batch.seq_lens_sum) if batch.seq_lens_sum is not None else int(batch.seq_lens.sum())
     if total * w + bs * w * w > buf.numel():
         return  # larger than any captured graph's buffer: the verify runs eagerly, causal without a mask
-    anchor = torch.zeros(bs, dtype=torch.long, device=batch.seq_lens.device)
-    mask = verify_inputs(chain_tree(bs, w, anchor.device), anchor, batch.seq_lens, total).mask
+    if bs not in state.chain_trees:  # fixed per batch size: built once, not on every fallback step
+        device = batch.seq_lens.device
+        state.chain_trees[bs] = (chain_tree(bs, w, device), torch.zeros(bs, dtype=torch.long, device=device))
+    tree, anchor = state.chain_trees[bs]
+    mask = verify_inputs(tree, anchor, batch.seq_lens, total).mask
     buf[: mask.numel()].copy_(mask)
 
 

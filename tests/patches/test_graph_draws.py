@@ -338,14 +338,7 @@ def test_draft_forward_reads_the_buffer_after_a_replay_and_computes_base_logits_
         return types.SimpleNamespace(draft_block_ids=block, raw_hidden=hidden, draft_hidden_3d=hidden.view(bs, K, -1),
                                      can_run_graph=graph)
 
-    embeds = torch.nn.Embedding(V, 4)
-    worker = types.SimpleNamespace(
-        device="cpu", _draft_sampler=sampler, _draft_context=contextlib.nullcontext,
-        _proposer=types.SimpleNamespace(_run_forward=_run_forward, draft_model=model, gamma=K, sample_from_anchor=True),
-        target_worker=types.SimpleNamespace(model_runner=types.SimpleNamespace(
-            model=types.SimpleNamespace(get_input_embeddings=lambda: embeds))),
-    )
-    model.embed_tokens = embeds
+    worker = standin_worker(sampler, model, _run_forward)
     window = types.SimpleNamespace(native=None)
     batch = types.SimpleNamespace(sampling_info=None)
     draft_input = types.SimpleNamespace(bonus_tokens=anchor)
@@ -494,14 +487,7 @@ def test_max_bs_draft_forward_draws_eagerly_when_the_replayed_graph_has_no_draws
         return types.SimpleNamespace(draft_block_ids=ids, raw_hidden=hidden.reshape(bs * K, V), draft_hidden_3d=hidden,
                                      can_run_graph=True)
 
-    embeds = torch.nn.Embedding(V, 4)
-    worker = types.SimpleNamespace(
-        device="cpu", _draft_sampler=sampler, _draft_context=contextlib.nullcontext,
-        _proposer=types.SimpleNamespace(_run_forward=_run_forward, draft_model=model, gamma=K, sample_from_anchor=True),
-        target_worker=types.SimpleNamespace(model_runner=types.SimpleNamespace(
-            model=types.SimpleNamespace(get_input_embeddings=lambda: embeds))),
-    )
-    model.embed_tokens = embeds
+    worker = standin_worker(sampler, model, _run_forward)
     args = (types.SimpleNamespace(sampling_info=None), types.SimpleNamespace(), types.SimpleNamespace(native=None))
 
     for bs in sorted(graphs, reverse=True):  # capture
@@ -512,3 +498,14 @@ def test_max_bs_draft_forward_draws_eagerly_when_the_replayed_graph_has_no_draws
     assert three.candidates is None and torch.allclose(three.base_logits, base[:3])
     assert draws.skipped_sizes == {4, 8} and draws.drawn_sizes == {1, 2}
 
+
+def standin_worker(sampler, model, run_forward):
+    """A DSparkWorkerV2 stand-in for the adapter's draft forward: the sampler, the draft model and `_run_forward`."""
+    embeds = torch.nn.Embedding(V, 4)
+    model.embed_tokens = embeds
+    return types.SimpleNamespace(
+        device="cpu", _draft_sampler=sampler, _draft_context=contextlib.nullcontext,
+        _proposer=types.SimpleNamespace(_run_forward=run_forward, draft_model=model, gamma=K, sample_from_anchor=True),
+        target_worker=types.SimpleNamespace(model_runner=types.SimpleNamespace(
+            model=types.SimpleNamespace(get_input_embeddings=lambda: embeds))),
+    )
