@@ -203,6 +203,50 @@ def part_inputs():
         log(**row)
 
 
+def part_markov():
+    """The tree step's N draft draws through a vanilla Markov head (DSPARK's draft graph tail): flashtree's fused
+    Markov draws (K launches) against the torch ops the graph tail ran before (sglang's VanillaMarkov step:
+    embedding + GEMV + add on the repeated base logits, then exponential noise + Gumbel-max per step)."""
+    import torch.nn.functional as F
+
+    from flashtree.patches.graph_draws import gumbel_pick
+    from flashtree.sampler.markov import candidate_rows, new_state
+    from flashtree.sampler.triton_markov import markov_draws_triton
+
+    for bs, n, k, v, rank in [(1, 8, 7, 49152, 32), (8, 8, 7, 49152, 32), (32, 8, 7, 49152, 32),
+                              (64, 8, 7, 49152, 32), (1, 8, 15, 151936, 64)]:
+        base = (torch.randn(bs, k, v, device="cuda") * 3).bfloat16()
+        w1 = torch.randn(v, rank, device="cuda").bfloat16()
+        w2 = (torch.randn(v, rank, device="cuda") / rank**0.5).bfloat16()
+        anchor = torch.randint(0, v, (bs,), device="cuda")
+        inv, greedy = candidate_rows(bs, n, 0.7, "cuda")
+        noise = torch.empty(bs * n, v, device="cuda")
+        state = new_state(0, "cuda")
+
+        def peer():
+            b, prev, out = base.repeat_interleave(n, dim=0), anchor.repeat_interleave(n), []
+            for j in range(k):
+                prev = gumbel_pick(b[:, j] + F.linear(F.embedding(prev, w1), w2), noise.exponential_(), inv, greedy)
+                out.append(prev)
+            return torch.stack(out, 1).view(bs, n, k)
+
+        ref = peer()
+        row = dict(kind="markov_draws", bs=bs, n=n, k=k, vocab=v, rank=rank, dtype="bf16",
+                   torch_graph_us=try_graph(peer), torch_wall_us=host_and_wall_us(peer)[1])
+        # launch variants: (vocabulary tile, rows per program; None = the shipped heuristic)
+        variants = [(256, None), (128, None)] + ([(256, 16)] if bs * n > 64 else [])
+        for block_v, block_rows in variants:
+            tag = f"{block_v}x{block_rows or 'auto'}"
+            mine = lambda: markov_draws_triton(base, anchor, w1, w2, n, inv, greedy, state,  # noqa: E731
+                                               block_v=block_v, block_rows=block_rows)
+            got = mine()
+            row[f"greedy_same_{tag}"] = bool(torch.equal(got[:, 0], ref[:, 0]))
+            row[f"flashtree_graph_us_{tag}"] = try_graph(mine)
+            row[f"flashtree_wall_us_{tag}"] = host_and_wall_us(mine)[1]
+        row["speedup_graph_shipped"] = ratio(row["torch_graph_us"], row["flashtree_graph_us_256xauto"])
+        log(**row)
+
+
 def part_sampler(bw):
     try:
         from flashmap.sglang.kernels import sample_rows as fm_sample
@@ -414,7 +458,8 @@ def main():
         python=sys.version.split()[0], date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     torch.manual_seed(0)
     bw = ceiling()
-    parts = {"builder": part_builder, "walk": part_walk, "inputs": part_inputs, "sampler": lambda: part_sampler(bw),
+    parts = {"builder": part_builder, "walk": part_walk, "inputs": part_inputs, "markov": part_markov,
+             "sampler": lambda: part_sampler(bw),
              "attention": lambda: part_attention(bw, not a.no_flex)}
     for name in a.parts.split(","):
         t = time.time()

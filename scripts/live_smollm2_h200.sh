@@ -15,7 +15,9 @@
 #   bfloat16 (speed): b_plain, b_chain, b_tree1g (flashtree's step with N = 1: the chain's tau through the tree path,
 #     so its gap to b_chain is the tree path's own cost), b_tree4g, b_tree8g, b_tree8sg (split-KV), b_tree8sgm (split-KV,
 #     FLASHTREE_TREE_MAX_BS=$MAX_BS: larger batches run DSPARK's chain step), b_tree8sgt (b_tree8sg with
-#     FLASHTREE_STAGE_TIMES, for the per-stage table; the others run without the timer's events)
+#     FLASHTREE_STAGE_TIMES, for the per-stage table; the others run without the timer's events); every tree server
+#     draws through flashtree's fused Markov draws (FLASHTREE_FUSED_SAMPLER=1) except b_tree8sgu (b_tree8sg with the
+#     Markov head's torch steps in the graph, as in run 3: the A/B of the fused draws)
 # Phases (PHASES, default "identity speed sampled"; only the sets the phases need start): greedy identity of every f_*
 # server against f_plain on 50 held-out GSM8K prompts (128 tokens), then the f_* servers stop; tokens/s, time per output
 # token and tau per b_* server alone at concurrency 1, 8, 32; a sampled (T = 0.7) chi-square of b_tree8g against b_plain.
@@ -59,7 +61,9 @@ F32="$BASE --dtype float32 --enable-deterministic-inference --max-running-reques
 B16="$BASE --dtype bfloat16 --max-running-requests 32 --cuda-graph-bs-decode 1 2 4 8 16 24 32"
 SPEC="--speculative-algorithm DSPARK --speculative-draft-model-path $DRAFT --speculative-num-draft-tokens 9
   --speculative-draft-attention-backend triton"
-TREE="FLASHTREE_GRAPH_DRAWS=1"
+# The N draws in the draft graph, as fused Markov draws (FLASHTREE_FUSED_SAMPLER=1); b_tree8sgu keeps run 3's torch steps.
+TORCH_DRAWS="FLASHTREE_GRAPH_DRAWS=1"
+TREE="$TORCH_DRAWS FLASHTREE_FUSED_SAMPLER=1"
 TIMES="FLASHTREE_STAGE_TIMES=100"
 # Host and device time per decode step, chain and trees alike (harness plugin benchmarks/live/profile_steps.py): decode
 # steps 50-399 fall in the c = 1 phase; steps_<pid>.json lands in the server logs.
@@ -84,6 +88,7 @@ if has speed || has sampled; then
   start_server b_tree8sg 30025 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TREE $STEPS -- $B16 $SPEC
   start_server b_tree8sgm 30026 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 FLASHTREE_TREE_MAX_BS=$MAX_BS $TREE $STEPS -- $B16 $SPEC
   start_server b_tree8sgt 30027 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TREE $TIMES -- $B16 $SPEC
+  start_server b_tree8sgu 30028 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TORCH_DRAWS $STEPS -- $B16 $SPEC
 fi
 wait_up $(( TOTAL_S / 2 )) || el "not every server came up (continuing with those that did)"
 
@@ -98,7 +103,8 @@ fi
 if has speed; then
   el "speed phase"
   timeout $(( TOTAL_S - ($(date +%s) - T0) - 60 )) python3 benchmarks/live/bench_client.py speed --prompts "$PROMPTS" \
-    --out "$OUT" --wait 5 $(args b_plain b_chain b_tree1g b_tree4g b_tree8g b_tree8sg b_tree8sgm b_tree8sgt) |
+    --out "$OUT" --wait 5 --min-requests 16 \
+    $(args b_plain b_chain b_tree1g b_tree4g b_tree8g b_tree8sg b_tree8sgu b_tree8sgm b_tree8sgt) |
     grep -v "^\[bench\]"
   el "speed done"
 fi

@@ -79,11 +79,11 @@ def identity(servers: dict, prompts: list, n: int) -> dict:
     return result
 
 
-def speed_one(port: int, prompts: list, conc: int) -> dict:
+def speed_one(port: int, prompts: list, conc: int, min_requests: int = 8) -> dict:
     params = {"max_new_tokens": SPEED_NEW, "temperature": 0.0}
     for ids in prompts[:2]:
         request(port, ids, params)  # warm-up: first-shape compiles stay out of the timing
-    jobs = [prompts[i % len(prompts)] for i in range(max(4 * conc, 8))]
+    jobs = [prompts[i % len(prompts)] for i in range(max(4 * conc, min_requests))]
     t0 = time.perf_counter()
     with cf.ThreadPoolExecutor(conc) as pool:
         rs = list(pool.map(lambda ids: request(port, ids, params), jobs))
@@ -103,13 +103,13 @@ def speed_one(port: int, prompts: list, conc: int) -> dict:
     }
 
 
-def speed(servers: dict, prompts: list, concs: list[int], out: str) -> dict:
+def speed(servers: dict, prompts: list, concs: list[int], out: str, min_requests: int = 8) -> dict:
     result = {"max_new_tokens": SPEED_NEW, "servers": {}}
     for tag, (port, _pid) in servers.items():
         rows = []
         for c in concs:
             try:
-                rows.append(speed_one(port, prompts, c))
+                rows.append(speed_one(port, prompts, c, min_requests))
             except Exception as err:  # noqa: BLE001
                 rows.append({"concurrency": c, "error": f"{type(err).__name__}: {err}"[:300]})
             print(f"[bench] {tag} c={c}: {json.dumps(rows[-1])[:300]}", flush=True)
@@ -167,6 +167,7 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=50)
     ap.add_argument("--conc", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--wait", type=float, default=0)
+    ap.add_argument("--min-requests", type=int, default=8, help="speed: requests per level at least (4 x c otherwise)")
     ap.add_argument("servers", nargs="+", help="TAG=PORT:PID (identity/sampled: the first is the reference)")
     args = ap.parse_args(argv)
     servers = parse_servers(args.servers)
@@ -178,7 +179,7 @@ def main(argv=None) -> int:
     if not servers:
         return 1
     result = {"identity": lambda: identity(servers, prompts, args.n),
-              "speed": lambda: speed(servers, prompts, args.conc, args.out),
+              "speed": lambda: speed(servers, prompts, args.conc, args.out, args.min_requests),
               "sampled": lambda: sampled(servers, prompts)}[args.phase]()
     save(args.out, args.phase, result)
     print(table(args.phase, result), flush=True)

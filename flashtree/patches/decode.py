@@ -3,7 +3,8 @@
 One step, per running batch of bs requests (W = tree width with the root, K = gamma = draft block length):
   1. the verify window: W KV slots per request at req_to_token[req, seq_len : seq_len + W] (DSPARK's own window);
   2. one draft forward over the block, then N draws of the block through the draft's Markov head (flashtree's row
-     sampler): candidate 0 is the greedy block, 1..N-1 are independent draws at the draft temperature -> (bs, N, K);
+     sampler; with FLASHTREE_FUSED_SAMPLER=1 and a vanilla head, `flashtree.sampler.markov_draws`: all steps in
+     K launches): candidate 0 is the greedy block, 1..N-1 are independent draws at the draft temperature -> (bs, N, K);
      with FLASHTREE_GRAPH_DRAWS=1 the draws run in the draft's captured CUDA graph tail (graph_draws.py) and the
      step reads them from its buffer (eager as above when the draft forward ran eagerly);
   3. flashtree's trie-vote builder -> W - 1 nodes; `verify_inputs` -> the verify ids, the node positions, sglang's
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from flashtree.sampler.markov import candidate_rows, markov_draws, new_state
 from flashtree.tree import build_vote_tree, chain_tree, commit_plan, verify_inputs, verify_sampled, walk_and_commit
 from flashtree.tree.commit import apply_permutation
 from flashtree.tree.types import VoteTree
@@ -54,6 +56,7 @@ class TreeState:
     tree_width: int  # the tree's own width (<= width); narrower trees are padded to `width`
     generator: torch.Generator | None
     sampler: object
+    noise: torch.Tensor | None = None  # FLASHTREE_FUSED_SAMPLER: the fused Markov draws' (seed, calls) state
     timer: StageTimer | None = None  # FLASHTREE_STAGE_TIMES
     steps: int = 0
     fallbacks: dict = field(default_factory=dict)
@@ -110,6 +113,7 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeState:
         tree_width=toggles.tree_width or window,
         generator=generator,
         sampler=_load_sampler(toggles),
+        noise=new_state(toggles.seed, device) if toggles.fused_sampler else None,
         timer=StageTimer(toggles.stage_times, device) if toggles.stage_times else None,
     )
     logger.info("flashtree tree path on (sglang %s): %s, W=%d, gamma=%d", adapter.release, toggles.describe(), window, gamma)
@@ -240,7 +244,12 @@ def draw_candidates(state: TreeState, worker, base_logits, anchor, draft_hidden,
         temps = draw_temperatures(step_logits.shape[0], n, temperature, step_logits.device)
         return state.sampler(step_logits, temps, generator=state.generator)
 
-    return state.adapter.sample_blocks(worker, base_logits, anchor, draft_hidden, n, sampler)
+    def fused(base, anchor, w1, w2):  # a vanilla Markov head: all K steps of the N draws in K launches on CUDA
+        inv_temperature, greedy = candidate_rows(base.shape[0], n, temperature, base.device)
+        return markov_draws(base, anchor, w1, w2, n, inv_temperature, greedy, state.noise)
+
+    return state.adapter.sample_blocks(worker, base_logits, anchor, draft_hidden, n, sampler,
+                                       fused if state.noise is not None else None)
 
 
 def walk(state: TreeState, tree: VoteTree, logits: torch.Tensor, sampling_info, req_to_token, rows, starts):

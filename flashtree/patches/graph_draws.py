@@ -16,7 +16,10 @@ flashtree wraps the worker's `_maybe_build_draft_sampler` (at `DSparkWorkerV2.__
   2. draws the tree step's N candidate blocks per request through the Markov head, on bs*N request-major rows:
      candidate 0 the greedy block, candidates 1..N-1 Gumbel-max draws at FLASHTREE_DRAFT_TEMPERATURE, with noise from
      torch's default generator filled in-graph (`exponential_()` on a persistent buffer, as DSPARK's folded sampler
-     does; each replay redraws) -> the persistent `(max_bs, N, K)` int64 buffer `GraphDraws.out`.
+     does; each replay redraws) -> the persistent `(max_bs, N, K)` int64 buffer `GraphDraws.out`. With
+     FLASHTREE_FUSED_SAMPLER=1 and a vanilla Markov head (bias = w2 @ w1[prev]) the draws are
+     `flashtree.sampler.markov_draws` instead: K Triton launches with in-kernel Philox noise whose (seed, calls)
+     state each replay advances, in place of about ten torch ops per step.
 The tree step's draft forward passes that sampler to `_run_forward`; when the graph ran it reads the candidates from
 the buffer and computes no base logits; otherwise (eager forward) it keeps the eager path (base logits + N draws
 through flashtree's row sampler with FLASHTREE_SEED's generator).
@@ -27,7 +30,7 @@ is padded to (L itself when the configured sizes are unknown), and a tail that r
 skips the draws (those graphs are captured with DSPARK's tail only). A tree step reads the buffer only when the graph
 its batch replays (the smallest captured size >= bs, as recorded by the tail runs) drew; otherwise it draws eagerly.
 
-Memory: the noise buffer `(max_bs * N, V)` float32 is persistent; the draws' intermediates live in the graph's memory
+Memory (the fused draws need none of this): the noise buffer `(max_bs * N, V)` float32 is persistent; the draws' intermediates live in the graph's memory
 pool (the release's Markov draw: 0.5.17 / 0.5.20 repeat the block's base logits to `(bs * N, K, V)`, 0.5.17 also
 keeps the corrected logits; 0.5.23 steps on `(bs * N, V)` rows). If the estimate does not fit the free GPU memory
 (with DSPARK's 1 GB capture headroom) the worker keeps DSPARK's own sampler and the eager draws, and logs why.
@@ -39,6 +42,8 @@ import logging
 from typing import Callable
 
 import torch
+
+from flashtree.sampler.markov import candidate_rows, markov_draws, new_state
 
 logger = logging.getLogger("flashtree.patches")
 
@@ -71,20 +76,23 @@ class GraphDraws:
     """The N candidate blocks per request, drawn in DSPARK's draft graph tail into persistent buffers."""
 
     def __init__(self, *, adapter, n: int, gamma: int, max_bs: int, vocab: int, temperature: float, device,
-                 limit: int = 0):
+                 limit: int = 0, fused: tuple | None = None, seed: int = 0):
         # max_bs: the requests the buffers hold. limit (FLASHTREE_TREE_MAX_BS, 0 = none): with a limit, a tail run
         # for more than max_bs requests (a graph only chain steps replay) skips the draws instead of failing.
+        # fused: a vanilla Markov head's (w1, w2): the draws run as flashtree's fused Markov draws (K launches,
+        # in-kernel noise from a (seed, calls) state each replay advances) instead of the head's torch steps.
         self.adapter, self.n, self.k, self.max_bs = adapter, int(n), int(gamma), int(max_bs)
         self.limit = int(limit)
+        self.fused = fused
         rows = self.max_bs * self.n
         # What the tree step reads: (max_bs, N, K), request-major; the captured graphs rewrite rows [:bs] per replay.
         self.out = torch.zeros((self.max_bs, self.n, self.k), dtype=torch.int64, device=device)
         # Per-row constants: candidate 0 of each request greedy, the others at the draft temperature.
-        self.greedy = torch.zeros((self.max_bs, self.n), dtype=torch.bool, device=device)
-        self.greedy[:, 0] = True
-        self.greedy = self.greedy.view(-1)
-        self.inv_temperature = torch.full((rows,), 1.0 / float(temperature), dtype=torch.float32, device=device)
-        self.noise = torch.empty((rows, int(vocab)), dtype=torch.float32, device=device)
+        self.inv_temperature, self.greedy = candidate_rows(self.max_bs, self.n, temperature, device)
+        if fused is None:
+            self.noise = torch.empty((rows, int(vocab)), dtype=torch.float32, device=device)
+        else:
+            self.noise_state = new_state(seed, device)
         self.calls = 0  # tail runs (warm-up, capture and eager tails; not replays)
         self.skips = 0  # tail runs above max_bs with a limit: DSPARK's tail only, no draws
         self.drawn_sizes: set[int] = set()  # batch sizes the tail ran for, with the draws / without them
@@ -119,9 +127,14 @@ class GraphDraws:
         if base_logits is None:  # DSPARK's tail computed none (0.5.23's megakernel step)
             base_logits, _ = sampler.model.compute_base_logits(model_hidden)
         base_logits = base_logits.view(bs, self.k, -1)
-        tokens = self.adapter.markov_draws(
-            sampler.markov_head, base_logits, anchor, draft_hidden, self.n, self.step_sampler()
-        )
+        rows = bs * self.n
+        if self.fused is not None:
+            tokens = markov_draws(base_logits, anchor, *self.fused, self.n, self.inv_temperature[:rows],
+                                  self.greedy[:rows], self.noise_state)
+        else:
+            tokens = self.adapter.markov_draws(
+                sampler.markov_head, base_logits, anchor, draft_hidden, self.n, self.step_sampler()
+            )
         self.out[:bs].copy_(tokens.view(bs, self.n, self.k))
         self.calls += 1
 
@@ -202,10 +215,13 @@ def sampler_of(worker):
 
 
 # ---- building (init_cuda_graphs) --------------------------------------------------------------------------------
-def need_bytes(adapter, *, n: int, gamma: int, max_bs: int, vocab: int, logits_bytes: int) -> int:
+def need_bytes(adapter, *, n: int, gamma: int, max_bs: int, vocab: int, logits_bytes: int, fused: bool = False) -> int:
     rows = max_bs * n
-    persistent = rows * vocab * 4 + max_bs * n * gamma * 8 + rows * 8
-    return persistent + adapter.graph_draw_bytes(rows=rows, gamma=gamma, vocab=vocab, logits_bytes=logits_bytes)
+    persistent = max_bs * n * gamma * 8 + rows * 8
+    if fused:  # two steps' per-tile maxima (float32 + int32) per row, tiles of >= 256 tokens; nothing rows x V
+        return persistent + 2 * rows * (vocab // 256 + 1) * 8
+    return persistent + rows * vocab * 4 + adapter.graph_draw_bytes(
+        rows=rows, gamma=gamma, vocab=vocab, logits_bytes=logits_bytes)
 
 
 def configured_graph_sizes() -> list[int] | None:
@@ -265,7 +281,10 @@ def build(state, worker, stock, *, free: Callable = free_bytes, graph_sizes: Cal
     vocab = int(model.lm_head.org_vocab_size)
     weight = model.lm_head.weight
     logits_bytes = weight.element_size() if weight.is_floating_point() else 2
-    need = need_bytes(adapter, n=toggles.tree_n, gamma=gamma, max_bs=max_bs, vocab=vocab, logits_bytes=logits_bytes)
+    # FLASHTREE_FUSED_SAMPLER with a vanilla Markov head: the fused Markov draws
+    fused = adapter.vanilla_markov_weights(stock.markov_head) if toggles.fused_sampler else None
+    need = need_bytes(adapter, n=toggles.tree_n, gamma=gamma, max_bs=max_bs, vocab=vocab, logits_bytes=logits_bytes,
+                      fused=fused is not None)
     have = free(worker.device)
     if have is not None and have - need < CAPTURE_HEADROOM_BYTES:
         return keep(
@@ -276,12 +295,14 @@ def build(state, worker, stock, *, free: Callable = free_bytes, graph_sizes: Cal
     draws = GraphDraws(
         adapter=adapter, n=toggles.tree_n, gamma=gamma, max_bs=max_bs, vocab=vocab,
         temperature=toggles.draft_temperature, device=stock.out.device, limit=limit if max_bs < graph_bs else 0,
+        fused=fused, seed=toggles.seed,
     )
     state.graph_draws = draws
     state.graph_draws_off = None
     logger.info(
-        "flashtree: the N=%d draft draws run in DSPARK's draft CUDA graph tail (up to %d requests, ~%.2f GiB)%s",
-        toggles.tree_n, max_bs, need / 2**30,
+        "flashtree: the N=%d draft draws run in DSPARK's draft CUDA graph tail (%s, up to %d requests, ~%.2f GiB)%s",
+        toggles.tree_n, "fused Markov draws" if fused is not None else "the Markov head's torch steps", max_bs,
+        need / 2**30,
         f"; graphs above {max_bs} requests (FLASHTREE_TREE_MAX_BS={limit}: chain steps) are captured without them"
         if max_bs < graph_bs else "",
     )

@@ -621,9 +621,12 @@ def test_stage_times_cover_every_stage_of_each_step(caplog):
     assert m and float(m.group(2)) >= float(m.group(1)) and float(m.group(3)) >= 0
 
 
-def test_candidate_zero_is_the_greedy_block():
-    """The N draws: row 0 of each request is the draft's greedy block (DSPARK's chain), the others are samples."""
+@pytest.mark.parametrize("fused", [False, True])
+def test_candidate_zero_is_the_greedy_block(fused):
+    """The N draws: row 0 of each request is the draft's greedy block (DSPARK's chain), the others are samples; with
+    FLASHTREE_FUSED_SAMPLER's noise state, through the fused Markov draws (their CPU reference here)."""
     import flashtree.patches.decode as decode
+    from flashtree.sampler.markov import new_state
     from flashtree.sampler.reference import sample_rows
 
     head = real_markov_head()
@@ -632,11 +635,14 @@ def test_candidate_zero_is_the_greedy_block():
     base = torch.randn(bs, GAMMA, V) * 2
     anchor = torch.randint(0, V, (bs,))
     state = types.SimpleNamespace(toggles=TreeToggles(tree_n=n, draft_temperature=1.0), sampler=sample_rows,
-                                  generator=torch.Generator().manual_seed(1), adapter=adapters.select_adapter())
+                                  generator=torch.Generator().manual_seed(1), adapter=adapters.select_adapter(),
+                                  noise=new_state(1, "cpu") if fused else None)
     worker = types.SimpleNamespace(_proposer=types.SimpleNamespace(draft_model=types.SimpleNamespace(markov_head=head)))
     cands = decode.draw_candidates(state, worker, base, anchor, None, n)
+    assert int(state.noise[1]) == 1 if fused else state.noise is None  # the fused draws ran (or did not)
     assert cands.shape == (bs, n, GAMMA)
-    greedy_state = types.SimpleNamespace(**{**vars(state), "toggles": TreeToggles(tree_n=1, draft_temperature=1.0)})
+    greedy_state = types.SimpleNamespace(**{**vars(state), "toggles": TreeToggles(tree_n=1, draft_temperature=1.0),
+                                            "noise": None})
     greedy_state.sampler = lambda logits, temps, generator=None: logits.argmax(dim=-1)
     greedy = decode.draw_candidates(greedy_state, worker, base, anchor, None, 1)
     assert torch.equal(cands[:, 0], greedy[:, 0])

@@ -37,11 +37,13 @@ def head(std: float = 0.7, vocab: int = V, seed: int = 0):
     return h
 
 
-def flashtree_sampler(model, *, n: int, max_bs: int, temperature: float = 1.0, confidence_fn=None):
+def flashtree_sampler(model, *, n: int, max_bs: int, temperature: float = 1.0, confidence_fn=None, fused=False):
     adapter = adapters.select_adapter()
     stock = stock_sampler(model, gamma=K, max_bs=max_bs, confidence_fn=confidence_fn)
+    weights = adapter.vanilla_markov_weights(model.markov_head) if fused else None
+    assert (weights is not None) == fused
     draws = graph_draws.GraphDraws(
-        adapter=adapter, n=n, gamma=K, max_bs=max_bs, vocab=V, temperature=temperature, device="cpu"
+        adapter=adapter, n=n, gamma=K, max_bs=max_bs, vocab=V, temperature=temperature, device="cpu", fused=weights
     )
     return graph_draws.wrap(stock, draws), draws
 
@@ -55,10 +57,12 @@ def greedy_blocks(markov_head, base, anchor):
     return adapters.select_adapter().markov_draws(markov_head, base, anchor, None, 1, argmax)[:, 0]
 
 
-def test_dspark_outputs_unchanged_and_candidate_zero_is_greedy(sglang_release):
+@pytest.mark.parametrize("fused", [False, True])
+def test_dspark_outputs_unchanged_and_candidate_zero_is_greedy(sglang_release, fused):
     """(a) Everything DSPARK's own decode reads after the tail equals the stock sampler's on the same inputs and the
     same noise (DSPARK draws first); the base logits are computed once. (b) Candidate 0 of each request is the greedy
-    block; DSPARK's own greedy rows (top_k = 1) drew the same block."""
+    block; DSPARK's own greedy rows (top_k = 1) drew the same block. Both with the Markov head's torch steps and with
+    the fused Markov draws (FLASHTREE_FUSED_SAMPLER)."""
     bs, n, max_bs = 5, 4, 8
     h = head()
     base = torch.randn(bs, K, V) * 2
@@ -69,7 +73,7 @@ def test_dspark_outputs_unchanged_and_candidate_zero_is_greedy(sglang_release):
 
     stock_model, ours_model = TinyDraft(h, V), TinyDraft(h, V)
     stock = stock_sampler(stock_model, gamma=K, max_bs=max_bs, confidence_fn=conf)
-    ours, draws = flashtree_sampler(ours_model, n=n, max_bs=max_bs, confidence_fn=conf)
+    ours, draws = flashtree_sampler(ours_model, n=n, max_bs=max_bs, confidence_fn=conf, fused=fused)
     from sglang.srt.speculative.dspark_components.dspark_draft_sampler import DsparkDraftSampler
 
     assert isinstance(ours, DsparkDraftSampler) and type(ours) is not DsparkDraftSampler
@@ -108,13 +112,14 @@ def chi2(counts: Counter, expected: dict, total: int) -> tuple[float, int]:
     return stat, len(cells)
 
 
-def test_draws_follow_the_markov_heads_softmax_at_the_draft_temperature():
+@pytest.mark.parametrize("fused", [False, True])
+def test_draws_follow_the_markov_heads_softmax_at_the_draft_temperature(fused):
     """(c) Draws 1..N-1 of the first two steps follow the Markov head's joint two-step distribution at the draft
     temperature, softmax((base_0 + bias(anchor)) / T) x softmax((base_1 + bias(t_0)) / T) (chi-square, p = 0.001),
     independently across the N - 1 draws of a request; every replay redraws."""
     bs, n, temp = 300, 8, 0.7
     h = head(std=0.8)
-    ours, draws = flashtree_sampler(TinyDraft(h, V), n=n, max_bs=bs, temperature=temp)
+    ours, draws = flashtree_sampler(TinyDraft(h, V), n=n, max_bs=bs, temperature=temp, fused=fused)
     base = torch.randn(1, K, V).expand(bs, K, V).contiguous()
     anchor = torch.full((bs,), 3, dtype=torch.int64)
     hidden, ids = tail_args(ours, base, anchor)
@@ -231,6 +236,10 @@ def test_build_wraps_dspark_sampler_or_keeps_it_with_a_reason(caplog):
     assert d.out.shape == (8, 4, K) and torch.allclose(d.inv_temperature, torch.tensor(2.0))
     assert d.greedy.view(8, 4)[:, 0].all() and not d.greedy.view(8, 4)[:, 1:].any()
 
+    assert d.fused is None  # FLASHTREE_FUSED_SAMPLER off: the head's torch steps
+    fused = graph_draws.build(tree_state(fused_sampler=True), worker, stock).flashtree_draws
+    assert fused.fused is not None and fused.fused[1] is h.markov_w2.weight and not hasattr(fused, "noise")
+
     # Not enough free memory: DSPARK's sampler is kept, the draws stay eager, the reason is logged.
     state = tree_state()
     with caplog.at_level(logging.WARNING, logger="flashtree.patches"):
@@ -252,6 +261,25 @@ def test_memory_estimate_scales_with_the_release_draw():
     big = graph_draws.need_bytes(adapter, n=8, gamma=8, max_bs=512, vocab=151936, logits_bytes=2)
     assert small < (1 << 30) < big  # SmolLM2 at max_bs 32 fits easily; a 150k vocabulary at 512 requests does not
     assert small >= 32 * 8 * 49152 * 4  # at least the noise buffer
+    fused = graph_draws.need_bytes(adapter, n=8, gamma=8, max_bs=512, vocab=151936, logits_bytes=2, fused=True)
+    assert fused < (64 << 20)  # the fused draws keep nothing rows x V
+
+
+def test_fused_draws_only_for_the_vanilla_bias():
+    """The fused Markov draws compute w2 @ w1[prev]: sglang's VanillaMarkov qualifies; a head whose step bias
+    differs (the gated head, a subclass overriding the projection) keeps the head's own torch steps."""
+    from sglang.srt.models import dspark
+
+    adapter = adapters.select_adapter()
+    assert adapter.vanilla_markov_weights(head()) is not None
+    gated = dspark.GatedMarkovHead(vocab_size=V, markov_rank=4, hidden_size=8)
+    assert adapter.vanilla_markov_weights(gated) is None
+
+    class Scaled(dspark.VanillaMarkov):
+        def project_bias(self, latent):
+            return 2 * super().project_bias(latent)
+
+    assert adapter.vanilla_markov_weights(Scaled(vocab_size=V, markov_rank=4)) is None
 
 
 def fake_worker_for_init_cuda_graphs(stock, monkeypatch):

@@ -217,10 +217,33 @@ class SglangAdapter:
         """Host bound on the lengths after this step's reservation (used when batch.seq_lens_cpu is stale/None)."""
         return draft_input.nxt_kv_lens_cpu, draft_input.nxt_kv_lens_sum
 
-    def sample_blocks(self, worker, base_logits, anchor, draft_hidden, n: int, sampler: Callable) -> torch.Tensor:
-        """N draws of the block through the draft's Markov head -> (bs, N, K). `sampler(step_logits) -> tokens`."""
+    def sample_blocks(self, worker, base_logits, anchor, draft_hidden, n: int, sampler: Callable,
+                      fused: Callable | None = None) -> torch.Tensor:
+        """N draws of the block through the draft's Markov head -> (bs, N, K). `sampler(step_logits) -> tokens`;
+        `fused(base_logits, anchor, w1, w2)`, when given, draws them all instead if the head is a vanilla one."""
         head = worker._proposer.draft_model.markov_head
+        weights = self.vanilla_markov_weights(head) if fused is not None else None
+        if weights is not None:
+            return fused(base_logits, anchor, *weights)
         return self.markov_draws(head, base_logits, anchor, draft_hidden, n, sampler)
+
+    # The methods that make a VanillaMarkov's step bias w2 @ w1[prev]: a subclass overriding one has another bias.
+    vanilla_bias_methods = ("get_prev_embeddings", "project_bias", "compute_step_bias", "apply_step_logits",
+                            "sample_block")
+
+    def vanilla_markov_weights(self, head):
+        """(w1, w2) when the head's step bias is exactly w2 @ w1[prev] (sglang's own VanillaMarkov), the bias
+        flashtree's fused Markov draws compute; None for any other head (gated, RNN, sharded, subclassed)."""
+        vanilla = resolve("sglang.srt.models.dspark:VanillaMarkov")
+        sharded = getattr(head, "vocab_shard", None) is not None or getattr(head, "_w2_rows", None) is not None
+        if not isinstance(head, vanilla) or sharded:
+            return None
+        if any(getattr(type(head), m) is not getattr(vanilla, m) for m in self.vanilla_bias_methods):
+            return None
+        w2 = head.markov_w2
+        if type(w2) is not torch.nn.Linear or w2.bias is not None:
+            return None
+        return head.markov_w1.weight, w2.weight
 
     def markov_draws(self, head, base_logits, anchor, draft_hidden, n: int, sampler: Callable) -> torch.Tensor:
         """bs*N request-major rows through `head.sample_block` (0.5.17 / 0.5.20) -> (bs, N, K). Runs eagerly (tree

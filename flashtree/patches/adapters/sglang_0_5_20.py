@@ -25,9 +25,9 @@ class Adapter(SglangAdapter):
     # ---- FlashMap drafts (flashtree/patches/flashmap_draft.py) -----------------------------------------------
     flashmap_noise_draws = True  # flashmap 0.1.0's sglang draft model runs on this release only
 
-    def sample_blocks(self, worker, base_logits, anchor, draft_hidden, n, sampler):
+    def sample_blocks(self, worker, base_logits, anchor, draft_hidden, n, sampler, fused=None):
         # A FlashMap draft drew the N candidates in its forward (one noise sample each); other drafts: Markov head.
         draws = flashmap_draft.noise_draws(worker, base_logits.shape[0])
         if draws is not None:
             return draws
-        return super().sample_blocks(worker, base_logits, anchor, draft_hidden, n, sampler)
+        return super().sample_blocks(worker, base_logits, anchor, draft_hidden, n, sampler, fused)

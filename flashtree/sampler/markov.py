@@ -1,0 +1,61 @@
+"""N draws of a draft block through a vanilla Markov head (DSPARK's `VanillaMarkov`), candidate rows request-major.
+
+Step j of row i (request b = i // N) scores the vocabulary with
+    logits = base_logits[b, j] + w2 @ w1[prev]          (prev: the anchor at j = 0, else row i's token at j - 1)
+rounded as sglang's torch ops round them (the bias in the weights' dtype, the sum in the promoted dtype). Greedy rows
+take the argmax (ties to the lowest id); the others take a Gumbel-max draw from softmax(logits * inv_temperature).
+Noise comes from `state` = int64 (seed, call counter): each call reads it and adds 1 to the counter, so a call replayed
+from a CUDA graph redraws without a host round trip.
+
+`markov_draws` runs the fused Triton kernel on CUDA tensors (K launches, nothing of size rows x V in memory) and
+the torch reference elsewhere; the two agree exactly on greedy rows and in distribution on the others.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def new_state(seed: int, device) -> torch.Tensor:
+    """The (seed, call counter) noise state `markov_draws` reads and advances."""
+    return torch.tensor([int(seed), 0], dtype=torch.int64, device=device)
+
+
+def candidate_rows(bs: int, n: int, temperature: float, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inv_temperature, greedy), each (bs * N,), request-major: candidate 0 of each request greedy (the draft's own
+    block), candidates 1..N-1 drawn at `temperature`."""
+    greedy = torch.zeros((bs, n), dtype=torch.bool, device=device)
+    greedy[:, 0] = True
+    inv = torch.full((bs * n,), 1.0 / float(temperature), dtype=torch.float32, device=device)
+    return inv, greedy.view(-1)
+
+
+def markov_draws(base_logits, anchor, w1, w2, n: int, inv_temperature, greedy, state) -> torch.Tensor:
+    """base_logits (bs, K, V), anchor (bs,), w1 (V', r) embedding weight, w2 (V, r) projection weight,
+    inv_temperature (bs*N,) float32, greedy (bs*N,) bool -> (bs, N, K) int64."""
+    if base_logits.is_cuda:
+        from .triton_markov import markov_draws_triton
+
+        return markov_draws_triton(base_logits, anchor, w1, w2, n, inv_temperature, greedy, state)
+    return markov_draws_reference(base_logits, anchor, w1, w2, n, inv_temperature, greedy, state)
+
+
+def markov_draws_reference(base_logits, anchor, w1, w2, n, inv_temperature, greedy, state) -> torch.Tensor:
+    bs, k, _v = base_logits.shape
+    generator = torch.Generator(device=base_logits.device)
+    seed, calls = (int(x) for x in state.tolist())
+    generator.manual_seed((seed * 1_000_003 + calls) % (1 << 63))
+    state[1] += 1
+    prev = anchor.long().repeat_interleave(n)
+    out = []
+    for j in range(k):
+        logits = base_logits[:, j].repeat_interleave(n, dim=0) + F.linear(F.embedding(prev, w1), w2)
+        noise = torch.empty(logits.shape, dtype=torch.float32, device=logits.device).exponential_(generator=generator)
+        scores = logits.float() * inv_temperature[:, None] - noise.clamp_min_(torch.finfo(torch.float32).tiny).log_()
+        prev = torch.where(greedy, logits.argmax(dim=-1), scores.argmax(dim=-1))
+        out.append(prev)
+    return torch.stack(out, dim=1).view(bs, n, k)
+
+
+__all__ = ["candidate_rows", "markov_draws", "markov_draws_reference", "new_state"]
