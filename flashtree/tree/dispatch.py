@@ -14,7 +14,8 @@ from .types import CommitPlan, VerifyInputs, VerifyResult, VoteTree
 
 
 def build_vote_tree(candidates: torch.Tensor, width: int) -> VoteTree:
-    if candidates.is_cuda:
+    # the kernel keeps each node's candidate set as a 64-bit mask: more than 64 candidates take the reference
+    if candidates.is_cuda and candidates.shape[1] <= 64:
         from .triton_build import build_vote_tree_triton
 
         return build_vote_tree_triton(candidates, width)

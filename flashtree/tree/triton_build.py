@@ -1,15 +1,16 @@
 """Trie-vote tree builder as one Triton launch: one program per request, bit-identical to `reference.build_vote_tree`.
 
 Per request the program
-1. loads the N x K candidate block once and finds, for every pair (i, j), the first draft position where candidates
-   i and j differ; i and j then agree through depth d iff d is below it. A trie node is (d, first candidate i
-   reaching it), its vote the number of j agreeing with i through d: all (d, i) at once, no loop over depths;
+1. loads the N x K candidate block and, for each (depth d, candidate i), builds the bit mask of the candidates j
+   sharing candidate i's first d + 1 tokens: one compare per (d, i, j) sets bit j of a per-depth equality mask, a
+   prefix AND over depths makes it prefix equality. The mask's popcount is the vote, its lowest bit the first
+   candidate, so (d, i) is a trie node iff that bit is i: all (d, i) at once, no pairwise tensors (N <= 64);
 2. selects the W-1 best nodes (votes desc, depth asc, first candidate asc) without sorting: the (W-1)-th largest
-   vote v* comes from counting nodes per vote threshold; nodes above v* are all kept, nodes at v* are taken in
+   vote v* comes from a histogram of the node votes; nodes above v* are all kept, nodes at v* are taken in
    (depth, candidate) order, which is the flat slot order, so one prefix sum gives each node's tie rank and its
    listing position (kept nodes listed by (depth, first candidate), parents before children);
-3. writes the kept nodes to their listing positions in the output as scratch, then reads them back as a W-sized
-   vector and settles parents, tokens and the EAGLE encoding with W x W comparisons.
+3. stores every kept node straight at its listing position, its parent's index gathered from the parent slot's
+   position, and fills the padding after them.
 
 Fixed shapes, no host synchronisation: graph-capturable. The same launch fills `VoteTree` and `EagleEncoding`.
 """
@@ -24,12 +25,41 @@ from .types import EagleEncoding, VoteTree
 
 
 @triton.jit
+def _and(a, b):
+    return a & b
+
+
+@triton.jit
+def _popcount32(x):
+    """Set bits of each uint32. SWAR because libdevice's popc does not run under TRITON_INTERPRET; LLVM turns it
+    into one POPC instruction on the GPU."""
+    x = x - ((x >> 1) & 0x55555555)
+    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F
+    return ((x * 0x01010101) >> 24).to(tl.int32)
+
+
+@triton.jit
+def _popcount(x, MASK64: tl.constexpr):
+    if MASK64:
+        return _popcount32(x.to(tl.uint32)) + _popcount32((x >> 32).to(tl.uint32))
+    return _popcount32(x)
+
+
+@triton.jit
+def _put(ptr, out, value, kept, pad_out, pad_value, pad):
+    """One output row: the kept nodes' values at their listing positions, then the padding's."""
+    tl.store(ptr + out, value, mask=kept)
+    tl.store(ptr + pad_out, pad_value, mask=pad)
+
+
+@triton.jit
 def _vote_tree_kernel(
     cand_ptr,  # (bs, N, K) int64, contiguous
     tok_ptr,  # (bs, M) int64
     par_ptr,  # (bs, M) int64
     dep_ptr,  # (bs, M) int64
-    vot_ptr,  # (bs, M) int64 (also the scratch of the kept nodes)
+    vot_ptr,  # (bs, M) int64
     val_ptr,  # (bs, M) bool
     fc_ptr,  # (bs, M) int64
     ids_ptr,  # (bs, M) int64  EAGLE node ids
@@ -44,34 +74,41 @@ def _vote_tree_kernel(
     MP: tl.constexpr,
     PLP: tl.constexpr,
     WRITE_EAGLE: tl.constexpr,
-    OB: tl.constexpr,  # bits of the listing order d * N + i
-    PB: tl.constexpr,  # bits of a candidate index
+    MASK64: tl.constexpr,  # candidate sets as uint64 bit masks (N > 32), else uint32
 ):
     b = tl.program_id(0).to(tl.int64)
     base = cand_ptr + b * (N * K)
-    i = tl.arange(0, NP)
-    kk = tl.arange(0, KP)
-    blk = tl.load(base + i[:, None] * K + kk[None, :], mask=(i[:, None] < N) & (kk[None, :] < K), other=0)
-    # miss[i, j]: first position where candidates i and j differ (K if none, 0 for padding candidates)
-    differ = blk[:, None, :] != blk[None, :, :]
-    miss = tl.min(tl.where(differ, kk[None, None, :], K), axis=2)
-    miss = tl.where((i[:, None] < N) & (i[None, :] < N), miss, 0)
-    # [depth d, candidate i, candidate j]: i and j agree through depth d (d - 1 for the parent level)
-    dd = kk[:, None, None]
-    mm = miss[None, :, :]
-    jj = i[None, None, :]
-    votes = tl.sum((dd < mm).to(tl.int32), axis=2)
-    first = tl.min(tl.where(dd < mm, jj, NP), axis=2)
-    parent_first = tl.min(tl.where(dd <= mm, jj, NP), axis=2)
-    real = (first == i[None, :]) & (i[None, :] < N) & (kk[:, None] < K)
-    # flat slot p = d * NP + i: slots in (depth, candidate) order, the ranking's tie-break; 0 votes = not a node
-    nv = tl.reshape(tl.where(real, votes, 0), [KP * NP])
-    pf = tl.reshape(parent_first, [KP * NP])
+    mt: tl.constexpr = tl.uint64 if MASK64 else tl.uint32
+    # slot p = d * NP + i is (depth d, candidate i): (depth, candidate) order, the ranking's tie-break. Loading the
+    # block in that flat order makes [d, i] views of it share one layout, lanes along i: no layout conversions.
     p = tl.arange(0, KP * NP)
+    pd = p // NP
+    pi = p % NP
+    tok = tl.load(base + pi * K + pd, mask=(pi < N) & (pd < K), other=0)
+    d = tl.arange(0, KP)[:, None]
+    i = tl.arange(0, NP)[None, :]
+    real = (d < K) & (i < N)
+    # eq[d, i] bit j: candidate j has candidate i's token at depth d. The only N^2 K work: a compare and an OR per
+    # bit, with no reduction across threads.
+    blk = tl.reshape(tok, [KP, NP])
+    eq = tl.zeros([KP, NP], mt)
+    for j in tl.static_range(N):
+        eq |= (blk == tl.load(base + j * K + d, mask=d < K, other=0)).to(mt) << j
+    # agree[d, i] bit j: candidates i and j share their first d + 1 tokens. Its lowest bit is the first candidate
+    # with that prefix, so (d, i) is a trie node iff that bit is i; the node's votes are the bit count.
+    agree = tl.associative_scan(eq, 0, _and)
+    first = _popcount(agree ^ (agree - 1), MASK64) - 1
+    node = real & (first == i)
+    # candidate i's nodes are its depths d >= L_i. first[d, i] grows with d and is < i below L_i, so the largest
+    # (d + 1, first) over i's non-nodes gives L_i and P_i = first[L_i - 1, i]: node (d, i) hangs off (d - 1, i)
+    # above L_i and off (L_i - 1, P_i) at L_i.
+    lp = tl.max(tl.where(real & ~node, (d + 1) * NP + first, 0), axis=0)
+    pf = tl.reshape(tl.where(d > lp // NP, i, lp % NP), [KP * NP])
+    nv = tl.reshape(tl.where(node, _popcount(agree, MASK64), 0), [KP * NP])  # 0 votes = not a node
 
     # v*: the largest v with at least M nodes of >= v votes (0 when the trie has fewer than M nodes)
     t = tl.arange(0, NP)
-    more = tl.sum((nv[None, :] > t[:, None]).to(tl.int32), axis=1)  # more[t]: nodes with votes > t
+    more = tl.cumsum(tl.histogram(nv - 1, NP, mask=nv > 0), 0, reverse=True)  # more[t]: nodes with votes > t
     vstar = tl.max(tl.where(more >= M, t + 1, 0), axis=0)
     above = tl.sum(tl.where(t == vstar, more, 0), axis=0)
     is_above = nv > vstar
@@ -85,45 +122,28 @@ def _vote_tree_kernel(
     pos = (before >> 16) + tl.minimum(tie_rank, rest)
     nkept = tl.minimum(tl.sum((nv > 0).to(tl.int32), axis=0), M)
 
+    # pos is a kept slot's listing position; its parent (pd - 1, pf) is kept too (every top set is prefix-closed),
+    # so the parent's node index is that slot's pos + 1
+    up = tl.gather(pos, tl.where(pd > 0, (pd - 1) * NP + pf, 0), 0)
+    parent = tl.where(pd > 0, up + 1, 0).to(tl.int64)
+    # padding repeats node 1's token; there is padding only when every node is kept, and node 1 is then (0, 0)
+    tok_pad = tl.load(base)
+    # kept slots go straight to their listing positions; positions nkept..M-1 are padding
     row = b * M
-    o = (p // NP) * N + p % NP
-    packed = (nv.to(tl.int64) << (OB + PB)) | (pf.to(tl.int64) << OB) | o
+    out = row + pos
     q = tl.arange(0, MP)
-    tl.store(vot_ptr + row + pos, packed, mask=kept)
-    tl.store(vot_ptr + row + q, tl.full([MP], -1, tl.int64), mask=(q >= nkept) & (q < M))
-    tl.debug_barrier()
-    v = tl.load(vot_ptr + row + q, mask=q < M, other=-1)
-    tl.debug_barrier()
-
-    # q is the listing position: valid nodes by (depth, first candidate), then padding
-    valid = v >= 0
-    o = (v & ((1 << OB) - 1)).to(tl.int32)
-    pf = ((v >> OB) & ((1 << PB) - 1)).to(tl.int32)
-    nvotes = v >> (OB + PB)
-    d0 = o // N
-    m = o % N
-    # parent = 1 + listing position of node (d-1, pf); kept sets are prefix-closed so it is among the valid.
-    po = (d0 - 1) * N + pf
-    up = valid[None, :] & (o[None, :] < po[:, None])
-    parent = tl.where(valid & (d0 > 0), tl.sum(up.to(tl.int32), axis=1) + 1, 0).to(tl.int64)
-    # node 1 is the depth-1 node of the smallest first candidate: order value o < N, the minimum over valid.
-    m1 = tl.min(tl.where(valid, o, N * K), axis=0)
-    tok_pad = tl.load(base + m1 * K)
-    tok = tl.load(base + m * K + d0, mask=valid, other=0)
-    tok = tl.where(valid, tok, tok_pad)
-    out = row + q
-    qm = q < M
-    tl.store(tok_ptr + out, tok, mask=qm)
-    tl.store(par_ptr + out, parent, mask=qm)
-    tl.store(dep_ptr + out, tl.where(valid, d0 + 1, 1).to(tl.int64), mask=qm)
-    tl.store(vot_ptr + out, tl.where(valid, nvotes, 0), mask=qm)
-    tl.store(val_ptr + out, valid, mask=qm)
-    tl.store(fc_ptr + out, tl.where(valid, m, N).to(tl.int64), mask=qm)
+    pad = (q >= nkept) & (q < M)
+    _put(tok_ptr, out, tok, kept, row + q, tok_pad, pad)
+    _put(par_ptr, out, parent, kept, row + q, 0, pad)
+    _put(dep_ptr, out, pd + 1, kept, row + q, 1, pad)
+    _put(vot_ptr, out, nv, kept, row + q, 0, pad)
+    _put(val_ptr, out, kept, kept, row + q, False, pad)
+    _put(fc_ptr, out, pi, kept, row + q, N, pad)
     if WRITE_EAGLE:
-        ids = parent * W + (q + 1)
-        tl.store(ids_ptr + out, ids, mask=qm)
+        ids = parent * W + pos + 1
+        _put(ids_ptr, out, ids, kept, row + q, q + 1, pad)
         pl_row = pl_ptr + b * PL
-        tl.store(pl_row + q + 1, ids, mask=qm & (q + 1 < PL))
+        _put(pl_row + 1, pos, ids, kept & (pos + 1 < PL), q, q + 1, pad & (q + 1 < PL))
         c = tl.arange(0, PLP)
         tl.store(pl_row + c, tl.full([PLP], -1, tl.int64), mask=(c < PL) & ((c == 0) | (c >= W)))
 
@@ -139,9 +159,8 @@ def _launch(candidates: torch.Tensor, width: int, eagle: bool):
         raise ValueError(f"width must be >= 2 (the root plus at least one node), got {width}")
     bs, n, k = candidates.shape
     np_, kp = _np2(n), _np2(k)
-    if np_ * kp >= 1 << 15:
-        raise ValueError(f"N = {n}, K = {k} are too large: the slot counts must fit 15 bits")
-    ob, pb = max(1, (n * k - 1).bit_length()), max(1, (n - 1).bit_length())
+    if n > 64 or np_ * kp >= 1 << 15:
+        raise ValueError(f"N = {n}, K = {k} are too large: N must fit a 64-bit mask, the slot counts 15 bits")
     cand = candidates.to(torch.int64).contiguous()
     m = width - 1
     dev = cand.device
@@ -154,13 +173,13 @@ def _launch(candidates: torch.Tensor, width: int, eagle: bool):
         pl = torch.empty(bs, pl_w, dtype=torch.int64, device=dev)
     else:
         ids = pl = fc  # never written
-    # the pair-by-depth tensors hold N^2 K lanes: more warps once they pass 4096
-    warps = 4 if np_ * np_ * kp <= 4096 else 8
+    # the (depth, candidate) tensors: 4 warps hold up to 512 slots at 4 per thread (N 32, K 16), 8 warps above
+    warps = 4 if np_ * kp <= 512 else 8
     if bs > 0:
         _vote_tree_kernel[(bs,)](
             cand, out[0], out[1], out[2], out[3], valid, fc, ids, pl,
             N=n, K=k, M=m, W=width, PL=pl_w, NP=np_, KP=kp, MP=_np2(m), PLP=_np2(pl_w),
-            WRITE_EAGLE=eagle, OB=ob, PB=pb, num_warps=warps,
+            WRITE_EAGLE=eagle, MASK64=np_ > 32, num_warps=warps,
         )
     tree = VoteTree(tokens=out[0], parents=out[1], depth=out[2], votes=out[3], valid=valid, first_candidate=fc, k=k)
     if not eagle:

@@ -37,6 +37,25 @@ def test_builder_matches_reference_small(bs, n, k, w, vocab):
         check(torch.randint(0, vocab, (bs, n, k), generator=g), w)
 
 
+# N = 32 fills a 32-bit candidate mask, N > 32 takes the 64-bit one; vocab 2 shares deep prefixes, vocab 50 leaves
+# mostly 1-vote nodes, whose ties the slot order breaks
+WIDE = [(2, 32, 15, 32, 2), (2, 32, 15, 32, 50), (2, 32, 16, 32, 4), (1, 33, 6, 32, 2), (1, 64, 4, 40, 3)]
+
+
+@pytest.mark.parametrize("bs,n,k,w,vocab", WIDE)
+def test_builder_matches_reference_wide(bs, n, k, w, vocab):
+    g = torch.Generator().manual_seed(hash((bs, n, k, w, vocab)) % 2**31)
+    check(torch.randint(0, vocab, (bs, n, k), generator=g), w)
+
+
+def test_builder_large_tokens_and_too_many_candidates():
+    # tokens differing only in their high 32 bits must not match
+    c = torch.tensor([[[1, 2], [1 + (1 << 32), 2], [1, 2 - (1 << 40)]]])
+    check(c, 6)
+    with pytest.raises(ValueError, match="too large"):
+        build_vote_tree_triton(torch.zeros(1, 65, 2, dtype=torch.long, device=DEV), 4)
+
+
 def test_builder_all_identical_candidates():
     c = torch.tensor([[[1, 2, 3]] * 4, [[0, 0, 0]] * 4])
     ref = check(c, 8)
