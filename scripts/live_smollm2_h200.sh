@@ -71,24 +71,26 @@ STEPS="FT_STEP_TIMES=${STEP_TIMES:-50:400} FT_PROFILE_OUT=$LOGS"
 MAX_BS=${MAX_BS:-4}
 trap stop_all EXIT
 has() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
+# ONLY="tag ..." starts just those servers (a shorter rerun); ROUNDS=R repeats the speed pass R times, averaged
+start() { [ -z "${ONLY:-}" ] || case " $ONLY " in *" $1 "*) ;; *) return 0 ;; esac; start_server "$@"; }
 if has identity; then
-  start_server f_plain 30010 FLASHTREE_TREE_N= -- $F32
-  start_server f_chain 30011 FLASHTREE_TREE_N= -- $F32 $SPEC
-  start_server f_tree4g 30012 FLASHTREE_TREE_N=4 $TREE $TIMES -- ${F32/--cuda-graph-bs-decode 1 2 4 8/--cuda-graph-bs-decode 1 2 4} $SPEC
-  start_server f_tree8g 30013 FLASHTREE_TREE_N=8 $TREE $TIMES -- $F32 $SPEC
-  start_server f_tree8sg 30014 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TREE $TIMES -- $F32 $SPEC
-  start_server f_tree8m 30015 FLASHTREE_TREE_N=8 FLASHTREE_TREE_MAX_BS=2 $TREE -- $F32 $SPEC
+  start f_plain 30010 FLASHTREE_TREE_N= -- $F32
+  start f_chain 30011 FLASHTREE_TREE_N= -- $F32 $SPEC
+  start f_tree4g 30012 FLASHTREE_TREE_N=4 $TREE $TIMES -- ${F32/--cuda-graph-bs-decode 1 2 4 8/--cuda-graph-bs-decode 1 2 4} $SPEC
+  start f_tree8g 30013 FLASHTREE_TREE_N=8 $TREE $TIMES -- $F32 $SPEC
+  start f_tree8sg 30014 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TREE $TIMES -- $F32 $SPEC
+  start f_tree8m 30015 FLASHTREE_TREE_N=8 FLASHTREE_TREE_MAX_BS=2 $TREE -- $F32 $SPEC
 fi
 if has speed || has sampled; then
-  start_server b_plain 30020 FLASHTREE_TREE_N= -- $B16
-  start_server b_chain 30021 FLASHTREE_TREE_N= $STEPS -- $B16 $SPEC
-  start_server b_tree1g 30022 FLASHTREE_TREE_N=1 $TREE $STEPS -- $B16 $SPEC
-  start_server b_tree4g 30023 FLASHTREE_TREE_N=4 $TREE $STEPS -- $B16 $SPEC
-  start_server b_tree8g 30024 FLASHTREE_TREE_N=8 $TREE $STEPS -- $B16 $SPEC
-  start_server b_tree8sg 30025 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TREE $STEPS -- $B16 $SPEC
-  start_server b_tree8sgm 30026 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 FLASHTREE_TREE_MAX_BS=$MAX_BS $TREE $STEPS -- $B16 $SPEC
-  start_server b_tree8sgt 30027 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TREE $TIMES -- $B16 $SPEC
-  start_server b_tree8sgu 30028 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TORCH_DRAWS $STEPS -- $B16 $SPEC
+  start b_plain 30020 FLASHTREE_TREE_N= -- $B16
+  start b_chain 30021 FLASHTREE_TREE_N= $STEPS -- $B16 $SPEC
+  start b_tree1g 30022 FLASHTREE_TREE_N=1 $TREE $STEPS -- $B16 $SPEC
+  start b_tree4g 30023 FLASHTREE_TREE_N=4 $TREE $STEPS -- $B16 $SPEC
+  start b_tree8g 30024 FLASHTREE_TREE_N=8 $TREE $STEPS -- $B16 $SPEC
+  start b_tree8sg 30025 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TREE $STEPS -- $B16 $SPEC
+  start b_tree8sgm 30026 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 FLASHTREE_TREE_MAX_BS=$MAX_BS $TREE $STEPS -- $B16 $SPEC
+  start b_tree8sgt 30027 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TREE $TIMES -- $B16 $SPEC
+  start b_tree8sgu 30028 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TORCH_DRAWS $STEPS -- $B16 $SPEC
 fi
 wait_up $(( TOTAL_S / 2 )) || el "not every server came up (continuing with those that did)"
 
@@ -103,7 +105,7 @@ fi
 if has speed; then
   el "speed phase"
   timeout $(( TOTAL_S - ($(date +%s) - T0) - 60 )) python3 benchmarks/live/bench_client.py speed --prompts "$PROMPTS" \
-    --out "$OUT" --wait 5 --min-requests 16 \
+    --out "$OUT" --wait 5 --min-requests 16 --rounds "${ROUNDS:-1}" \
     $(args b_plain b_chain b_tree1g b_tree4g b_tree8g b_tree8sg b_tree8sgu b_tree8sgm b_tree8sgt) |
     grep -v "^\[bench\]"
   el "speed done"

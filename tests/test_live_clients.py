@@ -65,6 +65,19 @@ def test_speed_reports_rate_tpot_and_tau_per_concurrency(servers, tmp_path):
     assert "| tree | 3 |" in run.stdout
 
 
+def test_speed_rounds_average_and_pool_tau(servers, tmp_path):
+    run = bench(tmp_path, "speed", "--conc", "2", "--rounds", "2", "--min-requests", "4", "--wait", "20",
+                f"plain={servers['plain']}", f"tree={servers['tree']}")
+    assert run.returncode == 0, run.stderr
+    res = json.loads((tmp_path / "speed_results.json").read_text())
+    assert res["rounds"] == 2 and "round 1" in run.stdout
+    for rows in res["servers"].values():
+        (r,) = rows
+        assert len(r["tokens_per_s_rounds"]) == 2 and r["requests"] == 16 and r["output_tokens"] == 16 * 256
+        assert r["tokens_per_s"] == pytest.approx(sum(r["tokens_per_s_rounds"]) / 2, abs=0.1)
+    assert res["servers"]["tree"][0]["tau"] == pytest.approx(2.0, rel=0.01)
+
+
 def test_sampled_chi_square_and_client_checks(servers, tmp_path):
     run = bench(tmp_path, "sampled", f"plain={servers['plain']}", f"tree={servers['tree']}")
     assert run.returncode == 0, run.stderr

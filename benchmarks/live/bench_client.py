@@ -103,19 +103,38 @@ def speed_one(port: int, prompts: list, conc: int, min_requests: int = 8) -> dic
     }
 
 
-def speed(servers: dict, prompts: list, concs: list[int], out: str, min_requests: int = 8) -> dict:
-    result = {"max_new_tokens": SPEED_NEW, "servers": {}}
-    for tag, (port, _pid) in servers.items():
-        rows = []
-        for c in concs:
-            try:
-                rows.append(speed_one(port, prompts, c, min_requests))
-            except Exception as err:  # noqa: BLE001
-                rows.append({"concurrency": c, "error": f"{type(err).__name__}: {err}"[:300]})
-            print(f"[bench] {tag} c={c}: {json.dumps(rows[-1])[:300]}", flush=True)
-        result["servers"][tag] = rows
-        save(out, "speed", result)  # a call cut by its time limit keeps the servers already measured
+def speed(servers: dict, prompts: list, concs: list[int], out: str, min_requests: int = 8, rounds: int = 1) -> dict:
+    """Each server alone at each concurrency; with rounds > 1 the whole pass repeats (server order reversed every other
+    round, so drift over the run falls on every server alike) and each level reports the mean over rounds."""
+    result = {"max_new_tokens": SPEED_NEW, "rounds": rounds, "servers": {}}
+    runs: dict = {tag: {c: [] for c in concs} for tag in servers}
+    for rnd in range(rounds):
+        order = list(servers.items())[:: -1 if rnd % 2 else 1]
+        for tag, (port, _pid) in order:
+            for c in concs:
+                try:
+                    runs[tag][c].append(speed_one(port, prompts, c, min_requests))
+                except Exception as err:  # noqa: BLE001
+                    runs[tag][c].append({"concurrency": c, "error": f"{type(err).__name__}: {err}"[:300]})
+                print(f"[bench] {tag} c={c} round {rnd}: {json.dumps(runs[tag][c][-1])[:300]}", flush=True)
+            result["servers"][tag] = [merge_rounds(runs[tag][c]) for c in concs]
+            save(out, "speed", result)  # a call cut by its time limit keeps the servers already measured
     return result
+
+
+def merge_rounds(rows: list[dict]) -> dict:
+    """One level's rounds: tokens/s and TPOT averaged, tau over all their tokens and verify steps."""
+    ok = [r for r in rows if "error" not in r]
+    if len(ok) < 2:
+        return ok[0] if ok else rows[-1]
+    merged = dict(ok[0])
+    merged["tokens_per_s"] = round(sum(r["tokens_per_s"] for r in ok) / len(ok), 1)
+    merged["tpot_ms"] = round(sum(r["tpot_ms"] for r in ok) / len(ok), 3)
+    for key in ("requests", "output_tokens", "verify_steps"):
+        merged[key] = sum(r[key] for r in ok)
+    merged["tau"] = round(merged["output_tokens"] / merged["verify_steps"], 3) if merged["verify_steps"] else None
+    merged["tokens_per_s_rounds"] = [r["tokens_per_s"] for r in ok]
+    return merged
 
 
 def save(out: str, phase: str, result: dict) -> None:
@@ -168,6 +187,7 @@ def main(argv=None) -> int:
     ap.add_argument("--conc", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--wait", type=float, default=0)
     ap.add_argument("--min-requests", type=int, default=8, help="speed: requests per level at least (4 x c otherwise)")
+    ap.add_argument("--rounds", type=int, default=1, help="speed: passes over all servers, averaged")
     ap.add_argument("servers", nargs="+", help="TAG=PORT:PID (identity/sampled: the first is the reference)")
     args = ap.parse_args(argv)
     servers = parse_servers(args.servers)
@@ -179,7 +199,7 @@ def main(argv=None) -> int:
     if not servers:
         return 1
     result = {"identity": lambda: identity(servers, prompts, args.n),
-              "speed": lambda: speed(servers, prompts, args.conc, args.out, args.min_requests),
+              "speed": lambda: speed(servers, prompts, args.conc, args.out, args.min_requests, args.rounds),
               "sampled": lambda: sampled(servers, prompts)}[args.phase]()
     save(args.out, args.phase, result)
     print(table(args.phase, result), flush=True)

@@ -97,6 +97,8 @@ def markov_draws_triton(base_logits, anchor, w1, w2, n, inv_temperature, greedy,
     dev = base_logits.device
     if base_logits.stride(2) != 1:
         base_logits = base_logits.contiguous()
+    # the kernel indexes these densely (DSPARK's graph tail hands over the anchors as a strided column view)
+    anchor, inv_temperature, greedy = anchor.contiguous(), inv_temperature.contiguous(), greedy.contiguous()
     w1, w2 = w1.contiguous(), w2.contiguous()
     out = torch.empty((bs, n, k), dtype=torch.int64, device=dev)
     nt = triton.cdiv(v, block_v)
