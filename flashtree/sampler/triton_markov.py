@@ -89,8 +89,8 @@ def _markov_step_kernel(
             tl.store(state_ptr + 1, calls + 1)
 
 
-def markov_draws_triton(base_logits, anchor, w1, w2, n, inv_temperature, greedy, state, *, block_v: int = 256,
-                        block_rows: int | None = None, num_warps: int = 4) -> torch.Tensor:
+def markov_draws_triton(base_logits, anchor, w1, w2, n, inv_temperature, greedy, state, *, block_v: int | None = None,
+                        block_rows: int = 16, num_warps: int = 4) -> torch.Tensor:
     bs, k, v = base_logits.shape
     rank = w2.shape[1]
     rows = bs * n
@@ -101,10 +101,14 @@ def markov_draws_triton(base_logits, anchor, w1, w2, n, inv_temperature, greedy,
     anchor, inv_temperature, greedy = anchor.contiguous(), inv_temperature.contiguous(), greedy.contiguous()
     w1, w2 = w1.contiguous(), w2.contiguous()
     out = torch.empty((bs, n, k), dtype=torch.int64, device=dev)
+    # H200, bf16 (BENCHMARKS.md, run 6): at one request's 8 rows 128-token tiles win for V = 49152 (82 vs 102 µs) and
+    # lose for V = 151936 (946 vs 641: the merge reads twice the tiles); 256 from 8 requests up; 16 rows per program
+    # beat 32 at 256 and 512 rows (694 vs 900, 1365 vs 1644 µs)
+    block_v = block_v or (128 if rows <= 16 and v <= 65536 else 256)
     nt = triton.cdiv(v, block_v)
     pmax = torch.empty((rows, nt), dtype=torch.float32, device=dev)
     parg = torch.empty((rows, nt), dtype=torch.int32, device=dev)
-    br = block_rows or (16 if rows <= 64 else 32)
+    br = block_rows
     blocks = triton.cdiv(rows, br)
     tickets = _ticket_buffer(blocks + 1, dev)
     sum_dtype = torch.promote_types(base_logits.dtype, w2.dtype)
