@@ -1,6 +1,6 @@
 """Launch-parameter sweep of the builder and the sampler on the GPU (graph times in µs), to choose their defaults.
 
-usage: python benchmarks/sweep_kernels.py --out DIR
+usage: python benchmarks/sweep_kernels.py --out DIR [--sections builder,sampler]
 Builder: num_warps at the anchor's large shapes. Sampler: the tile size (`block`) of the sampled passes and the
 N-candidate form at 960 x 151936. Every timed call's output is checked (builder against the torch reference, greedy
 rows against torch.argmax). Rows go to DIR/sweep.jsonl.
@@ -68,14 +68,21 @@ def sampler(bw):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="results")
+    ap.add_argument("--sections", default="builder,sampler")
     a = ap.parse_args()
+    sections = a.sections.split(",")
+    unknown = set(sections) - {"builder", "sampler"}
+    if unknown:
+        ap.error(f"unknown sections: {sorted(unknown)}")
     os.makedirs(a.out, exist_ok=True)
     bk.OUT_FILE = os.path.join(a.out, "sweep.jsonl")
     open(bk.OUT_FILE, "w").close()
     bk.log(kind="env", torch=torch.__version__, triton=triton.__version__, gpu=torch.cuda.get_device_name())
     bw = bk.ceiling()
-    builder(bw)
-    sampler(bw)
+    if "builder" in sections:
+        builder(bw)
+    if "sampler" in sections:
+        sampler(bw)
 
 
 if __name__ == "__main__":

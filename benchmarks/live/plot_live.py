@@ -2,7 +2,8 @@
 
 usage: python benchmarks/live/plot_live.py RESULTS_DIR [--out DIR]
 RESULTS_DIR holds speed_results.json and stage_times.txt (scripts/live_smollm2_h200.sh); figures: speed.png,
-stages.png (mean ms per tree step per stage, at batch size 1, per tree server, in the order their logs were written).
+stages.png (mean ms per tree step per stage, at batch size 1, per tree server, in the order their logs were written;
+only when a server ran with FLASHTREE_STAGE_TIMES).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def main(argv=None) -> None:
     fig, axes = plt.subplots(1, len(concs), figsize=(4.2 * len(concs), 3.4))
     for ax, i in zip(axes, range(len(concs))):
         vals = [speed[t][i].get("tokens_per_s", 0) for t in tags]
-        ax.bar(range(len(tags)), vals, color=["0.6", "C0"] + ["C1"] * (len(tags) - 2))
+        ax.bar(range(len(tags)), vals, color=["0.6" if "plain" in t else "C0" if "chain" in t else "C1" for t in tags])
         ax.set_xticks(range(len(tags)), [t.removeprefix("b_") for t in tags], rotation=45, ha="right")
         ax.set_title(f"concurrency {concs[i]}")
         ax.set_ylabel("output tokens / s")
@@ -61,6 +62,9 @@ def main(argv=None) -> None:
     plt.close(fig)
 
     means = stage_means(args.results / "stage_times.txt")
+    if not means:  # no stage-timed server in this run
+        print(out / "speed.png")
+        return
     names = [t.removeprefix("b_") for t in sorted(t for t in tags if "tree" in t)][: len(means)]
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
     left = [0.0] * len(means)

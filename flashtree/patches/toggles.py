@@ -48,7 +48,7 @@ class TreeToggles:
     tree_max_bs: int = 0  # decode batches of more requests run DSPARK's own chain step (0 = no limit)
     draft_temperature: float = 1.0  # temperature of the N independent draft draws
     splitkv_verify: bool = False  # split-KV tree-verify attention on the target's Triton backend
-    fused_sampler: bool = False  # flashtree's fused row sampler for the N draft draws
+    fused_sampler: bool = False  # flashtree's fused kernels for the N draft draws (Markov draws / row sampler)
     seed: int = 0  # seed of the draft-draw generator (per worker process)
     stage_times: int = 0  # log the tree step's per-stage time every N steps (0 = off)
     graph_draws: bool = True  # the N draft draws in DSPARK's captured draft graph tail (graph_draws.py); eager without graphs
@@ -128,7 +128,7 @@ TOGGLES: dict[str, tuple[str, Callable[[str], object], str]] = {
         "temperature of the N independent draft draws (greedy draws would all be the same block)",
     ),
     "FLASHTREE_SPLITKV_VERIFY": ("splitkv_verify", _flag, "split-KV tree-verify attention on the target's Triton backend"),
-    "FLASHTREE_FUSED_SAMPLER": ("fused_sampler", _flag, "flashtree's fused row sampler for the N draft draws"),
+    "FLASHTREE_FUSED_SAMPLER": ("fused_sampler", _flag, "flashtree's fused kernels for the N draft draws"),
     "FLASHTREE_SEED": ("seed", _int_in(0, (1 << 63) - 1), "seed of the draft-draw generator"),
     "FLASHTREE_STAGE_TIMES": (
         "stage_times",

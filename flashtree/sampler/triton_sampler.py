@@ -3,12 +3,18 @@
 Sampled rows use a two-level (hierarchical) Gumbel-max that reads the logits once:
 
 * pass 1, grid (rows, splits): the vocabulary is cut into tiles of BLOCK tokens; for each tile the program computes the
-  tile's log-mass lse_t = log sum_i exp(l_i / T) and adds one Gumbel draw per tile (Philox counter = (tile, row, draw,
-  0)); it keeps the best (lse_t + g_t) of its tiles. Greedy rows keep the tile maximum and its first index instead.
+  tile's log-mass lse_t = log sum_i exp(l_i / T) and keeps it; after the loop it adds one Gumbel per (tile, draw)
+  (Philox counter = (tile, row, draw, 0)) and keeps the best (lse_t + g_t) of its tiles. Greedy rows keep the tile
+  maximum and its first index instead. The tile's sum is taken against the split's running maximum, so the max and
+  the sum are one reduction, not two in a row. It is exact where it matters: a tile whose maximum jumps by more than
+  2^7 (log2 units) overflows the sum and redoes it against its own maximum; terms more than 2^7 below the running
+  maximum flush to zero, but the 24-bit uniforms' Gumbels span < 21 nats, so a tile that can still be drawn loses
+  < 2^-70 of its mass that way.
 * pass 2, grid (rows, draws): the best split's tile is the drawn tile, chosen with probability mass_t / total (the
-  Gumbel-max theorem over tiles); a Gumbel-max over the BLOCK logits of that tile alone (Philox counter = (token, row,
-  draw, 1)) then picks token i with probability p_i / mass_t. The product is p_i: exact categorical sampling with
-  Philox noise for one tile per draw, not one per vocabulary entry, so the kernel runs at the logits-read rate.
+  Gumbel-max theorem over tiles). A Gumbel-max over the tile's G groups of BLOCK / G tokens by log-mass (counter =
+  (group, row, draw, 2)) draws a group, and one over that group's logits (counter = (token, row, draw, 1)) picks token
+  i with probability p_i / mass_group. The product is p_i: exact categorical sampling with G + BLOCK / G Philox draws
+  per draw (G ~ sqrt(BLOCK)), not one per vocabulary entry, so the kernels run at the logits-read rate.
 
 Greedy rows (temperature <= 0) take the argmax, ties to the lowest token id, bit-identical to the reference. When the
 caller passes the temperature as a Python number <= 0 (every row greedy, known on the host), one launch does it all:
@@ -22,7 +28,6 @@ inside the kernels. Top-p falls back to the torch reference. bf16, fp16 and fp32
 
 from __future__ import annotations
 
-
 import torch
 import triton
 import triton.language as tl
@@ -32,8 +37,7 @@ from ..gpu import sm_count
 BLOCK = 4096
 SUBG = 4  # groups per tile in the greedy-only launch (a [SUBG, BLOCK / SUBG] tile keeps the reductions short)
 TICKETS = 1 << 16  # rows the first ticket buffer of a device holds
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
+MAX_TPS = 256  # tiles per pass-1 program: their log-masses live in registers until the Gumbels are drawn
 
 
 @triton.jit
@@ -96,12 +100,18 @@ def _greedy_kernel(
 
 
 @triton.jit
+def _max_add(m1, s1, m2, s2):
+    return tl.maximum(m1, m2), s1 + s2
+
+
+@triton.jit
 def _pass1_kernel(
     x_ptr, stride_r, temp_ptr, thr_ptr, seed_ptr,
     gmax_ptr, garg_ptr, score_ptr, tile_ptr,
     V, NT, TPS, S,
-    NDRAW: tl.constexpr, NDP: tl.constexpr, BLOCK: tl.constexpr, HAS_THR: tl.constexpr,
+    NDRAW: tl.constexpr, NDP: tl.constexpr, BLOCK: tl.constexpr, HAS_THR: tl.constexpr, TPP: tl.constexpr,
 ):
+    # program (r, s): tiles t0 .. t1 of row r (TPP: TPS rounded up to a power of two)
     r = tl.program_id(0)
     s = tl.program_id(1)
     row = x_ptr + r.to(tl.int64) * stride_r
@@ -116,8 +126,7 @@ def _pass1_kernel(
         for tg in range(t0, t1):
             gidx = tg * BLOCK + offs
             gx = tl.load(row + gidx, mask=gidx < V, other=-float("inf")).to(tl.float32)
-            gmx = tl.max(gx, axis=0)
-            gam = tl.argmax(gx, axis=0)
+            gmx, gam = tl.max(gx, axis=0, return_indices=True)
             gupd = gmx > best
             barg = tl.where(gupd, tg * BLOCK + gam, barg)
             best = tl.where(gupd, gmx, best)
@@ -128,28 +137,35 @@ def _pass1_kernel(
         scale = 1.4426950408889634 / temp
         if HAS_THR:
             thr = tl.load(thr_ptr + r)
-        dr = tl.arange(0, NDP)
-        bests = tl.full([NDP], -float("inf"), tl.float32)
-        btile = tl.zeros([NDP], tl.int32)
+        kt = tl.arange(0, TPP)
+        lses = tl.full([TPP], -float("inf"), tl.float32)
+        m = -float("inf")  # the split's running max (scaled, log2 units)
         for t in range(t0, t1):
             idx = t * BLOCK + offs
             raw = tl.load(row + idx, mask=idx < V, other=-float("inf")).to(tl.float32)
-            x = raw * scale
             if HAS_THR:
-                x = tl.where(raw / temp >= thr, x, -float("inf"))
-            mx = tl.max(x, axis=0)
-            safe = tl.where(mx == -float("inf"), 0.0, mx)
-            ssum = tl.sum(tl.exp2(x - safe), axis=0)
-            lse = tl.where(ssum > 0, (safe + tl.log2(ssum)) * 0.6931471805599453, -float("inf"))
-            u = _uniform(seed, (dr * 0 + t).to(tl.uint32), (dr * 0 + r).to(tl.uint32), dr.to(tl.uint32),
-                         (dr * 0).to(tl.uint32))
-            sc = lse - tl.log(-tl.log(u))
-            upd = sc > bests
-            btile = tl.where(upd, t, btile)
-            bests = tl.where(upd, sc, bests)
+                raw = tl.where(raw / temp >= thr, raw, -float("inf"))
+            x = raw * scale
+            # one (max, sum) reduction, the sum against m (the max of the unscaled tile: scale > 0 commutes with it,
+            # rounding included). The first tile (m = -inf: nan or inf) and a max that jumps by ~2^7 overflow the
+            # sum: those redo it against their own max.
+            mr, ssum = tl.reduce((raw, tl.exp2(x - m)), 0, _max_add)
+            mx = mr * scale
+            ref = m
+            if not (ssum < float("inf")):
+                ref = tl.where(mx == -float("inf"), 0.0, mx)
+                ssum = tl.sum(tl.exp2(x - ref), axis=0)
+            m = tl.maximum(m, mx)
+            lse = tl.where(ssum > 0, (ref + tl.log2(ssum)) * 0.6931471805599453, -float("inf"))
+            lses = tl.where(kt == t - t0, lse, lses)
+        # the tile Gumbels once per (tile, draw) after the loop, not by every thread in every tile
+        dr = tl.arange(0, NDP)
+        z = tl.zeros([TPP, NDP], tl.uint32)
+        u = _uniform(seed, z + (t0 + kt)[:, None].to(tl.uint32), z + r.to(tl.uint32), z + dr[None, :].to(tl.uint32), z)
+        bests, bk = tl.max(lses[:, None] - tl.log(-tl.log(u)), axis=0, return_indices=True)
         base = out * NDRAW
         tl.store(score_ptr + base + dr, bests, mask=dr < NDRAW)
-        tl.store(tile_ptr + base + dr, btile, mask=dr < NDRAW)
+        tl.store(tile_ptr + base + dr, t0 + bk, mask=dr < NDRAW)
 
 
 @triton.jit
@@ -158,8 +174,9 @@ def _pass2_kernel(
     gmax_ptr, garg_ptr, score_ptr, tile_ptr, out_ptr,
     V, S,
     NDRAW: tl.constexpr, DPP: tl.constexpr, SP: tl.constexpr, BLOCK: tl.constexpr, HAS_THR: tl.constexpr,
+    GROUPS: tl.constexpr,
 ):
-    # program (r, c): draws c * DPP .. + DPP of row r, one per row of a [DPP, BLOCK] tile
+    # program (r, c): draws c * DPP .. + DPP of row r, one per row of a [DPP, GROUPS, W] tile
     r = tl.program_id(0)
     j = tl.program_id(1) * DPP + tl.arange(0, DPP)
     jm = j < NDRAW
@@ -176,22 +193,34 @@ def _pass2_kernel(
         sfirst = tl.min(tl.where(sc == sbest[:, None], sp[None, :], SP), axis=1)
         t = tl.sum(tl.where(sp[None, :] == sfirst[:, None], tt, 0), axis=1)
         seed = tl.load(seed_ptr)
-        offs = tl.arange(0, BLOCK)
-        idx = t[:, None] * BLOCK + offs[None, :]
-        raw = tl.load(x_ptr + r.to(tl.int64) * stride_r + idx, mask=(idx < V) & jm[:, None],
-                      other=-float("inf")).to(tl.float32)
-        x = raw / temp
         if HAS_THR:
             thr = tl.load(thr_ptr + r)
+        W: tl.constexpr = BLOCK // GROUPS
+        row = x_ptr + r.to(tl.int64) * stride_r
+        # the drawn tile's group by log-mass
+        g = tl.arange(0, GROUPS)
+        idx3 = t[:, None, None] * BLOCK + g[None, :, None] * W + tl.arange(0, W)[None, None, :]
+        x3 = tl.load(row + idx3, mask=(idx3 < V) & jm[:, None, None], other=-float("inf")).to(tl.float32) / temp
+        if HAS_THR:
+            x3 = tl.where(x3 >= thr, x3, -float("inf"))
+        gm = tl.max(x3, axis=2)
+        ref = tl.where(gm == -float("inf"), 0.0, gm)
+        gs = tl.sum(tl.exp(x3 - ref[:, :, None]), axis=2)
+        glse = tl.where(gs > 0, ref + tl.log(gs), -float("inf"))
+        zg = (g[None, :] * 0 + j[:, None] * 0).to(tl.uint32)
+        u = _uniform(seed, zg + (t[:, None] * GROUPS + g[None, :]).to(tl.uint32), zg + r.to(tl.uint32),
+                     zg + j[:, None].to(tl.uint32), zg + 2)
+        base = t * BLOCK + tl.argmax(glse - tl.log(-tl.log(u)), axis=1) * W
+        # then the token inside the drawn group
+        idx = base[:, None] + tl.arange(0, W)[None, :]
+        x = tl.load(row + idx, mask=(idx < V) & jm[:, None], other=-float("inf")).to(tl.float32) / temp
+        if HAS_THR:
             x = tl.where(x >= thr, x, -float("inf"))
         z = idx * 0
         u = _uniform(seed, idx.to(tl.uint32), (z + r).to(tl.uint32), (z + j[:, None]).to(tl.uint32),
                      (z + 1).to(tl.uint32))
-        y = x - tl.log(-tl.log(u))
-        tok = t * BLOCK + tl.argmax(y, axis=1)
+        tok = base + tl.argmax(x - tl.log(-tl.log(u)), axis=1)
     tl.store(out_ptr + r * NDRAW + j, tok.to(tl.int64), mask=jm)
-
-
 
 
 _tickets: dict[torch.device, torch.Tensor] = {}
@@ -236,10 +265,10 @@ def _sample(logits, temperature, ndraw, generator, top_k, max_top_k, block=None)
     if r == 0:
         return out
     blk = block or min(BLOCK, max(16, triton.next_power_of_2(v)))
+    if blk < 16 or blk & (blk - 1):
+        raise ValueError(f"block must be a power of two >= 16, got {blk}")
     nt = triton.cdiv(v, blk)
     if isinstance(temperature, (int, float)) and temperature <= 0:
-        if blk < SUBG or blk & (blk - 1):
-            raise ValueError(f"block must be a power of two >= {SUBG}, got {blk}")
         gmax = torch.empty(r * nt, dtype=torch.float32, device=dev)
         garg = torch.empty(r * nt, dtype=torch.int32, device=dev)
         _greedy_kernel[(r, nt)](logits, logits.stride(0), gmax, garg, _ticket_buffer(r, dev), out, v, nt,
@@ -247,8 +276,8 @@ def _sample(logits, temperature, ndraw, generator, top_k, max_top_k, block=None)
                                 NTP=max(2, triton.next_power_of_2(nt)), BLOCK=blk, SUBG=SUBG, num_warps=4)
         return out
     temperature = torch.as_tensor(temperature, device=dev, dtype=torch.float32).expand(r).contiguous()
-    want = max(1, (4 * sm_count(dev, 4) + r - 1) // r)
-    tps = triton.cdiv(nt, min(want, nt))
+    want = max(1, (4 * sm_count(dev, 4) + r - 1) // r)  # about 4 pass-1 programs per SM
+    tps = min(triton.cdiv(nt, min(want, nt)), MAX_TPS)
     s = triton.cdiv(nt, tps)
     gmax = torch.empty(r * s, dtype=torch.float32, device=dev)
     garg = torch.empty(r * s, dtype=torch.int32, device=dev)
@@ -259,11 +288,13 @@ def _sample(logits, temperature, ndraw, generator, top_k, max_top_k, block=None)
     thr = _threshold(logits, temperature, top_k, max_top_k) if has_thr else temperature
     _pass1_kernel[(r, s)](logits, logits.stride(0), temperature, thr, seed, gmax, garg, score, tile, v, nt, tps, s,
                           NDRAW=ndraw, NDP=max(2, triton.next_power_of_2(ndraw)), BLOCK=blk, HAS_THR=has_thr,
-                          num_warps=8)
+                          TPP=max(2, triton.next_power_of_2(tps)), num_warps=4)
     dpp = min(max(1, triton.next_power_of_2(ndraw)), max(1, 4096 // blk))
+    groups = 1 << (blk.bit_length() - 1) // 2  # ~sqrt(blk): the fewest Philox draws, groups + blk / groups
     _pass2_kernel[(r, triton.cdiv(ndraw, dpp))](logits, logits.stride(0), temperature, thr, seed, gmax, garg, score,
-                              tile, out, v, s, NDRAW=ndraw, DPP=dpp, SP=max(2, triton.next_power_of_2(s)), BLOCK=blk, HAS_THR=has_thr,
-                              num_warps=8)
+                                                tile, out, v, s, NDRAW=ndraw, DPP=dpp,
+                                                SP=max(2, triton.next_power_of_2(s)), BLOCK=blk, HAS_THR=has_thr,
+                                                GROUPS=groups, num_warps=8)
     return out
 
 

@@ -7,6 +7,9 @@ from flashtree.sampler.triton_sampler import sample_candidates_triton, sample_ro
 
 from .common import CUDA, DEV
 
+# the interpreter's numpy warns of the IEEE infinities the sampled pass relies on (an overflowing sum, -inf - -inf)
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_greedy_rows_bit_identical(dtype):
@@ -47,20 +50,45 @@ def draws_for(logits, temp, n_samples, top_k=None, block=None, g=None):
     return sample_candidates_triton(x, t, per_row, generator=g, top_k=top_k, block=block).cpu()
 
 
+@pytest.mark.parametrize("jump", [False, True], ids=["plain", "jump"])
 @pytest.mark.parametrize("top_k", [None, 5])
-def test_sampled_distribution_chi_square(top_k):
+def test_sampled_distribution_chi_square(top_k, jump):
     g = torch.Generator(device=DEV).manual_seed(5)
     v = 40
     logits = torch.randn(v, generator=torch.Generator().manual_seed(2)) * 2
+    if jump:
+        # tile 0 keeps no mass; against the running max, tile 1's sum overflows and is redone against its own max
+        logits[16:] += 150
     temp = 0.8
     probs = filter_logits((logits / temp).view(1, -1), None if top_k is None else torch.tensor([top_k])).softmax(-1)[0]
     n = 200_000 if CUDA else 8192
-    # block 16 -> 3 tiles per row: exercises the tile-level and the in-tile Gumbel draws
+    # block 16 -> 3 tiles per row: exercises the tile-level, the group-level and the in-group Gumbel draws
     draws = draws_for(logits, temp, n, top_k=top_k, block=16, g=g)
     assert chi2_pvalue(draws, probs) > 1e-3
     # the test has power: the same draws are rejected against the distribution at another temperature
     wrong = filter_logits((logits / 1.3).view(1, -1), None if top_k is None else torch.tensor([top_k])).softmax(-1)[0]
     assert chi2_pvalue(draws, wrong) < 1e-6
+
+
+@pytest.mark.parametrize("top_k", [None, 5])
+def test_mixed_batch_eight_candidates_over_splits(top_k):
+    """Eight draws per row, three pass-1 splits per row, greedy rows beside sampled ones; one seed repeats its draws."""
+    x = torch.randn(6, 160, generator=torch.Generator().manual_seed(21)) * 3
+    # 16-token tiles; tokens 60-99 sit 150 above the rest: against the running max, tile 3's sum overflows (the max
+    # jumps past 2^7 in log2 units) and tile 7's flushes to zero (all of it far below)
+    x[1, 60:100] += 150
+    x[2, [70, 20]] = 1e3  # a greedy row's tie: the lowest id wins
+    temp = torch.tensor([0.7, 1.0, 0.0, 0.5, 2.0, 0.0])
+    draws = [sample_candidates_triton(x.to(DEV), temp.to(DEV), 8, torch.Generator(DEV).manual_seed(1), top_k,
+                                      block=16).cpu() for _ in range(2)]
+    assert torch.equal(draws[0], draws[1])
+    d = draws[0]
+    assert torch.equal(d[temp <= 0], x[temp <= 0].argmax(-1, keepdim=True).expand(-1, 8))
+    assert d[2, 0] == 20
+    assert ((d[1] >= 60) & (d[1] < 100)).all()
+    if top_k is not None:
+        allowed = x.topk(top_k, dim=-1).indices
+        assert (d.unsqueeze(-1) == allowed.unsqueeze(1)).any(-1).all()
 
 
 def test_single_draw_form_distribution():
