@@ -117,12 +117,6 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeState:
         timer=StageTimer(toggles.stage_times, device) if toggles.stage_times else None,
     )
     logger.info("flashtree tree path on (sglang %s): %s, W=%d, gamma=%d", adapter.release, toggles.describe(), window, gamma)
-    if toggles.tree_max_bs:
-        logger.warning(
-            "flashtree: FLASHTREE_TREE_MAX_BS=%d is experimental: its chain steps read a stale tree mask in the verify "
-            "graphs on the one live run so far (BENCHMARKS.md section 6, run 3); the fix (a causal mask staged before "
-            "each chain step) has not run live yet", toggles.tree_max_bs,
-        )
     if toggles.tree_budget:
         logger.warning(
             "flashtree: FLASHTREE_TREE_BUDGET=%d narrows each request's tree, but verify still runs DSPARK's W=%d window "

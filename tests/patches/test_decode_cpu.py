@@ -494,20 +494,6 @@ def test_budget_narrows_trees_per_batch_size_and_says_what_it_costs(caplog):
     assert create_state(adapters.select_adapter(), TreeToggles(tree_n=4), worker).width_for(32) == W
 
 
-def test_max_bs_says_it_is_experimental(caplog):
-    import logging
-
-    worker = types.SimpleNamespace(
-        verify_num_draft_tokens=W, device="cpu", model_runner=types.SimpleNamespace(page_size=1, token_to_kv_pool=None),
-    )
-    with caplog.at_level(logging.WARNING, logger="flashtree.patches"):
-        create_state(adapters.select_adapter(), TreeToggles(tree_n=4, tree_max_bs=4), worker)
-        assert any("FLASHTREE_TREE_MAX_BS=4 is experimental" in r.getMessage() for r in caplog.records)
-        caplog.clear()
-        create_state(adapters.select_adapter(), TreeToggles(tree_n=4), worker)
-    assert not any("MAX_BS" in r.getMessage() for r in caplog.records)
-
-
 def chi2_critical_001(dof: int) -> float:
     """Chi-square critical value at p = 0.001 (Wilson-Hilferty; within 1% of the table for dof >= 3)."""
     z = 3.0902
