@@ -218,8 +218,8 @@ def sampler_of(worker):
 def need_bytes(adapter, *, n: int, gamma: int, max_bs: int, vocab: int, logits_bytes: int, fused: bool = False) -> int:
     rows = max_bs * n
     persistent = max_bs * n * gamma * 8 + rows * 8
-    if fused:  # two steps' per-tile maxima (float32 + int32) per row, tiles of >= 256 tokens; nothing rows x V
-        return persistent + 2 * rows * (vocab // 256 + 1) * 8
+    if fused:  # per-tile maxima (float32 + int32) per row, tiles of >= 128 tokens; nothing rows x V
+        return persistent + rows * (vocab // 128 + 1) * 8
     return persistent + rows * vocab * 4 + adapter.graph_draw_bytes(
         rows=rows, gamma=gamma, vocab=vocab, logits_bytes=logits_bytes)
 
