@@ -1,9 +1,11 @@
 """Launch-parameter sweep of the builder and the sampler on the GPU (graph times in µs), to choose their defaults.
 
-usage: python benchmarks/sweep_kernels.py --out DIR [--sections builder,sampler]
-Builder: num_warps at the anchor's large shapes. Sampler: the tile size (`block`) of the sampled passes and the
-N-candidate form at 960 x 151936. Every timed call's output is checked (builder against the torch reference, greedy
-rows against torch.argmax). Rows go to DIR/sweep.jsonl.
+usage: python benchmarks/sweep_kernels.py --out DIR [--sections builder,sampler,stream]
+Builder: num_warps at the anchor's large shapes. Sampler: pass 1's tile size (`block`), warps, register cap and
+splits per row, single draw and the 8-candidate form, at 960 x 151936. Stream: what pass 1's loop reaches with
+nothing but the read and a sum (and with one exp2 per logit), against torch's own row sum: the attainable rate of
+the loop, apart from the sampling. Every timed call's output is checked (builder against the torch reference, greedy
+rows against torch.argmax, sampled draws by a mean-logit z-score, sums against torch). Rows go to DIR/sweep.jsonl.
 """
 
 from __future__ import annotations
@@ -12,12 +14,16 @@ import argparse
 import os
 import sys
 
+import contextlib
+
 import torch
 import triton
+import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_kernels as bk  # noqa: E402
 
+from flashtree.sampler import triton_sampler  # noqa: E402
 from flashtree.sampler.triton_sampler import sample_candidates_triton, sample_rows_triton  # noqa: E402
 from flashtree.tree import triton_build  # noqa: E402
 from flashtree.tree.build import build_vote_tree  # noqa: E402
@@ -28,41 +34,119 @@ def builder(bw):
         cands = bk.anchor_candidates(bs, n, k)
         ref = build_vote_tree(cands, w)
         for warps in (4, 8, 16):
-            tree, _ = launch_with_warps(cands, w, warps)
-            same = torch.equal(tree.tokens, ref.tokens) and torch.equal(tree.parents, ref.parents)
-            g = bk.try_graph(lambda: launch_with_warps(cands, w, warps))
+            with launch_options(triton_build._vote_tree_kernel, num_warps=warps):
+                tree, _ = triton_build._launch(cands, w, eagle=True)
+                same = torch.equal(tree.tokens, ref.tokens) and torch.equal(tree.parents, ref.parents)
+                g = bk.try_graph(lambda: triton_build._launch(cands, w, eagle=True))
             bk.log(kind="sweep_builder", bs=bs, n=n, k=k, width=w, num_warps=warps, same_as_reference=same, graph_us=g)
 
 
-def launch_with_warps(cands, width, warps):
-    """triton_build._launch with its warp count replaced (the kernel and its other arguments as shipped)."""
-    kernel = triton_build._vote_tree_kernel
+@contextlib.contextmanager
+def launch_options(kernel, **options):
+    """Launches of `kernel` with some launch options (num_warps, maxnreg) replaced, its arguments as shipped."""
     original = kernel.run
 
     def run(*args, **kwargs):
-        kwargs["num_warps"] = warps
+        kwargs.update({k: v for k, v in options.items() if v is not None})
         return original(*args, **kwargs)
 
     kernel.run = run
     try:
-        return triton_build._launch(cands, width, eagle=True)
+        yield
     finally:
         kernel.run = original
 
 
+@contextlib.contextmanager
+def splits_per_row(splits, rows):
+    """Pass 1's split count at `rows` rows, set through the SM count it plans with (~8 programs per SM)."""
+    original = triton_sampler.sm_count
+    triton_sampler.sm_count = lambda dev, default: splits * rows // 8
+    try:
+        yield
+    finally:
+        triton_sampler.sm_count = original
+
+
+def z_score(draws, logits, temp):
+    """How far the draws' mean logit lies from its expectation under softmax(logits / temp), in standard errors."""
+    p = (logits.float() / temp).softmax(-1)
+    mean = (p * logits.float()).sum(-1)
+    var = (p * logits.float() ** 2).sum(-1) - mean**2
+    got = logits.float().gather(1, draws.view(logits.shape[0], -1)).mean(-1)
+    per = draws.numel() // logits.shape[0]
+    return round(float(((got - mean) / (var / per).sqrt()).mean() * logits.shape[0] ** 0.5), 2)
+
+
 def sampler(bw):
+    rows, vocab = 960, 151936
     for dtype in (torch.bfloat16, torch.float32):
-        logits = torch.randn(960, 151936, device="cuda").to(dtype)
-        t = torch.full((960,), 0.7, device="cuda")
-        t_greedy = torch.zeros(960, device="cuda")
+        logits = torch.randn(rows, vocab, device="cuda").to(dtype)
+        t = torch.full((rows,), 0.7, device="cuda")
+        t_greedy = torch.zeros(rows, device="cuda")
         floor = logits.numel() * logits.element_size() / bw * 1e6
         argmax = logits.argmax(-1)
-        for block in (4096, 8192, 16384, 32768):
-            same = torch.equal(sample_rows_triton(logits, t_greedy, block=block), argmax)
-            g = bk.try_graph(lambda: sample_rows_triton(logits, t, block=block))
-            gc = bk.try_graph(lambda: sample_candidates_triton(logits, t, 8, block=block))
-            bk.log(kind="sweep_sampler", dtype=str(dtype).split(".")[-1], block=block, greedy_equals_argmax=same,
-                   sampled_graph_us=g, vs_floor=bk.ratio(g, floor), candidates8_graph_us=gc, floor_us=floor)
+        # maxnreg: a register cap that lets more programs share an SM
+        for block, warps, splits, maxnreg in [
+                (2048, 2, 2, None), (2048, 2, 1, None), (2048, 2, 3, None), (2048, 2, 4, None), (2048, 2, 2, 64),
+                (2048, 4, 2, None), (1024, 1, 4, None), (1024, 2, 4, None), (4096, 4, 1, None), (4096, 4, 2, None),
+                (4096, 2, 2, None)]:
+            with launch_options(triton_sampler._pass1_kernel, num_warps=warps, maxnreg=maxnreg), \
+                    splits_per_row(splits, rows):
+                same = torch.equal(sample_rows_triton(logits, t_greedy, block=block), argmax)
+                g = bk.try_graph(lambda: sample_rows_triton(logits, t, block=block))
+                z = z_score(sample_candidates_triton(logits, t, 8, block=block), logits, 0.7)
+                gc = None
+                if dtype == torch.bfloat16:
+                    gc = bk.try_graph(lambda: sample_candidates_triton(logits, t, 8, block=block))
+                gg = bk.try_graph(lambda: sample_rows_triton(logits, t_greedy, block=block))
+            bk.log(kind="sweep_sampler_launch", dtype=str(dtype).split(".")[-1], block=block, warps=warps,
+                   splits=splits, maxnreg=maxnreg, greedy_equals_argmax=same, sampled_z=z, sampled_graph_us=g,
+                   vs_floor=bk.ratio(g, floor), candidates8_graph_us=gc, greedy_rows_graph_us=gg, floor_us=floor)
+
+
+@triton.jit
+def _stream_kernel(x_ptr, stride_r, out_ptr, V, NT, TPS, S, BLOCK: tl.constexpr, EXP: tl.constexpr):
+    # pass 1's loop with the sampling taken out: read each tile, sum it (optionally of exp2)
+    r = tl.program_id(0)
+    s = tl.program_id(1)
+    row = x_ptr + r.to(tl.int64) * stride_r
+    offs = tl.arange(0, BLOCK)
+    acc = 0.0
+    for t in range(s * TPS, tl.minimum(s * TPS + TPS, NT)):
+        idx = t * BLOCK + offs
+        x = tl.load(row + idx, mask=idx < V, other=-float("inf") if EXP else 0.0).to(tl.float32)
+        if EXP:
+            x = tl.exp2(x * 1.4426950408889634)
+        acc += tl.sum(x, axis=0)
+    tl.store(out_ptr + r * S + s, acc)
+
+
+def stream(bw):
+    rows, vocab, block = 960, 151936, 4096
+    nt = triton.cdiv(vocab, block)
+    for dtype in (torch.bfloat16, torch.float32):
+        logits = torch.randn(rows, vocab, device="cuda").to(dtype)
+        floor = logits.numel() * logits.element_size() / bw * 1e6
+        ref = {False: logits.float().sum(-1), True: logits.float().exp().sum(-1)}
+        for exp in (False, True):
+            for warps, splits in [(4, 1), (4, 2), (8, 1), (2, 2)]:
+                tps = triton.cdiv(nt, splits)
+                s = triton.cdiv(nt, tps)
+                out = torch.empty(rows * s, device="cuda")
+
+                def run():
+                    _stream_kernel[(rows, s)](logits, logits.stride(0), out, vocab, nt, tps, s, BLOCK=block, EXP=exp,
+                                              num_warps=warps)
+
+                run()
+                ok = bool(torch.allclose(out.view(rows, s).sum(-1), ref[exp], rtol=1e-3, atol=1e-2))
+                g = bk.try_graph(run)
+                bk.log(kind="sweep_stream", dtype=str(dtype).split(".")[-1], exp2=exp, warps=warps, splits=splits,
+                       block=block, sum_matches_torch=ok, graph_us=g, vs_floor=bk.ratio(g, floor), floor_us=floor)
+        g = bk.try_graph(lambda: logits.sum(-1))
+        bk.log(kind="sweep_stream", dtype=str(dtype).split(".")[-1], torch_sum=True, graph_us=g,
+               vs_floor=bk.ratio(g, floor), floor_us=floor)
 
 
 def main():
@@ -71,7 +155,7 @@ def main():
     ap.add_argument("--sections", default="builder,sampler")
     a = ap.parse_args()
     sections = a.sections.split(",")
-    unknown = set(sections) - {"builder", "sampler"}
+    unknown = set(sections) - {"builder", "sampler", "stream"}
     if unknown:
         ap.error(f"unknown sections: {sorted(unknown)}")
     os.makedirs(a.out, exist_ok=True)
@@ -83,6 +167,8 @@ def main():
         builder(bw)
     if "sampler" in sections:
         sampler(bw)
+    if "stream" in sections:
+        stream(bw)
 
 
 if __name__ == "__main__":

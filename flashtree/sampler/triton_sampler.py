@@ -5,11 +5,11 @@ Sampled rows use a two-level (hierarchical) Gumbel-max that reads the logits onc
 * pass 1, grid (rows, splits): the vocabulary is cut into tiles of BLOCK tokens; for each tile the program computes the
   tile's log-mass lse_t = log sum_i exp(l_i / T) and keeps it; after the loop it adds one Gumbel per (tile, draw)
   (Philox counter = (tile, row, draw, 0)) and keeps the best (lse_t + g_t) of its tiles. Greedy rows keep the tile
-  maximum and its first index instead. The tile's sum is taken against the split's running maximum, so the max and
-  the sum are one reduction, not two in a row. It is exact where it matters: a tile whose maximum jumps by more than
-  2^7 (log2 units) overflows the sum and redoes it against its own maximum; terms more than 2^7 below the running
-  maximum flush to zero, but the 24-bit uniforms' Gumbels span < 21 nats, so a tile that can still be drawn loses
-  < 2^-70 of its mass that way.
+  maximum and its first index instead. A tile's sum is taken against a reference c, the maximum of the split's first
+  tile, with no maximum of its own: one reduction per tile, as cheap as a plain read-and-sum. A tile whose maximum
+  lies ~2^7 (log2 units) above c overflows the sum, redoes it against its own maximum and makes that c. Terms more
+  than 2^7 below c flush to zero, but the tile that set c holds at least exp2(c) of mass and the 24-bit uniforms'
+  Gumbels span < 21 nats, so a tile that can still be drawn loses < 2^-100 of its mass that way.
 * pass 2, grid (rows, draws): the best split's tile is the drawn tile, chosen with probability mass_t / total (the
   Gumbel-max theorem over tiles). A Gumbel-max over the tile's G groups of BLOCK / G tokens by log-mass (counter =
   (group, row, draw, 2)) draws a group, and one over that group's logits (counter = (token, row, draw, 1)) picks token
@@ -34,7 +34,8 @@ import triton.language as tl
 
 from ..gpu import sm_count
 
-BLOCK = 4096
+BLOCK = 4096  # tile of the greedy-only launch
+SAMPLED_BLOCK = 2048  # tile of the sampled passes (2 warps a program: 960 x 151936 runs at ~1.5x the read floor)
 SUBG = 4  # groups per tile in the greedy-only launch (a [SUBG, BLOCK / SUBG] tile keeps the reductions short)
 TICKETS = 1 << 16  # rows the first ticket buffer of a device holds
 MAX_TPS = 256  # tiles per pass-1 program: their log-masses live in registers until the Gumbels are drawn
@@ -100,11 +101,6 @@ def _greedy_kernel(
 
 
 @triton.jit
-def _max_add(m1, s1, m2, s2):
-    return tl.maximum(m1, m2), s1 + s2
-
-
-@triton.jit
 def _pass1_kernel(
     x_ptr, stride_r, temp_ptr, thr_ptr, seed_ptr,
     gmax_ptr, garg_ptr, score_ptr, tile_ptr,
@@ -139,23 +135,23 @@ def _pass1_kernel(
             thr = tl.load(thr_ptr + r)
         kt = tl.arange(0, TPP)
         lses = tl.full([TPP], -float("inf"), tl.float32)
-        m = -float("inf")  # the split's running max (scaled, log2 units)
+        c = -float("inf")  # the reference the sums are taken against (scaled, log2 units): the max of a tile before
         for t in range(t0, t1):
             idx = t * BLOCK + offs
             raw = tl.load(row + idx, mask=idx < V, other=-float("inf")).to(tl.float32)
             if HAS_THR:
                 raw = tl.where(raw / temp >= thr, raw, -float("inf"))
             x = raw * scale
-            # one (max, sum) reduction, the sum against m (the max of the unscaled tile: scale > 0 commutes with it,
-            # rounding included). The first tile (m = -inf: nan or inf) and a max that jumps by ~2^7 overflow the
-            # sum: those redo it against their own max.
-            mr, ssum = tl.reduce((raw, tl.exp2(x - m)), 0, _max_add)
-            mx = mr * scale
-            ref = m
+            # a sum against c alone, no max: c changes only when the sum overflows, i.e. on the first tile with a
+            # finite max (c = -inf: inf or nan) and where a tile's max is ~2^7 above c; those redo the sum against
+            # their own max and make it c
+            ssum = tl.sum(tl.exp2(x - c), axis=0)
+            ref = c
             if not (ssum < float("inf")):
+                mx = tl.max(x, axis=0)
                 ref = tl.where(mx == -float("inf"), 0.0, mx)
                 ssum = tl.sum(tl.exp2(x - ref), axis=0)
-            m = tl.maximum(m, mx)
+                c = tl.where(mx == -float("inf"), c, mx)
             lse = tl.where(ssum > 0, (ref + tl.log2(ssum)) * 0.6931471805599453, -float("inf"))
             lses = tl.where(kt == t - t0, lse, lses)
         # the tile Gumbels once per (tile, draw) after the loop, not by every thread in every tile
@@ -264,11 +260,12 @@ def _sample(logits, temperature, ndraw, generator, top_k, max_top_k, block=None)
     out = torch.empty(r, ndraw, dtype=torch.int64, device=dev)
     if r == 0:
         return out
-    blk = block or min(BLOCK, max(16, triton.next_power_of_2(v)))
+    greedy_only = isinstance(temperature, (int, float)) and temperature <= 0
+    blk = block or min(BLOCK if greedy_only else SAMPLED_BLOCK, max(16, triton.next_power_of_2(v)))
     if blk < 16 or blk & (blk - 1):
         raise ValueError(f"block must be a power of two >= 16, got {blk}")
     nt = triton.cdiv(v, blk)
-    if isinstance(temperature, (int, float)) and temperature <= 0:
+    if greedy_only:
         gmax = torch.empty(r * nt, dtype=torch.float32, device=dev)
         garg = torch.empty(r * nt, dtype=torch.int32, device=dev)
         _greedy_kernel[(r, nt)](logits, logits.stride(0), gmax, garg, _ticket_buffer(r, dev), out, v, nt,
@@ -276,7 +273,7 @@ def _sample(logits, temperature, ndraw, generator, top_k, max_top_k, block=None)
                                 NTP=max(2, triton.next_power_of_2(nt)), BLOCK=blk, SUBG=SUBG, num_warps=4)
         return out
     temperature = torch.as_tensor(temperature, device=dev, dtype=torch.float32).expand(r).contiguous()
-    want = max(1, (4 * sm_count(dev, 4) + r - 1) // r)  # about 4 pass-1 programs per SM
+    want = max(1, (8 * sm_count(dev, 4) + r - 1) // r)  # about 8 pass-1 programs (of 2 warps) per SM
     tps = min(triton.cdiv(nt, min(want, nt)), MAX_TPS)
     s = triton.cdiv(nt, tps)
     gmax = torch.empty(r * s, dtype=torch.float32, device=dev)
@@ -288,7 +285,7 @@ def _sample(logits, temperature, ndraw, generator, top_k, max_top_k, block=None)
     thr = _threshold(logits, temperature, top_k, max_top_k) if has_thr else temperature
     _pass1_kernel[(r, s)](logits, logits.stride(0), temperature, thr, seed, gmax, garg, score, tile, v, nt, tps, s,
                           NDRAW=ndraw, NDP=max(2, triton.next_power_of_2(ndraw)), BLOCK=blk, HAS_THR=has_thr,
-                          TPP=max(2, triton.next_power_of_2(tps)), num_warps=4)
+                          TPP=max(2, triton.next_power_of_2(tps)), num_warps=2)
     dpp = min(max(1, triton.next_power_of_2(ndraw)), max(1, 4096 // blk))
     groups = 1 << (blk.bit_length() - 1) // 2  # ~sqrt(blk): the fewest Philox draws, groups + blk / groups
     _pass2_kernel[(r, triton.cdiv(ndraw, dpp))](logits, logits.stride(0), temperature, thr, seed, gmax, garg, score,
@@ -345,4 +342,4 @@ def floor_us(rows: int, vocab: int, dtype: torch.dtype, bandwidth: float = 4.25e
     return rows * vocab * torch.finfo(dtype).bits / 8 / bandwidth * 1e6
 
 
-__all__ = ["sample_rows_triton", "sample_candidates_triton", "floor_us", "BLOCK"]
+__all__ = ["sample_rows_triton", "sample_candidates_triton", "floor_us", "BLOCK", "SAMPLED_BLOCK"]

@@ -162,3 +162,46 @@ def test_greedy_only_graph_replays():
         static.copy_(torch.randn(15, 151936, generator=g).to(torch.bfloat16).cuda())
         graph.replay()
         assert torch.equal(out, static.argmax(-1))
+
+
+@pytest.mark.skipif(not CUDA, reason="graph capture needs a CUDA device")
+def test_sampled_graph_replays_over_splits():
+    """15 rows spread over many pass-1 splits per row: each replay draws each row's one likely token (a spike that
+    moves between replays), so both passes read the replay's logits and noise state."""
+    g = torch.Generator().manual_seed(13)
+    rows, v = 15, 151936
+    static = torch.zeros(rows, v, dtype=torch.bfloat16, device="cuda")
+    temp = torch.full((rows,), 1.0, device="cuda")
+    sample_candidates_triton(static, temp, 4)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = sample_candidates_triton(static, temp, 4)
+    for _ in range(3):
+        spike = torch.randint(0, v, (rows,), generator=g)
+        x = torch.randn(rows, v, generator=g) * 0.1
+        x[torch.arange(rows), spike] = 60.0  # every other token together: < 1e-20 of the mass
+        static.copy_(x.to(torch.bfloat16).cuda())
+        graph.replay()
+        assert torch.equal(out.cpu(), spike.view(-1, 1).expand(-1, 4))
+
+
+@pytest.mark.skipif(not CUDA, reason="full vocabulary on the GPU")
+def test_mean_logit_z_scores_at_full_shape():
+    """960 x 151936 bf16, the shipped launch: over 24 calls of 8 draws per row, the drawn tokens' mean logit must
+    match its expectation under softmax(logits / T): the calls' z-scores have mean ~0 and spread ~1."""
+    g = torch.Generator(device="cuda").manual_seed(17)
+    logits = (torch.randn(960, 151936, device="cuda", generator=g) * 2).to(torch.bfloat16)
+    temp = 0.7
+    x = logits.float()
+    p = (x / temp).softmax(-1)
+    mean = (p * x).sum(-1)
+    var = (p * x**2).sum(-1) - mean**2
+    zs = []
+    for _ in range(24):
+        d = sample_candidates_triton(logits, torch.full((960,), temp, device="cuda"), 8, generator=g)
+        got = x.gather(1, d).mean(-1)
+        zs.append(float(((got - mean) / (var / 8).sqrt()).mean() * 960**0.5))
+    zs = torch.tensor(zs)
+    assert abs(zs.mean()) < 4 / 24**0.5, zs
+    assert 0.5 < zs.std() < 1.6, zs
