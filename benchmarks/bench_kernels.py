@@ -1,6 +1,7 @@
 """flashtree's Triton kernels against their peers on one GPU, in one run.
 
-    python benchmarks/bench_kernels.py --out results/         # prints tables, writes kernels.jsonl
+    python benchmarks/bench_kernels.py --out results/         # prints a JSON row per shape, writes kernels.jsonl
+    python benchmarks/kernel_tables.py results/kernels.jsonl  # the rows as markdown tables (BENCHMARKS.md section 3)
 
 Per shape: flashtree's time (eager and CUDA-graph replay), each peer's time (flashmap 0.1.0 if importable, SDPA,
 flex_attention, sglang's Triton extend attention if importable, torch argmax / Gumbel-max), the memory floor at the
@@ -448,7 +449,7 @@ def main():
     global OUT_FILE
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="results")
-    ap.add_argument("--parts", default="builder,walk,sampler,attention")
+    ap.add_argument("--parts", default="builder,walk,inputs,markov,sampler,attention")
     ap.add_argument("--no-flex", action="store_true")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)

@@ -1,0 +1,110 @@
+"""Markdown tables of a `bench_kernels.py` run: one table per kernel, the rows as BENCHMARKS.md section 3 shows them.
+
+    python benchmarks/kernel_tables.py benchmarks/kernels_h200_run7.jsonl
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def num(v, digits=1):
+    return "–" if v is None else f"{v:.{digits}f}"
+
+
+def yes(*flags):
+    return "yes" if all(flags) else "NO"
+
+
+def speedup(peer, ours):
+    return "–" if peer is None or ours is None else f"{peer / ours:.2f}x"
+
+
+# kind -> (header, one row's cells)
+TABLES = {
+    "tree_build": (
+        ["bs", "N", "W", "flashtree graph (eager)", "flashmap compiled + graph (eager, not compiled)",
+         "speed-up vs flashmap", "same as reference / flashmap"],
+        lambda d: [d["bs"], d["n"], d["width"], f"{num(d['flashtree_graph_us'])} ({num(d['flashtree_eager_us'])})",
+                   f"{num(d.get('flashmap_compiled_graph_us'))} ({num(d.get('flashmap_eager_us'), 0)})",
+                   speedup(d.get("flashmap_compiled_graph_us"), d["flashtree_graph_us"]),
+                   f"{yes(d['same_as_reference'])} / {yes(d.get('same_as_flashmap', False))}"]),
+    "walk_commit": (
+        ["bs", "N", "W", "mean accepted", "walk + commit graph (eager)", "build + walk + commit graph",
+         "torch reference eager", "same as reference"],
+        lambda d: [d["bs"], d["n"], d["width"], num(d["mean_accept"], 2),
+                   f"{num(d['flashtree_graph_us'])} ({num(d['flashtree_eager_us'])})",
+                   num(d["build_plus_walk_graph_us"]), num(d["torch_reference_eager_us"], 0),
+                   yes(d["same_as_reference"])]),
+    "verify_inputs": (
+        ["bs", "N", "K", "W", "flashtree graph", "flashtree wall", "sglang path wall", "speed-up (wall)",
+         "same as sglang"],
+        lambda d: [d["bs"], d["n"], d["k"], d["width"], num(d["flashtree_graph_us"]), num(d["flashtree_wall_us"]),
+                   num(d.get("sglang_wall_us")), speedup(d.get("sglang_wall_us"), d["flashtree_wall_us"]),
+                   yes(d.get("same_as_sglang", False))]),
+    "markov_draws": (
+        ["bs x N", "K", "V", "rank", "torch ops graph", "flashtree graph (shipped tiles)", "speed-up",
+         "greedy candidate = torch's"],
+        lambda d: [f"{d['bs']} x {d['n']}", d["k"], d["vocab"], d["rank"], num(d["torch_graph_us"], 0),
+                   num(d["flashtree_graph_us_autox16"], 0), speedup(d["torch_graph_us"], d["flashtree_graph_us_autox16"]),
+                   yes(d["greedy_same_autox16"])]),
+    "sampler": (
+        ["rows x vocab", "logits", "floor", "flashtree sampled graph (eager)", "vs floor", "greedy rows, mixed batch",
+         "all-greedy launch", "torch argmax", "all-greedy vs argmax", "flashmap `sample_rows` graph",
+         "speed-up vs flashmap", "greedy = argmax"],
+        lambda d: [f"{d['rows']} x {d['vocab']}", {"bfloat16": "bf16", "float32": "fp32"}.get(d["dtype"], d["dtype"]),
+                   num(d["floor_us"]), f"{num(d['flashtree_sample_graph_us'])} ({num(d['flashtree_sample_eager_us'])})",
+                   speedup(d["flashtree_sample_graph_us"], d["floor_us"]), num(d["flashtree_greedy_graph_us"]),
+                   num(d["flashtree_greedy_only_graph_us"]), num(d["torch_argmax_graph_us"]),
+                   speedup(d["flashtree_greedy_only_graph_us"], d["torch_argmax_graph_us"]),
+                   num(d.get("flashmap_graph_us")), speedup(d.get("flashmap_graph_us"), d["flashtree_sample_graph_us"]),
+                   yes(d["greedy_equals_torch_argmax"], d["greedy_only_equals_torch_argmax"])]),
+    "sampler_candidates": (
+        ["rows x vocab", "draws per row", "floor", "flashtree graph (eager)", "vs floor"],
+        lambda d: [f"{d['rows']} x {d['vocab']}", d["n"], num(d["floor_us"]),
+                   f"{num(d['flashtree_graph_us'])} ({num(d['flashtree_eager_us'])})",
+                   speedup(d["flashtree_graph_us"], d["floor_us"])]),
+    "verify_attn": (
+        ["bs", "prefix", "L", "floor", "flashtree graph (eager)", "vs floor", "flashmap split-KV", "sglang extend",
+         "SDPA", "flex_attention", "speed-up vs flashmap / sglang / SDPA / flex",
+         "max rel. err (flashtree / flashmap / sglang)"],
+        lambda d: [d["bs"], d["prefix"], d["L"], num(d["floor_us"]),
+                   f"{num(d['flashtree_graph_us'])} ({num(d['flashtree_eager_us'])})",
+                   speedup(d["flashtree_graph_us"], d["floor_us"]), num(d.get("flashmap_graph_us")),
+                   num(d.get("sglang_graph_us"), 0), num(d.get("sdpa_graph_us"), 0), num(d.get("flex_graph_us"), 0),
+                   " / ".join(speedup(d.get(k), d["flashtree_graph_us"])
+                              for k in ("flashmap_graph_us", "sglang_graph_us", "sdpa_graph_us", "flex_graph_us")),
+                   " / ".join("–" if d.get(k) is None else f"{d[k]:.1e}"
+                              for k in ("flashtree_err", "flashmap_err", "sglang_err"))]),
+    "verify_attn_paged": (
+        ["bs", "prefix", "L", "page", "floor", "flashtree graph (eager)", "vs floor"],
+        lambda d: [d["bs"], d["prefix"], d["L"], d["page"], num(d["floor_us"]),
+                   f"{num(d['flashtree_graph_us'])} ({num(d['flashtree_eager_us'])})",
+                   speedup(d["flashtree_graph_us"], d["floor_us"])]),
+}
+
+
+def tables(rows: list[dict]) -> str:
+    out = []
+    for d in rows:
+        if d["kind"] in ("env", "ceiling"):
+            out.append(", ".join(f"{k} {v}" for k, v in d.items() if k != "kind"))
+    for kind, (header, cells) in TABLES.items():
+        mine = [d for d in rows if d["kind"] == kind]
+        if mine:
+            out += ["", f"{kind}:", "", "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+            out += ["| " + " | ".join(str(c) for c in cells(d)) + " |" for d in mine]
+    return "\n".join(out)
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit("usage: python benchmarks/kernel_tables.py KERNELS.jsonl")
+    with open(sys.argv[1]) as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    print(tables(rows))
+
+
+if __name__ == "__main__":
+    main()
