@@ -1,7 +1,8 @@
 """flashtree's Triton kernels against their peers on one GPU, in one run.
 
-    python benchmarks/bench_kernels.py --out results/         # prints a JSON row per shape, writes kernels.jsonl
-    python benchmarks/kernel_tables.py results/kernels.jsonl  # the rows as markdown tables (BENCHMARKS.md section 3)
+    python benchmarks/bench_kernels.py --out results/         # a JSON row per shape as it goes, then the tables;
+                                                              # writes results/kernels.jsonl
+    python benchmarks/kernel_tables.py results/kernels.jsonl  # the tables again, from a saved run
 
 Per shape: flashtree's time (eager and CUDA-graph replay), each peer's time (flashmap 0.1.0 if importable, SDPA,
 flex_attention, sglang's Triton extend attention if importable, torch argmax / Gumbel-max), the memory floor at the
@@ -22,6 +23,9 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import kernel_tables  # noqa: E402
 
 from flashtree.attention.triton_verify import tree_attention_paged_triton, tree_attention_triton  # noqa: E402
 from flashtree.sampler.triton_sampler import sample_candidates_triton, sample_rows_triton  # noqa: E402
@@ -470,6 +474,7 @@ def main():
             traceback.print_exc()
             log(kind="error", part=name, error=repr(e)[:500])
         print(f"# {name} took {time.time() - t:.1f}s", flush=True)
+    print(kernel_tables.tables(ROWS))
 
 
 if __name__ == "__main__":
