@@ -50,15 +50,19 @@ def draws_for(logits, temp, n_samples, top_k=None, block=None, g=None):
     return sample_candidates_triton(x, t, per_row, generator=g, top_k=top_k, block=block).cpu()
 
 
-@pytest.mark.parametrize("jump", [False, True], ids=["plain", "jump"])
+@pytest.mark.parametrize("shape", ["plain", "jump", "far"])
 @pytest.mark.parametrize("top_k", [None, 5])
-def test_sampled_distribution_chi_square(top_k, jump):
+def test_sampled_distribution_chi_square(top_k, shape):
     g = torch.Generator(device=DEV).manual_seed(5)
     v = 40
     logits = torch.randn(v, generator=torch.Generator().manual_seed(2)) * 2
-    if jump:
-        # tile 0 keeps no mass; against the running max, tile 1's sum overflows and is redone against its own max
+    if shape == "jump":
+        # tile 0 keeps no mass; against tile 0's max, tile 1's sum overflows and is redone against its own max
         logits[16:] += 150
+    if shape == "far":
+        # tile 0 empty (-inf: no reference yet), the rest ~430 below zero in log2 units: tile 1 sets the reference
+        logits[:16] = -float("inf")
+        logits[16:] -= 300
     temp = 0.8
     probs = filter_logits((logits / temp).view(1, -1), None if top_k is None else torch.tensor([top_k])).softmax(-1)[0]
     n = 200_000 if CUDA else 8192
