@@ -11,10 +11,9 @@ rows against torch.argmax, sampled draws by a mean-logit z-score, sums against t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
-
-import contextlib
 
 import torch
 import triton
