@@ -135,7 +135,7 @@ def _pass1_kernel(
             thr = tl.load(thr_ptr + r)
         kt = tl.arange(0, TPP)
         lses = tl.full([TPP], -float("inf"), tl.float32)
-        c = -float("inf")  # the reference the sums are taken against (scaled, log2 units): the max of a tile before
+        c = -float("inf")  # the reference the sums are taken against (scaled, log2 units): an earlier tile's max
         for t in range(t0, t1):
             idx = t * BLOCK + offs
             raw = tl.load(row + idx, mask=idx < V, other=-float("inf")).to(tl.float32)
