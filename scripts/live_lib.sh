@@ -105,6 +105,9 @@ key_log_lines() {
 }
 
 pack_logs() {
-  grep -h "stage times" "$LOGS"/server_*.log 2>/dev/null | cut -c1-400 >"$OUT/stage_times.txt"
+  local f
+  for f in "$LOGS"/server_*.log; do  # each line tagged with its server: several servers may time their stages
+    grep -h "stage times" "$f" | sed "s/^/[$(basename "$f" .log)] /" | cut -c1-420
+  done >"$OUT/stage_times.txt" 2>/dev/null
   tar czf "$OUT/server_logs.tgz" -C "$LOGS" . && el "server logs: $OUT/server_logs.tgz"
 }

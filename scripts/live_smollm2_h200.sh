@@ -7,28 +7,31 @@
 # override both; without retraining, scripts/train_drafter_h200.sh's `convert` and `stage-draft` modes leave the same
 # two there). One device call carrying .h200 (see scripts/live_h200.sh):
 #     run(command="bash scripts/live_smollm2_h200.sh", carry=[".h200"], kind="nvidia-h200", timeout_s=600)
-# Two server sets (Triton attention, page size 1, CUDA graphs on, the N draft draws in DSPARK's captured draft graph:
-# FLASHTREE_GRAPH_DRAWS=1), started 6 s apart (STAGGER_S):
-#   float32, --enable-deterministic-inference (identity): f_plain, f_chain, f_tree4g, f_tree8g, f_tree8sg (split-KV),
-#     f_tree8m (FLASHTREE_TREE_MAX_BS=2: its batches of 3-8 run DSPARK's chain step in the tree server's verify graphs);
-#     f_tree4g captures graphs for bs 1, 2, 4 only, so its batches of 5-8 run eagerly (draws and verify) and are checked
-#   bfloat16 (speed): b_plain, b_chain, b_tree1g (flashtree's step with N = 1: the chain's tau through the tree path,
-#     so its gap to b_chain is the tree path's own cost), b_tree4g, b_tree8g, b_tree8sg (split-KV), b_tree8sgm (split-KV,
-#     FLASHTREE_TREE_MAX_BS=$MAX_BS: larger batches run DSPARK's chain step), b_tree8sgt (b_tree8sg with
-#     FLASHTREE_STAGE_TIMES, for the per-stage table; the others run without the timer's events); every tree server
-#     draws through flashtree's fused Markov draws (FLASHTREE_FUSED_SAMPLER=1) except b_tree8sgu (b_tree8sg with the
-#     Markov head's torch steps in the graph, as in run 3: the A/B of the fused draws)
-# Phases (PHASES, default "identity speed sampled"; only the sets the phases need start): greedy identity of every f_*
-# server against f_plain on 50 held-out GSM8K prompts (128 tokens), then the f_* servers stop; tokens/s, time per output
-# token and tau per b_* server alone at concurrency 1, 8, 32; a sampled (T = 0.7) chi-square of b_tree8g against b_plain.
-# Stage-timed servers log per-stage times (FLASHTREE_STAGE_TIMES; lines end with "draws ran: graph X, eager Y"). $OUT
-# gets identity/speed/sampled_results.json, stage_times.txt, server_logs.tgz, the draft config.
+# Servers (Triton attention, page size 1, CUDA graphs on, the N draft draws in DSPARK's captured draft graph:
+# FLASHTREE_GRAPH_DRAWS=1, as flashtree's fused Markov draws: FLASHTREE_FUSED_SAMPLER=1), started 6 s apart
+# (STAGGER_S); a server starts only when a phase in PHASES lists it:
+#   identity (float32, --enable-deterministic-inference; greedy, 50 held-out GSM8K prompts x 128 tokens, each server
+#     token for token against f_plain; then the f_* servers stop): ID_TAGS, default f_plain f_chain f_tree8g (N = 8,
+#     W = 9) f_tree8w (N = 8, W = 16: --speculative-num-draft-tokens 16 with FLASHTREE_TREE_DEPTH=8, the draft's block
+#     length, draft temperature 0.7)
+#   speed (bfloat16; tokens/s, TPOT and tau of each server alone at concurrency 1, 8, 32; ROUNDS=R passes, averaged):
+#     SPEED_TAGS, default b_plain b_chain b_tree1g (flashtree's step with N = 1: the chain's tau through the tree path,
+#     so its gap to b_chain is the tree path's own cost) b_tree8g b_tree8w b_tree16w (N = 16, W = 16) b_tree8sw
+#     (b_tree8w with split-KV verify)
+#   stage (bfloat16, concurrency 1 only, FLASHTREE_STAGE_TIMES=100: the per-stage table): STAGE_TAGS, default b_tree1gt
+#     b_tree8gt b_tree8wt (b_tree1g, b_tree8g, b_tree8w with the timer's events)
+#   sampled (T = 0.7, 600 requests; chi-square of tokens 2-4 against b_plain): SAMPLED_TAGS, default b_plain b_tree8w
+# Runs 3-5 (BENCHMARKS.md section 6) used tags still defined below: f_tree4g f_tree8sg f_tree8m, b_tree4g b_tree8sg
+# b_tree8sgm (FLASHTREE_TREE_MAX_BS=$MAX_BS) b_tree8sgt b_tree8sgu (torch draws); pass them in the *_TAGS lists.
+# Every bf16 server except the stage-timed ones records host and device time per decode step (steps 50-399, c = 1:
+# harness plugin benchmarks/live/profile_steps.py). $OUT gets identity/speed/sampled_results.json, stage/ (the stage
+# phase's speed_results.json), stage_times.txt (tagged by server), server_logs.tgz, the draft config.
 set -u
 T0=$(date +%s)
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 TOTAL_S=${TOTAL_S:-570}
-PHASES=${PHASES:-"identity speed sampled"}
+PHASES=${PHASES:-"identity stage speed sampled"}
 STAGGER_S=${STAGGER_S:-6}
 . scripts/live_lib.sh
 live_setup || exit 2
@@ -61,7 +64,11 @@ F32="$BASE --dtype float32 --enable-deterministic-inference --max-running-reques
 B16="$BASE --dtype bfloat16 --max-running-requests 32 --cuda-graph-bs-decode 1 2 4 8 16 24 32"
 SPEC="--speculative-algorithm DSPARK --speculative-draft-model-path $DRAFT --speculative-num-draft-tokens 9
   --speculative-draft-attention-backend triton"
-# The N draws in the draft graph, as fused Markov draws (FLASHTREE_FUSED_SAMPLER=1); b_tree8sgu keeps run 3's torch steps.
+# Trees wider than the draft block: DSPARK reserves and captures a 16-token verify window (gamma 15); the candidates
+# keep the draft's own block length (FLASHTREE_TREE_DEPTH), drawn at the replay's best temperature for W = 16.
+DEPTH=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['block_size'])" "$DRAFT/config.json")
+SPEC16=${SPEC/--speculative-num-draft-tokens 9/--speculative-num-draft-tokens 16}
+WIDE="FLASHTREE_TREE_DEPTH=$DEPTH FLASHTREE_DRAFT_TEMPERATURE=0.7"
 TORCH_DRAWS="FLASHTREE_GRAPH_DRAWS=1"
 TREE="$TORCH_DRAWS FLASHTREE_FUSED_SAMPLER=1"
 TIMES="FLASHTREE_STAGE_TIMES=100"
@@ -69,50 +76,66 @@ TIMES="FLASHTREE_STAGE_TIMES=100"
 # steps 50-399 fall in the c = 1 phase; steps_<pid>.json lands in the server logs.
 STEPS="FT_STEP_TIMES=${STEP_TIMES:-50:400} FT_PROFILE_OUT=$LOGS"
 MAX_BS=${MAX_BS:-4}
+ID_TAGS=${ID_TAGS:-"f_plain f_chain f_tree8g f_tree8w"}
+SPEED_TAGS=${SPEED_TAGS:-"b_plain b_chain b_tree1g b_tree8g b_tree8w b_tree16w b_tree8sw"}
+STAGE_TAGS=${STAGE_TAGS:-"b_tree1gt b_tree8gt b_tree8wt"}
+SAMPLED_TAGS=${SAMPLED_TAGS:-"b_plain b_tree8w"}
 trap stop_all EXIT
 has() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
-# ONLY="tag ..." starts just those servers (a shorter rerun); ROUNDS=R repeats the speed pass R times, averaged
-start() { [ -z "${ONLY:-}" ] || case " $ONLY " in *" $1 "*) ;; *) return 0 ;; esac; start_server "$@"; }
-if has identity; then
-  start f_plain 30010 FLASHTREE_TREE_N= -- $F32
-  start f_chain 30011 FLASHTREE_TREE_N= -- $F32 $SPEC
-  start f_tree4g 30012 FLASHTREE_TREE_N=4 $TREE $TIMES -- ${F32/--cuda-graph-bs-decode 1 2 4 8/--cuda-graph-bs-decode 1 2 4} $SPEC
-  start f_tree8g 30013 FLASHTREE_TREE_N=8 $TREE $TIMES -- $F32 $SPEC
-  start f_tree8sg 30014 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TREE $TIMES -- $F32 $SPEC
-  start f_tree8m 30015 FLASHTREE_TREE_N=8 FLASHTREE_TREE_MAX_BS=2 $TREE -- $F32 $SPEC
-fi
-if has speed || has sampled; then
-  start b_plain 30020 FLASHTREE_TREE_N= -- $B16
-  start b_chain 30021 FLASHTREE_TREE_N= $STEPS -- $B16 $SPEC
-  start b_tree1g 30022 FLASHTREE_TREE_N=1 $TREE $STEPS -- $B16 $SPEC
-  start b_tree4g 30023 FLASHTREE_TREE_N=4 $TREE $STEPS -- $B16 $SPEC
-  start b_tree8g 30024 FLASHTREE_TREE_N=8 $TREE $STEPS -- $B16 $SPEC
-  start b_tree8sg 30025 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TREE $STEPS -- $B16 $SPEC
-  start b_tree8sgm 30026 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 FLASHTREE_TREE_MAX_BS=$MAX_BS $TREE $STEPS -- $B16 $SPEC
-  start b_tree8sgt 30027 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TREE $TIMES -- $B16 $SPEC
-  start b_tree8sgu 30028 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TORCH_DRAWS $STEPS -- $B16 $SPEC
-fi
+WANT=""
+has identity && WANT="$WANT $ID_TAGS"
+has speed && WANT="$WANT $SPEED_TAGS"
+has stage && WANT="$WANT $STAGE_TAGS"
+has sampled && WANT="$WANT $SAMPLED_TAGS"
+start() { case " $WANT " in *" $1 "*) start_server "$@" ;; esac; }
+start f_plain 30010 FLASHTREE_TREE_N= -- $F32
+start f_chain 30011 FLASHTREE_TREE_N= -- $F32 $SPEC
+start f_tree4g 30012 FLASHTREE_TREE_N=4 $TREE $TIMES -- ${F32/--cuda-graph-bs-decode 1 2 4 8/--cuda-graph-bs-decode 1 2 4} $SPEC
+start f_tree8g 30013 FLASHTREE_TREE_N=8 $TREE $TIMES -- $F32 $SPEC
+start f_tree8sg 30014 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TREE $TIMES -- $F32 $SPEC
+start f_tree8m 30015 FLASHTREE_TREE_N=8 FLASHTREE_TREE_MAX_BS=2 $TREE -- $F32 $SPEC
+start f_tree8w 30016 FLASHTREE_TREE_N=8 $WIDE $TREE -- $F32 $SPEC16
+start b_plain 30020 FLASHTREE_TREE_N= -- $B16
+start b_chain 30021 FLASHTREE_TREE_N= $STEPS -- $B16 $SPEC
+start b_tree1g 30022 FLASHTREE_TREE_N=1 $TREE $STEPS -- $B16 $SPEC
+start b_tree4g 30023 FLASHTREE_TREE_N=4 $TREE $STEPS -- $B16 $SPEC
+start b_tree8g 30024 FLASHTREE_TREE_N=8 $TREE $STEPS -- $B16 $SPEC
+start b_tree8sg 30025 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TREE $STEPS -- $B16 $SPEC
+start b_tree8sgm 30026 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 FLASHTREE_TREE_MAX_BS=$MAX_BS $TREE $STEPS -- $B16 $SPEC
+start b_tree8sgt 30027 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TREE $TIMES -- $B16 $SPEC
+start b_tree8sgu 30028 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TORCH_DRAWS $STEPS -- $B16 $SPEC
+start b_tree8w 30029 FLASHTREE_TREE_N=8 $WIDE $TREE $STEPS -- $B16 $SPEC16
+start b_tree16w 30030 FLASHTREE_TREE_N=16 $WIDE $TREE $STEPS -- $B16 $SPEC16
+start b_tree8sw 30031 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $WIDE $TREE $STEPS -- $B16 $SPEC16
+start b_tree1gt 30032 FLASHTREE_TREE_N=1 $TREE $TIMES -- $B16 $SPEC
+start b_tree8gt 30033 FLASHTREE_TREE_N=8 $TREE $TIMES -- $B16 $SPEC
+start b_tree8wt 30034 FLASHTREE_TREE_N=8 $WIDE $TREE $TIMES -- $B16 $SPEC16
 wait_up $(( TOTAL_S / 2 )) || el "not every server came up (continuing with those that did)"
 
 args() { local t; for t in "$@"; do [ -n "${PID[$t]:-}" ] && kill -0 "${PID[$t]}" 2>/dev/null && echo "$t=${PORT[$t]}:${PID[$t]}"; done; }
 if has identity; then
   el "identity phase"
   timeout 150 python3 benchmarks/live/bench_client.py identity --prompts "$PROMPTS" --out "$OUT" --n 50 --wait 5 \
-    $(args f_plain f_chain f_tree4g f_tree8g f_tree8sg f_tree8m)
+    $(args $ID_TAGS)
   el "identity rc=$?"
-  stop_all f_plain f_chain f_tree4g f_tree8g f_tree8sg f_tree8m
+  stop_all $ID_TAGS
+fi
+if has stage; then
+  el "stage phase"
+  mkdir -p "$OUT/stage"
+  timeout 120 python3 benchmarks/live/bench_client.py speed --prompts "$PROMPTS" --out "$OUT/stage" --wait 5 \
+    --conc 1 --min-requests 16 $(args $STAGE_TAGS) | grep -v "^\[bench\]"
+  stop_all $STAGE_TAGS
 fi
 if has speed; then
   el "speed phase"
   timeout $(( TOTAL_S - ($(date +%s) - T0) - 60 )) python3 benchmarks/live/bench_client.py speed --prompts "$PROMPTS" \
-    --out "$OUT" --wait 5 --min-requests 16 --rounds "${ROUNDS:-1}" \
-    $(args b_plain b_chain b_tree1g b_tree4g b_tree8g b_tree8sg b_tree8sgu b_tree8sgm b_tree8sgt) |
-    grep -v "^\[bench\]"
+    --out "$OUT" --wait 5 --min-requests 16 --rounds "${ROUNDS:-1}" $(args $SPEED_TAGS) | grep -v "^\[bench\]"
   el "speed done"
 fi
 left=$(( TOTAL_S - ($(date +%s) - T0) - 25 ))
 if has sampled && [ $left -gt 20 ]; then
-  timeout $left python3 benchmarks/live/bench_client.py sampled --prompts "$PROMPTS" --out "$OUT" $(args b_plain b_tree8g)
+  timeout $left python3 benchmarks/live/bench_client.py sampled --prompts "$PROMPTS" --out "$OUT" $(args $SAMPLED_TAGS)
 fi
 stop_all
 trap - EXIT

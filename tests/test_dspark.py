@@ -195,6 +195,26 @@ def test_candidates_greedy_first_diverse_and_prefix_stable(tiny):
     assert torch.unique(many, dim=0).shape[0] > 1
 
 
+def test_window_runs_more_block_rows_and_keeps_the_first_k(tiny):
+    """window = W - 1 replays an sglang server with --speculative-num-draft-tokens W whose trees keep k positions:
+    the block's rows attend to each other both ways, so the extra rows change the kept rows' logits."""
+    cfg = small_config(tiny, block_size=8)
+    model = random_model(cfg)
+    tokens = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+
+    def logits(**kw):
+        drafter = load_drafter("dspark", tiny, model=model, **kw)
+        drafter.start(state_for(tiny, tokens, cfg.target_layer_ids))
+        return drafter.base_logits()
+
+    full, kept, short = logits(), logits(k=4, window=8), logits(k=4)
+    assert kept.shape == short.shape == (1, 4, cfg.vocab_size)
+    assert torch.equal(kept, full[:, :4])
+    assert not torch.allclose(short, kept, atol=1e-3)
+    with pytest.raises(ValueError, match="window=3: the draft forward runs at least the k=4 rows it keeps"):
+        load_drafter("dspark", tiny, model=model, k=4, window=3)
+
+
 def test_return_probs_gives_the_distribution_each_candidate_token_was_drawn_from(tiny):
     cfg = small_config(tiny)
     model = random_model(cfg, std=0.05)

@@ -104,8 +104,12 @@ def test_live_figures_from_the_recorded_smollm2_run(tmp_path):
         sys.path.remove(str(LIVE))
     results = LIVE / "results-2026-11-30-smollm2"
     means = plot_live.stage_means(results / "stage_times.txt")
-    assert len(means) == 4  # tree4, tree8, tree8b, tree8s
-    assert list(means[1]) == ["draft", "draws", "tree", "verify", "walk", "commit", "output"]
-    assert sum(means[1].values()) == pytest.approx(5.98, abs=0.02)  # tree N = 8 at bs 1, BENCHMARKS.md section 6
+    assert list(means) == ["1", "2", "3", "4"]  # untagged (run 1): tree4, tree8, tree8b, tree8s in log order
+    assert list(means["2"]) == ["draft", "draws", "tree", "verify", "walk", "commit", "output"]
+    assert sum(means["2"].values()) == pytest.approx(5.98, abs=0.02)  # tree N = 8 at bs 1, BENCHMARKS.md section 6
+    tagged = tmp_path / "stage_times.txt"  # pack_logs' tagged lines (two servers interleaved by server, not time)
+    lines = (results / "stage_times.txt").read_text().splitlines()
+    tagged.write_text("\n".join(f"[server_b_tree{i}] {line}" for i in (1, 8) for line in lines[:3]) + "\n")
+    assert list(plot_live.stage_means(tagged)) == ["b_tree1", "b_tree8"]
     plot_live.main([str(results), "--out", str(tmp_path)])
     assert (tmp_path / "speed.png").stat().st_size > 10_000 and (tmp_path / "stages.png").stat().st_size > 10_000

@@ -2,8 +2,8 @@
 
 usage: python benchmarks/live/plot_live.py RESULTS_DIR [--out DIR]
 RESULTS_DIR holds speed_results.json and stage_times.txt (scripts/live_smollm2_h200.sh); figures: speed.png,
-stages.png (mean ms per tree step per stage, at batch size 1, per tree server, in the order their logs were written;
-only when a server ran with FLASHTREE_STAGE_TIMES).
+stages.png (mean ms per tree step per stage, at batch size 1, per stage-timed tree server; only when a server ran
+with FLASHTREE_STAGE_TIMES).
 """
 
 from __future__ import annotations
@@ -14,23 +14,24 @@ import re
 from pathlib import Path
 
 LINE = re.compile(r"steps (\d+)-\d+; mean bs ([\d.]+)\): (.*); total")
+TAG = re.compile(r"^\[server_(\S+)\] ")  # scripts/live_lib.sh's pack_logs tags each line (runs after run 5)
 
 
-def stage_means(path: Path, batch: float = 1.0) -> list[dict]:
-    """One dict (stage -> mean ms) per server log block in stage_times.txt (a block restarts at steps 1-...), over
-    the windows whose mean batch size is `batch`, the first window (Triton compiles) left out."""
-    blocks, windows = [], []
+def stage_means(path: Path, batch: float = 1.0) -> dict[str, dict]:
+    """Server -> (stage -> mean ms) from stage_times.txt, over the windows whose mean batch size is `batch`, the first
+    window (Triton compiles) left out. A server's block restarts at steps 1-...; untagged files (runs 1-5) name their
+    blocks "1", "2", ... in log order."""
+    blocks: list[tuple[str, list]] = []
     for line in path.read_text().splitlines():
         m = LINE.search(line)
         if not m:
             continue
-        if m.group(1) == "1" and windows:
-            blocks.append(windows)
-            windows = []
+        tag = TAG.match(line)
+        if m.group(1) == "1" or not blocks:
+            blocks.append((tag.group(1) if tag else str(len(blocks) + 1), []))
         if m.group(1) != "1" and abs(float(m.group(2)) - batch) < 0.15:
-            windows.append(dict((k, float(v)) for k, v in (part.split() for part in m.group(3).split(", "))))
-    blocks.append(windows)
-    return [{k: sum(w[k] for w in ws) / len(ws) for k in ws[0]} for ws in blocks if ws]
+            blocks[-1][1].append(dict((k, float(v)) for k, v in (part.split() for part in m.group(3).split(", "))))
+    return {name: {k: sum(w[k] for w in ws) / len(ws) for k in ws[0]} for name, ws in blocks if ws}
 
 
 def main(argv=None) -> None:
@@ -65,11 +66,12 @@ def main(argv=None) -> None:
     if not means:  # no stage-timed server in this run
         print(out / "speed.png")
         return
-    names = [t.removeprefix("b_") for t in sorted(t for t in tags if "tree" in t)][: len(means)]
+    names = [t.removeprefix("b_") for t in means]
+    rows = list(means.values())
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
-    left = [0.0] * len(means)
-    for k in means[0]:
-        vals = [m[k] for m in means]
+    left = [0.0] * len(rows)
+    for k in rows[0]:
+        vals = [m[k] for m in rows]
         ax.barh(names, vals, left=left, label=k)
         left = [a + b for a, b in zip(left, vals)]
     ax.set_xlabel("ms per tree step (batch size 1)")

@@ -48,11 +48,14 @@ class DSparkDrafter:
 
     k: draft tokens per candidate, at most the checkpoint's block_size (default: block_size); a shorter block runs
         the first k block rows, as sglang does with a smaller --speculative-num-draft-tokens.
+    window: block rows the draft forward runs (default k; >= k). The block attends within itself both ways, so rows
+        past k change the first k rows' logits: window = W - 1 replays an sglang server started with
+        --speculative-num-draft-tokens W whose trees keep k positions (FLASHTREE_TREE_DEPTH = k).
     return_probs: proposals carry the draft distribution of every candidate token (see the module docstring).
     """
 
     def __init__(self, model: DSparkDraftModel, target, *, temperature: float = 0.0, greedy_first: bool = True,
-                 k: int | None = None, return_probs: bool = False):
+                 k: int | None = None, window: int | None = None, return_probs: bool = False):
         cfg = model.config
         check_dspark_target(cfg, target)
         if temperature < 0:
@@ -65,9 +68,12 @@ class DSparkDrafter:
         k = cfg.block_size if k is None else int(k)
         if not 1 <= k <= cfg.block_size:
             raise ValueError(f"k={k}: the draft proposes 1..{cfg.block_size} tokens per block (its block_size)")
+        window = k if window is None else int(window)
+        if window < k:
+            raise ValueError(f"window={window}: the draft forward runs at least the k={k} rows it keeps")
         self.model = model.eval()
         self.config = cfg
-        self.k = k
+        self.k, self.window = k, window
         self.vocab_size = cfg.vocab_size
         self.target_hidden_size = cfg.hidden_size
         self.hidden_layers = tuple(cfg.target_layer_ids)
@@ -126,17 +132,17 @@ class DSparkDrafter:
         """(bs, k, V) float32 base logits of every request's block (before the Markov bias)."""
         if not self._kv:
             raise RuntimeError("propose() before start(): the drafter has no context")
-        cfg, k = self.config, self.k
+        cfg, k, rows_run = self.config, self.k, self.window
         rows = []
         for b, kv in enumerate(self._kv):
             c = self._lengths[b]
             anchor = torch.tensor([self._anchors[b]], device=self._device)
-            ids = block_ids(anchor, k, cfg.mask_token_id)  # (1, k)
+            ids = block_ids(anchor, rows_run, cfg.mask_token_id)  # (1, window)
             embeds = self.embed_tokens(ids.to(self.embed_tokens.weight.device)).to(self._device)
             embeds = embeds.to(next(self.model.parameters()).dtype)
-            pos = torch.arange(c, c + k, device=self._device).view(1, -1)
-            mask = torch.ones(1, k, c + k, dtype=torch.bool, device=self._device)
-            hidden = self.model.block_hidden(embeds, pos, kv, mask)
+            pos = torch.arange(c, c + rows_run, device=self._device).view(1, -1)
+            mask = torch.ones(1, rows_run, c + rows_run, dtype=torch.bool, device=self._device)
+            hidden = self.model.block_hidden(embeds, pos, kv, mask)[:, :k]
             logits = self.lm_head(hidden.to(self.lm_head.weight.dtype).to(self.lm_head.weight.device))
             rows.append(logits[0].float().to(self._device))
         return torch.stack(rows)
@@ -183,7 +189,7 @@ class DSparkDrafter:
 
 
 def build_dspark_drafter(target, *, path=None, model=None, temperature: float = 0.0, greedy_first: bool = True,
-                         k: int | None = None, dtype: torch.dtype | None = None,
+                         k: int | None = None, window: int | None = None, dtype: torch.dtype | None = None,
                          return_probs: bool = False) -> DSparkDrafter:
     """A DSparkDrafter from a checkpoint folder `path` (sglang layout) or a DSparkDraftModel `model`, on the target's
     device and in its dtype (unless `dtype`)."""
@@ -205,5 +211,5 @@ def build_dspark_drafter(target, *, path=None, model=None, temperature: float = 
     elif not isinstance(model, DSparkDraftModel):
         raise TypeError(f"model must be a flashtree DSparkDraftModel, got {type(model).__name__}")
     model = model.to(device=weight.device, dtype=dtype)
-    return DSparkDrafter(model, target, temperature=temperature, greedy_first=greedy_first, k=k,
+    return DSparkDrafter(model, target, temperature=temperature, greedy_first=greedy_first, k=k, window=window,
                          return_probs=return_probs)

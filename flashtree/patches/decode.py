@@ -1,9 +1,11 @@
 """The tree decode step for DSparkWorkerV2 (release-agnostic; the adapter supplies the release-specific calls).
 
-One step, per running batch of bs requests (W = tree width with the root, K = gamma = draft block length):
+One step, per running batch of bs requests (W = tree width with the root = DSPARK's window gamma + 1, K = the draft
+positions each candidate keeps = FLASHTREE_TREE_DEPTH, gamma by default; K < gamma gives trees wider than K + 1, with
+the server's --speculative-num-draft-tokens W reserving and capturing the wider window):
   1. the verify window: W KV slots per request at req_to_token[req, seq_len : seq_len + W] (DSPARK's own window);
   2. one draft forward over the block, then N draws of the block through the draft's Markov head (flashtree's row
-     sampler; with FLASHTREE_FUSED_SAMPLER=1 and a vanilla head, `flashtree.sampler.markov_draws`: all steps in
+     sampler, over the block's first K positions; with FLASHTREE_FUSED_SAMPLER=1 and a vanilla head, `flashtree.sampler.markov_draws`: all steps in
      K launches): candidate 0 is the greedy block, 1..N-1 are independent draws at the draft temperature -> (bs, N, K);
      with FLASHTREE_GRAPH_DRAWS=1 the draws run in the draft's captured CUDA graph tail (graph_draws.py) and the
      step reads them from its buffer (eager as above when the draft forward ran eagerly);
@@ -50,7 +52,8 @@ class TreeState:
 
     adapter: object
     toggles: TreeToggles
-    gamma: int  # K: draft tokens per block
+    gamma: int  # draft tokens per DSPARK block
+    depth: int  # K: draft tokens each candidate keeps (<= gamma), the tree's max depth
     width: int  # W: verify tokens per request (root included) = DSPARK's window gamma + 1
     page_size: int  # 1: commit by permuting req_to_token; > 1: commit by copying the accepted KV
     tree_width: int  # the tree's own width (<= width); narrower trees are padded to `width`
@@ -90,6 +93,11 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeState:
             f"flashtree: FLASHTREE_TREE_WIDTH={toggles.tree_width} exceeds DSPARK's verify window "
             f"(--speculative-num-draft-tokens = gamma + 1 = {window}); allowed: 'auto' or an integer from 2 to {window}"
         )
+    if toggles.tree_depth > gamma:
+        raise ToggleError(
+            f"flashtree: FLASHTREE_TREE_DEPTH={toggles.tree_depth} exceeds DSPARK's draft block (gamma = {gamma}); "
+            f"allowed: 'auto' or an integer from 1 to {gamma} (a wider window: raise --speculative-num-draft-tokens)"
+        )
     page = adapter.page_size(worker)
     if page != 1:
         missing = adapter.copy_commit_unsupported(worker)
@@ -108,6 +116,7 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeState:
         adapter=adapter,
         toggles=toggles,
         gamma=gamma,
+        depth=toggles.tree_depth or gamma,
         width=window,
         page_size=page,
         tree_width=toggles.tree_width or window,
@@ -116,7 +125,8 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeState:
         noise=new_state(toggles.seed, device) if toggles.fused_sampler else None,
         timer=StageTimer(toggles.stage_times, device) if toggles.stage_times else None,
     )
-    logger.info("flashtree tree path on (sglang %s): %s, W=%d, gamma=%d", adapter.release, toggles.describe(), window, gamma)
+    logger.info("flashtree tree path on (sglang %s): %s, W=%d, gamma=%d, depth=%d", adapter.release, toggles.describe(),
+                window, gamma, state.depth)
     if toggles.tree_budget:
         logger.warning(
             "flashtree: FLASHTREE_TREE_BUDGET=%d narrows each request's tree, but verify still runs DSPARK's W=%d window "
@@ -278,12 +288,13 @@ def tree_step(state: TreeState, worker, batch, on_publish):
     draft = adapter.draft_forward(worker, batch, draft_input, window, bs)
     anchor = draft.anchor
     timer.mark("draft")
-    n = state.toggles.tree_n
-    if draft.candidates is not None:  # drawn by the draft graph's tail (FLASHTREE_GRAPH_DRAWS)
-        candidates = draft.candidates
+    n, k = state.toggles.tree_n, state.depth
+    if draft.candidates is not None:  # drawn by the draft graph's tail (FLASHTREE_GRAPH_DRAWS), or FlashMap's draws
+        candidates = draft.candidates[:, :, :k]
         path = "graph"
     else:
-        candidates = draw_candidates(state, worker, draft.base_logits, anchor, draft.draft_hidden, n)
+        hidden = None if draft.draft_hidden is None else draft.draft_hidden[:, :k]
+        candidates = draw_candidates(state, worker, draft.base_logits[:, :k], anchor, hidden, n)
         path = "eager"
     state.draw_paths[path] = state.draw_paths.get(path, 0) + 1
     timer.mark("draws")

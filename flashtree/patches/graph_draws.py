@@ -75,13 +75,14 @@ class _TapModel:
 class GraphDraws:
     """The N candidate blocks per request, drawn in DSPARK's draft graph tail into persistent buffers."""
 
-    def __init__(self, *, adapter, n: int, gamma: int, max_bs: int, vocab: int, temperature: float, device,
+    def __init__(self, *, adapter, n: int, depth: int, max_bs: int, vocab: int, temperature: float, device,
                  limit: int = 0, fused: tuple | None = None, seed: int = 0):
+        # depth: the block positions each candidate keeps (FLASHTREE_TREE_DEPTH, <= DSPARK's gamma)
         # max_bs: the requests the buffers hold. limit (FLASHTREE_TREE_MAX_BS, 0 = none): with a limit, a tail run
         # for more than max_bs requests (a graph only chain steps replay) skips the draws instead of failing.
         # fused: a vanilla Markov head's (w1, w2): the draws run as flashtree's fused Markov draws (K launches,
         # in-kernel noise from a (seed, calls) state each replay advances) instead of the head's torch steps.
-        self.adapter, self.n, self.k, self.max_bs = adapter, int(n), int(gamma), int(max_bs)
+        self.adapter, self.n, self.k, self.max_bs = adapter, int(n), int(depth), int(max_bs)
         self.limit = int(limit)
         self.fused = fused
         rows = self.max_bs * self.n
@@ -126,7 +127,8 @@ class GraphDraws:
         self.drawn_sizes.add(bs)
         if base_logits is None:  # DSPARK's tail computed none (0.5.23's megakernel step)
             base_logits, _ = sampler.model.compute_base_logits(model_hidden)
-        base_logits = base_logits.view(bs, self.k, -1)
+        base_logits = base_logits.view(bs, int(sampler.gamma), -1)[:, : self.k]
+        draft_hidden = draft_hidden[:, : self.k]
         rows = bs * self.n
         if self.fused is not None:
             tokens = markov_draws(base_logits, anchor, *self.fused, self.n, self.inv_temperature[:rows],
@@ -215,13 +217,13 @@ def sampler_of(worker):
 
 
 # ---- building (init_cuda_graphs) --------------------------------------------------------------------------------
-def need_bytes(adapter, *, n: int, gamma: int, max_bs: int, vocab: int, logits_bytes: int, fused: bool = False) -> int:
+def need_bytes(adapter, *, n: int, depth: int, max_bs: int, vocab: int, logits_bytes: int, fused: bool = False) -> int:
     rows = max_bs * n
-    persistent = max_bs * n * gamma * 8 + rows * 8
+    persistent = max_bs * n * depth * 8 + rows * 8
     if fused:  # per-tile maxima (float32 + int32) per row, tiles of >= 128 tokens; nothing rows x V
         return persistent + rows * (vocab // 128 + 1) * 8
     return persistent + rows * vocab * 4 + adapter.graph_draw_bytes(
-        rows=rows, gamma=gamma, vocab=vocab, logits_bytes=logits_bytes)
+        rows=rows, depth=depth, vocab=vocab, logits_bytes=logits_bytes)
 
 
 def configured_graph_sizes() -> list[int] | None:
@@ -283,7 +285,7 @@ def build(state, worker, stock, *, free: Callable = free_bytes, graph_sizes: Cal
     logits_bytes = weight.element_size() if weight.is_floating_point() else 2
     # FLASHTREE_FUSED_SAMPLER with a vanilla Markov head: the fused Markov draws
     fused = adapter.vanilla_markov_weights(stock.markov_head) if toggles.fused_sampler else None
-    need = need_bytes(adapter, n=toggles.tree_n, gamma=gamma, max_bs=max_bs, vocab=vocab, logits_bytes=logits_bytes,
+    need = need_bytes(adapter, n=toggles.tree_n, depth=state.depth, max_bs=max_bs, vocab=vocab, logits_bytes=logits_bytes,
                       fused=fused is not None)
     have = free(worker.device)
     if have is not None and have - need < CAPTURE_HEADROOM_BYTES:
@@ -293,7 +295,7 @@ def build(state, worker, stock, *, free: Callable = free_bytes, graph_sizes: Cal
             "capture); lower --cuda-graph-max-bs / FLASHTREE_TREE_N or raise free memory (--mem-fraction-static)"
         )
     draws = GraphDraws(
-        adapter=adapter, n=toggles.tree_n, gamma=gamma, max_bs=max_bs, vocab=vocab,
+        adapter=adapter, n=toggles.tree_n, depth=state.depth, max_bs=max_bs, vocab=vocab,
         temperature=toggles.draft_temperature, device=stock.out.device, limit=limit if max_bs < graph_bs else 0,
         fused=fused, seed=toggles.seed,
     )

@@ -44,6 +44,7 @@ def load_for_toggle(path: str, toggle: str, off_means: str):
 class TreeToggles:
     tree_n: int = 0  # max candidate blocks per request (0 = tree path off)
     tree_width: int = 0  # W: verify tokens per request, root included (0 = auto: DSPARK's window, gamma + 1)
+    tree_depth: int = 0  # D: draft positions per candidate, the tree's max depth (0 = auto: gamma)
     tree_budget: int = 0  # batch-wide verify-token budget; per-request width = clamp(budget // bs, 2, W) (0 = none)
     tree_max_bs: int = 0  # decode batches of more requests run DSPARK's own chain step (0 = no limit)
     draft_temperature: float = 1.0  # temperature of the N independent draft draws
@@ -84,6 +85,18 @@ def _width(raw: str) -> int:
 _width.allowed = "'auto' (DSPARK's verify window, gamma + 1) or an integer from 2 to 256"  # type: ignore[attr-defined]
 
 
+def _depth(raw: str) -> int:
+    if raw.strip().lower() == "auto":
+        return 0
+    value = int(raw.strip(), 10)
+    if not 1 <= value <= 256:
+        raise ValueError
+    return value
+
+
+_depth.allowed = "'auto' (DSPARK's gamma) or an integer from 1 to 256"  # type: ignore[attr-defined]
+
+
 def _positive_float(raw: str) -> float:
     value = float(raw.strip())
     if not (0.0 < value <= 100.0) or value != value:
@@ -112,6 +125,12 @@ _flag.allowed = "one of 1/0, true/false, yes/no, on/off"  # type: ignore[attr-de
 TOGGLES: dict[str, tuple[str, Callable[[str], object], str]] = {
     "FLASHTREE_TREE_N": ("tree_n", _int_in(0, 256), "max candidate blocks drawn per request; 0 or unset = tree path off"),
     "FLASHTREE_TREE_WIDTH": ("tree_width", _width, "W, verify tokens per request (root included); must be <= gamma + 1"),
+    "FLASHTREE_TREE_DEPTH": (
+        "tree_depth",
+        _depth,
+        "D, draft positions per candidate (the tree's max depth); must be <= gamma. Below gamma, trees are wider than "
+        "their depth + 1: start the server with --speculative-num-draft-tokens W and the draft's own block length here",
+    ),
     "FLASHTREE_TREE_BUDGET": (
         "tree_budget",
         _int_in(0, 1 << 20),
@@ -150,8 +169,8 @@ _TOGGLE_FAMILIES = (
     "FLASHTREE_GRAPH",
 )
 # Set without FLASHTREE_TREE_N they would do nothing; refuse rather than ignore them.
-_NEED_TREE = ("FLASHTREE_TREE_WIDTH", "FLASHTREE_TREE_BUDGET", "FLASHTREE_TREE_MAX_BS", "FLASHTREE_DRAFT_TEMPERATURE",
-              "FLASHTREE_SEED", "FLASHTREE_STAGE_TIMES", "FLASHTREE_GRAPH_DRAWS")
+_NEED_TREE = ("FLASHTREE_TREE_WIDTH", "FLASHTREE_TREE_DEPTH", "FLASHTREE_TREE_BUDGET", "FLASHTREE_TREE_MAX_BS",
+              "FLASHTREE_DRAFT_TEMPERATURE", "FLASHTREE_SEED", "FLASHTREE_STAGE_TIMES", "FLASHTREE_GRAPH_DRAWS")
 
 
 def read_toggles(environ: Mapping[str, str] | None = None) -> TreeToggles | None:

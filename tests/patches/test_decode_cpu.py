@@ -230,12 +230,13 @@ def tree_kernels():
 
 
 def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1, on_step=None, stage_times: int = 0,
-        graph_max_bs: int | None = None):
+        graph_max_bs: int | None = None, depth: int = 0):
     """Decode `steps` tree steps. Greedy rows (all rows without sampling_info, else rows with top_k == 1) are checked
     token for token against the stand-in target's sequential greedy decode; every row's commit is checked for the
     req_to_token / KV layout, the draft-context injection and the step's bookkeeping. Returns (accept-length
     histogram, tree state, generated tokens per request, world). graph_max_bs: FLASHTREE_GRAPH_DRAWS on, with draft
-    graphs "captured" up to that batch size (the N draws come from the tail's buffer; eager above it)."""
+    graphs "captured" up to that batch size (the N draws come from the tail's buffer; eager above it). depth:
+    FLASHTREE_TREE_DEPTH (0 = gamma)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.dspark_components.dspark_draft import make_next_draft_input
 
@@ -251,7 +252,8 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
         model_runner=types.SimpleNamespace(page_size=page_size, token_to_kv_pool=world),
         _proposer=types.SimpleNamespace(draft_model=types.SimpleNamespace(markov_head=real_markov_head())),
     )
-    toggles = TreeToggles(tree_n=n, seed=5, stage_times=stage_times, graph_draws=graph_max_bs is not None)
+    toggles = TreeToggles(tree_n=n, seed=5, stage_times=stage_times, graph_draws=graph_max_bs is not None,
+                          tree_depth=depth)
     state = create_state(adapter, toggles, worker)
     if graph_max_bs is not None:
         # The graph draws' noise comes from torch's default generator (FLASHTREE_SEED seeds the eager draws only).
@@ -357,6 +359,27 @@ def test_tree_step_matches_sequential_greedy_decode(monkeypatch, graph_max_bs):
     assert all(accepts[d] > 0 for d in range(GAMMA)), f"not rejected at every depth: {sorted(accepts.items())}"
     assert sum(v for d, v in accepts.items() if d >= 2) > 0, sorted(accepts.items())
     assert seen["non_first_deep"] > 0, "no acceptance of depth >= 2 through a branch other than the first child"
+
+
+@GRAPH_MODES
+def test_trees_wider_than_their_depth_fill_the_window(graph_max_bs):
+    """FLASHTREE_TREE_DEPTH = 3 below gamma = 5: the candidates keep 3 draft positions, the trees fill DSPARK's whole
+    window of W = 6 (5 nodes, wider than a depth-3 chain's 3), verify through its W reserved slots per request, and
+    commit at most depth + 1 tokens per step, exactly the sequential greedy decode (run() checks every commit, the
+    req_to_token layout and the draft context)."""
+    depth = 3
+    sizes = Counter()
+
+    def on_step(res):
+        sizes.update(row[2] for row in res.logits_output.customized_info["flashtree"])
+
+    accepts, state, _gen, _world = run(n=4, steps=40, graph_max_bs=graph_max_bs, depth=depth, on_step=on_step)
+    assert (state.depth, state.width) == (depth, W)
+    if graph_max_bs is not None:
+        assert state.graph_draws.out.shape[-1] == depth  # the tail draws only the positions the trees keep
+    assert state.draw_paths == {expected_draw_path(graph_max_bs, BS): state.steps}
+    assert max(accepts) == depth and all(accepts[d] > 0 for d in range(depth + 1)), sorted(accepts.items())
+    assert max(sizes) == W - 1 > depth, sorted(sizes.items())
 
 
 def test_fused_walk_and_commit_kernel_in_the_tree_step(monkeypatch):

@@ -43,7 +43,7 @@ def flashtree_sampler(model, *, n: int, max_bs: int, temperature: float = 1.0, c
     weights = adapter.vanilla_markov_weights(model.markov_head) if fused else None
     assert (weights is not None) == fused
     draws = graph_draws.GraphDraws(
-        adapter=adapter, n=n, gamma=K, max_bs=max_bs, vocab=V, temperature=temperature, device="cpu", fused=weights
+        adapter=adapter, n=n, depth=K, max_bs=max_bs, vocab=V, temperature=temperature, device="cpu", fused=weights
     )
     return graph_draws.wrap(stock, draws), draws
 
@@ -257,11 +257,11 @@ def test_build_wraps_dspark_sampler_or_keeps_it_with_a_reason(caplog):
 
 def test_memory_estimate_scales_with_the_release_draw():
     adapter = adapters.select_adapter()
-    small = graph_draws.need_bytes(adapter, n=8, gamma=8, max_bs=32, vocab=49152, logits_bytes=2)
-    big = graph_draws.need_bytes(adapter, n=8, gamma=8, max_bs=512, vocab=151936, logits_bytes=2)
+    small = graph_draws.need_bytes(adapter, n=8, depth=8, max_bs=32, vocab=49152, logits_bytes=2)
+    big = graph_draws.need_bytes(adapter, n=8, depth=8, max_bs=512, vocab=151936, logits_bytes=2)
     assert small < (1 << 30) < big  # SmolLM2 at max_bs 32 fits easily; a 150k vocabulary at 512 requests does not
     assert small >= 32 * 8 * 49152 * 4  # at least the noise buffer
-    fused = graph_draws.need_bytes(adapter, n=8, gamma=8, max_bs=512, vocab=151936, logits_bytes=2, fused=True)
+    fused = graph_draws.need_bytes(adapter, n=8, depth=8, max_bs=512, vocab=151936, logits_bytes=2, fused=True)
     assert fused < (64 << 20)  # the fused draws keep nothing rows x V
 
 
@@ -435,7 +435,7 @@ def test_max_bs_sizes_the_draw_buffers_to_the_limit():
         assert (d.max_bs, d.limit) == (16, 0), limit
 
     adapter = adapters.select_adapter()
-    need = {bs: graph_draws.need_bytes(adapter, n=4, gamma=K, max_bs=bs, vocab=V, logits_bytes=4) for bs in (8, 16)}
+    need = {bs: graph_draws.need_bytes(adapter, n=4, depth=K, max_bs=bs, vocab=V, logits_bytes=4) for bs in (8, 16)}
     assert need[8] < need[16]
     between = lambda device: graph_draws.CAPTURE_HEADROOM_BYTES + (need[8] + need[16]) // 2  # noqa: E731
     d, sampler = built(5, free=between)
@@ -482,7 +482,7 @@ def test_max_bs_tail_skips_the_draws_above_the_buffer(sizes, rows, covered):
 
 
 def test_without_a_limit_a_tail_above_the_buffer_still_fails():
-    draws = graph_draws.GraphDraws(adapter=adapters.select_adapter(), n=2, gamma=K, max_bs=2, vocab=V, temperature=1.0,
+    draws = graph_draws.GraphDraws(adapter=adapters.select_adapter(), n=2, depth=K, max_bs=2, vocab=V, temperature=1.0,
                                    device="cpu")
     ours = graph_draws.wrap(stock_sampler(TinyDraft(head(), V), gamma=K, max_bs=4), draws)
     assert draws.limit == 0 and all(draws.covers(bs) for bs in (1, 2, 3))

@@ -210,7 +210,7 @@ def test_splitkv_with_kernel_patches_triton_backend(monkeypatch):
     assert draft.use_verify_splitkv is False and draft.verify_splitkv_fwd is None
 
 
-def test_worker_checks_width_and_page_size():
+def test_worker_checks_width_depth_and_page_size():
     from flashtree.patches.decode import create_state
 
     adapter = adapters.select_adapter()
@@ -220,6 +220,10 @@ def test_worker_checks_width_and_page_size():
     assert create_state(adapter, TreeToggles(tree_n=4, tree_width=5), worker).tree_width == 5
     with pytest.raises(SystemExit, match=r"FLASHTREE_TREE_WIDTH=9 exceeds DSPARK's verify window .* = 8\); allowed: 'auto' or an integer from 2 to 8"):
         create_state(adapter, TreeToggles(tree_n=4, tree_width=9), worker)
+    assert create_state(adapter, TreeToggles(tree_n=4), worker).depth == 7
+    assert create_state(adapter, TreeToggles(tree_n=4, tree_depth=3), worker).depth == 3
+    with pytest.raises(SystemExit, match=r"FLASHTREE_TREE_DEPTH=8 exceeds DSPARK's draft block \(gamma = 7\); allowed: 'auto' or an integer from 1 to 7"):
+        create_state(adapter, TreeToggles(tree_n=4, tree_depth=8), worker)
     worker.model_runner.page_size = 16
     with pytest.raises(SystemExit, match=r"with --page-size 16 the tree path commits by copying the accepted KV, but the target KV pool \(NoneType\) has no move_kv_cache"):
         create_state(adapter, TreeToggles(tree_n=4), worker)

@@ -23,6 +23,7 @@ def test_values_parse():
         {
             "FLASHTREE_TREE_N": "8",
             "FLASHTREE_TREE_WIDTH": "6",
+            "FLASHTREE_TREE_DEPTH": "4",
             "FLASHTREE_TREE_BUDGET": "64",
             "FLASHTREE_DRAFT_TEMPERATURE": "0.7",
             "FLASHTREE_SPLITKV_VERIFY": "off",
@@ -31,9 +32,10 @@ def test_values_parse():
             "FLASHTREE_STAGE_TIMES": "100",
         }
     )
-    assert (t.tree_n, t.tree_width, t.tree_budget, t.draft_temperature) == (8, 6, 64, 0.7)
+    assert (t.tree_n, t.tree_width, t.tree_depth, t.tree_budget, t.draft_temperature) == (8, 6, 4, 64, 0.7)
     assert (t.splitkv_verify, t.fused_sampler, t.seed, t.stage_times) == (False, True, 3, 100)
     assert read_toggles({"FLASHTREE_TREE_N": "4", "FLASHTREE_TREE_WIDTH": "auto"}).tree_width == 0
+    assert read_toggles({"FLASHTREE_TREE_N": "4", "FLASHTREE_TREE_DEPTH": "auto"}).tree_depth == 0
 
 
 @pytest.mark.parametrize(
@@ -43,6 +45,7 @@ def test_values_parse():
         ("FLASHTREE_TREE_N", "-1", "an integer from 0 to 256"),
         ("FLASHTREE_TREE_N", "1000", "an integer from 0 to 256"),
         ("FLASHTREE_TREE_WIDTH", "1", "'auto'"),
+        ("FLASHTREE_TREE_DEPTH", "0", "'auto' (DSPARK's gamma) or an integer from 1 to 256"),
         ("FLASHTREE_DRAFT_TEMPERATURE", "0", "a number > 0"),
         ("FLASHTREE_SPLITKV_VERIFY", "maybe", "one of 1/0"),
         ("FLASHTREE_STAGE_TIMES", "often", "an integer from 0 to"),

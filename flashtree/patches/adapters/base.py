@@ -265,10 +265,10 @@ class SglangAdapter:
     sample_block_extra: dict = {}  # release-specific keyword arguments of the Markov head's sample_block
 
     # ---- graph draws (flashtree/patches/graph_draws.py) ------------------------------------------------------
-    def graph_draw_bytes(self, *, rows: int, gamma: int, vocab: int, logits_bytes: int) -> int:
+    def graph_draw_bytes(self, *, rows: int, depth: int, vocab: int, logits_bytes: int) -> int:
         """Graph-pool bytes of the tail's N draws at `rows` = max_bs * N rows: the repeated base logits and the
         corrected logits sample_block keeps (rows, K, V), and a step's float32 scores / argmax temporaries."""
-        return 2 * rows * gamma * vocab * logits_bytes + 3 * rows * vocab * 4
+        return 2 * rows * depth * vocab * logits_bytes + 3 * rows * vocab * 4
 
     def graph_draws_unsupported(self, worker, sampler) -> str | None:
         """Why the N draws cannot run in this worker's draft graph tail (None = they can)."""

@@ -19,8 +19,8 @@ class Adapter(SglangAdapter):
     # The tree's draws never read the corrected logits (0.5.20's sample_block can skip keeping them).
     sample_block_extra = {"collect_corrected": False}
 
-    def graph_draw_bytes(self, *, rows: int, gamma: int, vocab: int, logits_bytes: int) -> int:
-        return rows * gamma * vocab * logits_bytes + 3 * rows * vocab * 4  # the repeated base logits only
+    def graph_draw_bytes(self, *, rows: int, depth: int, vocab: int, logits_bytes: int) -> int:
+        return rows * depth * vocab * logits_bytes + 3 * rows * vocab * 4  # the repeated base logits only
 
     # ---- FlashMap drafts (flashtree/patches/flashmap_draft.py) -----------------------------------------------
     flashmap_noise_draws = True  # flashmap 0.1.0's sglang draft model runs on this release only

@@ -55,7 +55,7 @@ class Adapter(SglangAdapter):
 
     vanilla_bias_methods = ("get_prev_embeddings", "project_bias", "step_bias", "init_state")
 
-    def graph_draw_bytes(self, *, rows: int, gamma: int, vocab: int, logits_bytes: int) -> int:
+    def graph_draw_bytes(self, *, rows: int, depth: int, vocab: int, logits_bytes: int) -> int:
         # Per step: the repeated base row, the bias and their sum, then the float32 scores / argmax temporaries.
         return 3 * rows * vocab * max(logits_bytes, 4) + 3 * rows * vocab * 4
 
