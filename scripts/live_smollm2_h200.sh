@@ -12,8 +12,8 @@
 # (STAGGER_S); a server starts only when a phase in PHASES lists it:
 #   identity (float32, --enable-deterministic-inference; greedy, 50 held-out GSM8K prompts x 128 tokens, each server
 #     token for token against f_plain; then the f_* servers stop): ID_TAGS, default f_plain f_chain f_tree8g (N = 8,
-#     W = 9) f_tree8w (N = 8, W = 16: --speculative-num-draft-tokens 16 with FLASHTREE_TREE_DEPTH=8, the draft's block
-#     length, draft temperature 0.7)
+#     W = 9) f_tree8w (N = 8, W = 16: --speculative-num-draft-tokens 16 --speculative-dspark-block-size 15 with
+#     FLASHTREE_TREE_DEPTH=8, the draft's block length, draft temperature 0.7)
 #   speed (bfloat16; tokens/s, TPOT and tau of each server alone at concurrency 1, 8, 32; ROUNDS=R passes, averaged):
 #     SPEED_TAGS, default b_plain b_chain b_tree1g (flashtree's step with N = 1: the chain's tau through the tree path,
 #     so its gap to b_chain is the tree path's own cost) b_tree8g b_tree8w b_tree16w (N = 16, W = 16) b_tree8sw
@@ -67,7 +67,8 @@ SPEC="--speculative-algorithm DSPARK --speculative-draft-model-path $DRAFT --spe
 # Trees wider than the draft block: DSPARK reserves and captures a 16-token verify window (gamma 15); the candidates
 # keep the draft's own block length (FLASHTREE_TREE_DEPTH), drawn at the replay's best temperature for W = 16.
 DEPTH=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['block_size'])" "$DRAFT/config.json")
-SPEC16=${SPEC/--speculative-num-draft-tokens 9/--speculative-num-draft-tokens 16}
+# (--speculative-dspark-block-size: sglang otherwise refuses a window other than the checkpoint's block_size + 1)
+SPEC16="${SPEC/--speculative-num-draft-tokens 9/--speculative-num-draft-tokens 16} --speculative-dspark-block-size 15"
 WIDE="FLASHTREE_TREE_DEPTH=$DEPTH FLASHTREE_DRAFT_TEMPERATURE=0.7"
 TORCH_DRAWS="FLASHTREE_GRAPH_DRAWS=1"
 TREE="$TORCH_DRAWS FLASHTREE_FUSED_SAMPLER=1"
