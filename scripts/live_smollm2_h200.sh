@@ -17,7 +17,7 @@
 #   speed (bfloat16; tokens/s, TPOT and tau of each server alone at concurrency 1, 8, 32; ROUNDS=R passes, averaged):
 #     SPEED_TAGS, default b_plain b_chain b_tree1g (flashtree's step with N = 1: the chain's tau through the tree path,
 #     so its gap to b_chain is the tree path's own cost) b_tree8g b_tree8w b_tree16w (N = 16, W = 16) b_tree8sw
-#     (b_tree8w with split-KV verify)
+#     (b_tree8w with split-KV verify); also defined: b_tree16sw (b_tree16w with split-KV verify)
 #   stage (bfloat16, concurrency 1 only, FLASHTREE_STAGE_TIMES=100: the per-stage table): STAGE_TAGS, default b_tree1gt
 #     b_tree8gt b_tree8wt (b_tree1g, b_tree8g, b_tree8w with the timer's events)
 #   sampled (T = 0.7, 600 requests; chi-square of tokens 2-4 against b_plain): SAMPLED_TAGS, default b_plain b_tree8w
@@ -108,6 +108,7 @@ start b_tree8sgu 30028 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TORCH_DRAW
 start b_tree8w 30029 FLASHTREE_TREE_N=8 $WIDE $TREE $STEPS -- $B16 $SPEC16
 start b_tree16w 30030 FLASHTREE_TREE_N=16 $WIDE $TREE $STEPS -- $B16 $SPEC16
 start b_tree8sw 30031 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $WIDE $TREE $STEPS -- $B16 $SPEC16
+start b_tree16sw 30035 FLASHTREE_TREE_N=16 FLASHTREE_SPLITKV_VERIFY=1 $WIDE $TREE $STEPS -- $B16 $SPEC16
 start b_tree1gt 30032 FLASHTREE_TREE_N=1 $TREE $TIMES -- $B16 $SPEC
 start b_tree8gt 30033 FLASHTREE_TREE_N=8 $TREE $TIMES -- $B16 $SPEC
 start b_tree8wt 30034 FLASHTREE_TREE_N=8 $WIDE $TREE $TIMES -- $B16 $SPEC16
