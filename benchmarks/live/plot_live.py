@@ -62,7 +62,8 @@ def main(argv=None) -> None:
     fig.savefig(out / "speed.png", dpi=110, bbox_inches="tight")
     plt.close(fig)
 
-    means = stage_means(args.results / "stage_times.txt")
+    stages = args.results / "stage_times.txt"
+    means = stage_means(stages) if stages.exists() else {}
     if not means:  # no stage-timed server in this run
         print(out / "speed.png")
         return
