@@ -73,28 +73,15 @@ def _int_in(lo: int, hi: int) -> Callable[[str], int]:
     return parse
 
 
-def _width(raw: str) -> int:
-    if raw.strip().lower() == "auto":
-        return 0
-    value = int(raw.strip(), 10)
-    if not 2 <= value <= 256:
-        raise ValueError
-    return value
+def _auto_or_int(lo: int, hi: int, auto: str) -> Callable[[str], int]:
+    """'auto' (0: derived from DSPARK's window at worker start) or an integer in [lo, hi]."""
+    ints = _int_in(lo, hi)
 
+    def parse(raw: str) -> int:
+        return 0 if raw.strip().lower() == "auto" else ints(raw)
 
-_width.allowed = "'auto' (DSPARK's verify window, gamma + 1) or an integer from 2 to 256"  # type: ignore[attr-defined]
-
-
-def _depth(raw: str) -> int:
-    if raw.strip().lower() == "auto":
-        return 0
-    value = int(raw.strip(), 10)
-    if not 1 <= value <= 256:
-        raise ValueError
-    return value
-
-
-_depth.allowed = "'auto' (DSPARK's gamma) or an integer from 1 to 256"  # type: ignore[attr-defined]
+    parse.allowed = f"'auto' ({auto}) or {ints.allowed}"  # type: ignore[attr-defined]
+    return parse
 
 
 def _positive_float(raw: str) -> float:
@@ -124,10 +111,14 @@ _flag.allowed = "one of 1/0, true/false, yes/no, on/off"  # type: ignore[attr-de
 # variable -> (field, parser, help). Order is the README's order.
 TOGGLES: dict[str, tuple[str, Callable[[str], object], str]] = {
     "FLASHTREE_TREE_N": ("tree_n", _int_in(0, 256), "max candidate blocks drawn per request; 0 or unset = tree path off"),
-    "FLASHTREE_TREE_WIDTH": ("tree_width", _width, "W, verify tokens per request (root included); must be <= gamma + 1"),
+    "FLASHTREE_TREE_WIDTH": (
+        "tree_width",
+        _auto_or_int(2, 256, "DSPARK's verify window, gamma + 1"),
+        "W, verify tokens per request (root included); must be <= gamma + 1",
+    ),
     "FLASHTREE_TREE_DEPTH": (
         "tree_depth",
-        _depth,
+        _auto_or_int(1, 256, "DSPARK's gamma"),
         "D, draft positions per candidate (the tree's max depth); must be <= gamma. Below gamma, trees are wider than "
         "their depth + 1: start the server with --speculative-num-draft-tokens W and the draft's own block length here",
     ),
