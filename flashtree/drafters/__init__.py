@@ -18,7 +18,8 @@ def load_drafter(name: str, target, **options) -> Drafter:
         temperature, num_steps.
     "dspark": DSparkDrafter (flashtree.drafters.dspark_drafter). Options: path (a DSPARK draft checkpoint folder in
         sglang's layout) or model (a flashtree.dspark.DSparkDraftModel), temperature (draft temperature of the N
-        candidates; 0 = all greedy), greedy_first (candidate 0 is the greedy block), k (<= block_size), dtype,
+        candidates; 0 = all greedy), greedy_first (candidate 0 is the greedy block), k (<= block_size), window
+        (block rows the draft forward runs, >= k: an sglang server's wider window, FLASHTREE_TREE_DEPTH), dtype,
         return_probs (proposals carry the draft distributions, for walk="rejection"; needs temperature > 0 and
         greedy_first=False).
     "oracle": OracleDrafter. Options: sequences (required: each request's reference greedy tokens, prompt included),
