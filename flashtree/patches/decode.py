@@ -5,8 +5,9 @@ positions each candidate keeps = FLASHTREE_TREE_DEPTH, gamma by default; K < gam
 the server's --speculative-num-draft-tokens W reserving and capturing the wider window):
   1. the verify window: W KV slots per request at req_to_token[req, seq_len : seq_len + W] (DSPARK's own window);
   2. one draft forward over the block, then N draws of the block through the draft's Markov head (flashtree's row
-     sampler, over the block's first K positions; with FLASHTREE_FUSED_SAMPLER=1 and a vanilla head, `flashtree.sampler.markov_draws`: all steps in
-     K launches): candidate 0 is the greedy block, 1..N-1 are independent draws at the draft temperature -> (bs, N, K);
+     sampler, over the block's first K positions; with FLASHTREE_FUSED_SAMPLER=1 and a vanilla head,
+     `flashtree.sampler.markov_draws`: all steps in K launches): candidate 0 is the greedy block, 1..N-1 are
+     independent draws at the draft temperature -> (bs, N, K);
      with FLASHTREE_GRAPH_DRAWS=1 the draws run in the draft's captured CUDA graph tail (graph_draws.py) and the
      step reads them from its buffer (eager as above when the draft forward ran eagerly);
   3. flashtree's trie-vote builder -> W - 1 nodes; `verify_inputs` -> the verify ids, the node positions, sglang's

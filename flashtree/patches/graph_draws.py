@@ -285,8 +285,8 @@ def build(state, worker, stock, *, free: Callable = free_bytes, graph_sizes: Cal
     logits_bytes = weight.element_size() if weight.is_floating_point() else 2
     # FLASHTREE_FUSED_SAMPLER with a vanilla Markov head: the fused Markov draws
     fused = adapter.vanilla_markov_weights(stock.markov_head) if toggles.fused_sampler else None
-    need = need_bytes(adapter, n=toggles.tree_n, depth=state.depth, max_bs=max_bs, vocab=vocab, logits_bytes=logits_bytes,
-                      fused=fused is not None)
+    need = need_bytes(adapter, n=toggles.tree_n, depth=state.depth, max_bs=max_bs, vocab=vocab,
+                      logits_bytes=logits_bytes, fused=fused is not None)
     have = free(worker.device)
     if have is not None and have - need < CAPTURE_HEADROOM_BYTES:
         return keep(

@@ -119,8 +119,9 @@ TOGGLES: dict[str, tuple[str, Callable[[str], object], str]] = {
     "FLASHTREE_TREE_DEPTH": (
         "tree_depth",
         _auto_or_int(1, 256, "DSPARK's gamma"),
-        "D, draft positions per candidate (the tree's max depth); must be <= gamma. Below gamma, trees are wider than "
-        "their depth + 1: start the server with --speculative-num-draft-tokens W and the draft's own block length here",
+        "D, draft positions per candidate (the tree's max depth); must be <= gamma. Below gamma, trees are wider "
+        "than their depth + 1: start the server with --speculative-num-draft-tokens W --speculative-dspark-block-size "
+        "W-1 and set the draft's own block length here",
     ),
     "FLASHTREE_TREE_BUDGET": (
         "tree_budget",
