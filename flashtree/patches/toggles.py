@@ -49,6 +49,7 @@ class TreeToggles:
     tree_max_bs: int = 0  # decode batches of more requests run DSPARK's own chain step (0 = no limit)
     draft_temperature: float = 1.0  # temperature of the N independent draft draws
     splitkv_verify: bool = False  # split-KV tree-verify attention on the target's Triton backend
+    exact_verify: bool = False  # verify attention as decode rows: bitwise equal to no speculation (exact_verify.py)
     fused_sampler: bool = False  # flashtree's fused kernels for the N draft draws (Markov draws / row sampler)
     seed: int = 0  # seed of the draft-draw generator (per worker process)
     stage_times: int = 0  # log the tree step's per-stage time every N steps (0 = off)
@@ -139,6 +140,12 @@ TOGGLES: dict[str, tuple[str, Callable[[str], object], str]] = {
         "temperature of the N independent draft draws (greedy draws would all be the same block)",
     ),
     "FLASHTREE_SPLITKV_VERIFY": ("splitkv_verify", _flag, "split-KV tree-verify attention on the target's Triton backend"),
+    "FLASHTREE_EXACT_VERIFY": (
+        "exact_verify",
+        _flag,
+        "verify attention as one decode row per verify token, so that under --enable-deterministic-inference greedy "
+        "outputs equal no speculation bit for bit (slower; a losslessness check, not a speed mode)",
+    ),
     "FLASHTREE_FUSED_SAMPLER": ("fused_sampler", _flag, "flashtree's fused kernels for the N draft draws"),
     "FLASHTREE_SEED": ("seed", _int_in(0, (1 << 63) - 1), "seed of the draft-draw generator"),
     "FLASHTREE_STAGE_TIMES": (
@@ -158,7 +165,7 @@ _NOT_TOGGLES = {"FLASHTREE_TORCH", "FLASHTREE_SGLANG_REBUILD"}
 # Families a typo would come from: FLASHTREE_TREE_NN, FLASHTREE_SPLIT_KV_VERIFY, ...
 _TOGGLE_FAMILIES = (
     "FLASHTREE_TREE", "FLASHTREE_SPLIT", "FLASHTREE_FUSED", "FLASHTREE_DRAFT", "FLASHTREE_SEED", "FLASHTREE_STAGE",
-    "FLASHTREE_GRAPH",
+    "FLASHTREE_GRAPH", "FLASHTREE_EXACT",
 )
 # Set without FLASHTREE_TREE_N they would do nothing; refuse rather than ignore them.
 _NEED_TREE = ("FLASHTREE_TREE_WIDTH", "FLASHTREE_TREE_DEPTH", "FLASHTREE_TREE_BUDGET", "FLASHTREE_TREE_MAX_BS",
@@ -194,8 +201,13 @@ def read_toggles(environ: Mapping[str, str] | None = None) -> TreeToggles | None
                 "allowed: set FLASHTREE_TREE_N to an integer from 1 to 256 to turn the tree path on, or unset "
                 f"{orphans[0]}"
             )
-    if not (toggles.tree_enabled or toggles.splitkv_verify or toggles.fused_sampler):
+    if not (toggles.tree_enabled or toggles.splitkv_verify or toggles.exact_verify or toggles.fused_sampler):
         return None  # only explicit "off" values: nothing to install
+    if toggles.splitkv_verify and toggles.exact_verify:
+        raise ToggleError(
+            "flashtree: FLASHTREE_SPLITKV_VERIFY=1 and FLASHTREE_EXACT_VERIFY=1 both replace the target's verify "
+            "attention; allowed: set at most one of them to 1"
+        )
     if toggles.fused_sampler and not toggles.tree_enabled:
         raise ToggleError(
             "flashtree: FLASHTREE_FUSED_SAMPLER=1 only changes the tree path's draft draws; allowed: set "

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 
 from ..installer import Patch
-from ..toggles import TreeToggles
+from ..toggles import ToggleError, TreeToggles
 from .probe import Has, Lacks, Sig, resolve
 
 WORKER = "sglang.srt.speculative.dspark_components.dspark_worker_v2:DSparkWorkerV2"
@@ -134,6 +134,23 @@ class SglangAdapter:
                     "TritonAttnBackend.__init__",
                 )
             )
+        if toggles.exact_verify:
+            from .. import exact_verify
+
+            gaps = [msg for msg in (p.check() for p in EXACT_VERIFY_PROBES) if msg]
+            if gaps:
+                raise ToggleError(
+                    f"flashtree: FLASHTREE_EXACT_VERIFY=1 cannot hook sglang {self.release}: {'; '.join(gaps)}; "
+                    "allowed: 0 (sglang's own verify attention)"
+                )
+            out.append(
+                Patch(
+                    resolve(f"{TRITON}:TritonAttnBackend"),
+                    "__init__",
+                    lambda orig: exact_verify.make_triton_init(orig, self.exact_declined),
+                    "TritonAttnBackend.__init__",
+                )
+            )
         return out
 
     has_shared_kv = True  # TritonAttnBackend has use_verify_shared_kv (0.5.20+)
@@ -142,9 +159,12 @@ class SglangAdapter:
     flashmap_noise_draws = False
     # Calls flashtree's split-KV verify declined, by reason (they ran sglang's own extend attention instead).
     splitkv_declined: dict
+    # The same for FLASHTREE_EXACT_VERIFY's decode rows.
+    exact_declined: dict
 
     def __init__(self):
         self.splitkv_declined = {}
+        self.exact_declined = {}
 
     # ---- worker checks (at DSparkWorkerV2 construction) ------------------------------------------------------
     def gamma(self, worker) -> int:
@@ -396,6 +416,21 @@ COMMON_PROBES = (
     Has(f"{TRITON}:TritonAttnBackend.__init__", ("model_runner",)),
     Has(f"{TRITON}:TritonAttnBackend.verify_mask"),  # the buffer captured verify graphs read (stage_chain_mask)
     Has("sglang.srt.speculative.eagle_utils:build_tree_kernel_efficient", ("bonus_tokens", "parent_list", "top_scores_index", "draft_tokens", "seq_lens", "seq_lens_sum", "topk", "spec_steps", "num_verify_tokens", "tree_mask_mode")),
+)
+
+# What FLASHTREE_EXACT_VERIFY hooks (checked only when it is set): the deterministic extend path it takes over for
+# verify batches, and the decode kernel and split rule it runs the rows through.
+EXACT_VERIFY_PROBES = (
+    Sig(
+        f"{TRITON}:TritonAttnBackend._forward_extend_unified",
+        ("self", "q", "o", "layer", "forward_batch", "causal", "logits_soft_cap", "sinks", "score_mod", "aux_tensors"),
+    ),
+    Sig(f"{TRITON}:TritonAttnBackend.get_num_kv_splits", ("self", "num_kv_splits", "seq_lens"), prefix=True),
+    Has(
+        "sglang.kernels.ops.attention.decode_attention:decode_attention_fwd",
+        ("kv_indptr", "kv_indices", "attn_logits", "attn_lse", "num_kv_splits", "max_kv_splits", "has_mla", "use_pdl",
+         "page_size"),
+    ),
 )
 
 # 0.5.20 and later.
