@@ -13,7 +13,8 @@
 #   identity (float32, --enable-deterministic-inference; greedy, 50 held-out GSM8K prompts x 128 tokens, each server
 #     token for token against f_plain; then the f_* servers stop): ID_TAGS, default f_plain f_chain f_tree8g (N = 8,
 #     W = 9) f_tree8w (N = 8, W = 16: --speculative-num-draft-tokens 16 --speculative-dspark-block-size 15 with
-#     FLASHTREE_TREE_DEPTH=8, the draft's block length, draft temperature 0.7)
+#     FLASHTREE_TREE_DEPTH=8, the draft's block length, draft temperature 0.7) f_chainx f_tree8gx f_tree8wx (f_chain,
+#     f_tree8g, f_tree8w with FLASHTREE_EXACT_VERIFY=1: verify attention as decode rows, bit-equal to f_plain's decode)
 #   speed (bfloat16; tokens/s, TPOT and tau of each server alone at concurrency 1, 8, 32; ROUNDS=R passes, averaged):
 #     SPEED_TAGS, default b_plain b_chain b_tree1g (flashtree's step with N = 1: the chain's tau through the tree path,
 #     so its gap to b_chain is the tree path's own cost) b_tree8g b_tree8w b_tree16w (N = 16, W = 16) b_tree8sw
@@ -77,7 +78,7 @@ TIMES="FLASHTREE_STAGE_TIMES=100"
 # steps 50-399 fall in the c = 1 phase; steps_<pid>.json lands in the server logs.
 STEPS="FT_STEP_TIMES=${STEP_TIMES:-50:400} FT_PROFILE_OUT=$LOGS"
 MAX_BS=${MAX_BS:-4}
-ID_TAGS=${ID_TAGS:-"f_plain f_chain f_tree8g f_tree8w"}
+ID_TAGS=${ID_TAGS:-"f_plain f_chain f_tree8w f_chainx f_tree8gx f_tree8wx"}
 SPEED_TAGS=${SPEED_TAGS:-"b_plain b_chain b_tree1g b_tree8g b_tree8w b_tree16w b_tree8sw"}
 STAGE_TAGS=${STAGE_TAGS:-"b_tree1gt b_tree8gt b_tree8wt"}
 SAMPLED_TAGS=${SAMPLED_TAGS:-"b_plain b_tree8w"}
@@ -96,6 +97,10 @@ start f_tree8g 30013 FLASHTREE_TREE_N=8 $TREE $TIMES -- $F32 $SPEC
 start f_tree8sg 30014 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TREE $TIMES -- $F32 $SPEC
 start f_tree8m 30015 FLASHTREE_TREE_N=8 FLASHTREE_TREE_MAX_BS=2 $TREE -- $F32 $SPEC
 start f_tree8w 30016 FLASHTREE_TREE_N=8 $WIDE $TREE -- $F32 $SPEC16
+EXACT="FLASHTREE_EXACT_VERIFY=1"
+start f_chainx 30017 FLASHTREE_TREE_N= $EXACT -- $F32 $SPEC
+start f_tree8gx 30018 FLASHTREE_TREE_N=8 $EXACT $TREE -- $F32 $SPEC
+start f_tree8wx 30019 FLASHTREE_TREE_N=8 $EXACT $WIDE $TREE -- $F32 $SPEC16
 start b_plain 30020 FLASHTREE_TREE_N= -- $B16
 start b_chain 30021 FLASHTREE_TREE_N= $STEPS -- $B16 $SPEC
 start b_tree1g 30022 FLASHTREE_TREE_N=1 $TREE $STEPS -- $B16 $SPEC
