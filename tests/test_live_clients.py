@@ -49,6 +49,9 @@ def test_identity_passes_agreeing_servers_and_fails_a_divergent_one(servers, tmp
     assert res["tree"]["status"] == "pass" and res["tree"]["flashtree_steps"] > 0
     assert res["broken"]["status"] == "fail" and res["broken"]["mismatched"] == 4
     assert res["broken"]["first_mismatches"][0] == [0, 3]  # the stand-in's divergence: token 4
+    detail = res["broken"]["mismatch_details"][0]
+    assert detail["prompt"] == 0 and detail["at"] == 3 and detail["reference"][:2] == detail["got"][:2]
+    assert detail["reference"][2] != detail["got"][2]  # the window starts two tokens before the divergence
 
 
 def test_speed_reports_rate_tpot_and_tau_per_concurrency(servers, tmp_path):

@@ -47,6 +47,11 @@ def request(port: int, ids: list, params: dict) -> dict:
     return js
 
 
+def finish(response: dict) -> str:
+    reason = response.get("meta_info", {}).get("finish_reason") or {}
+    return str(reason.get("type", reason)) if isinstance(reason, dict) else str(reason)
+
+
 def identity(servers: dict, prompts: list, n: int) -> dict:
     ref = next(iter(servers))
     params = {"max_new_tokens": GREEDY_NEW, "temperature": 0.0}
@@ -74,6 +79,12 @@ def identity(servers: dict, prompts: list, n: int) -> dict:
         result["servers"][tag] = {
             "status": "reference" if tag == ref else "pass" if ok else "fail",
             "mismatched": len(bad), "first_mismatches": bad[:5], "tokens": sum(map(len, outs[tag])),
+            # what each side output from two tokens before the first difference, and why it stopped
+            "mismatch_details": [
+                {"prompt": i, "at": at, "reference": outs[ref][i][max(at - 2, 0) : at + 3], "got": outs[tag][i][max(at - 2, 0) : at + 3],
+                 "reference_finish": finish(resp[ref][i]), "finish": finish(resp[tag][i])}
+                for i, at in bad[:5]
+            ],
             **{k: v for k, v in tree_stats(resp[tag]).items() if k != "meta_info_keys"},
         }
     return result

@@ -8,8 +8,12 @@ stream), no `TritonAttnBackend.use_verify_shared_kv`.
 
 from __future__ import annotations
 
+from ..installer import Patch
+from ..toggles import TreeToggles
 from .base import CHAIN_ERA_PROBES, COMMON_PROBES, SCHEDULER, TRITON, SglangAdapter
-from .probe import Has, Lacks
+from .probe import Has, Lacks, Sig, resolve
+
+REQ = "sglang.srt.managers.schedule_batch:Req"
 
 
 class Adapter(SglangAdapter):
@@ -20,7 +24,19 @@ class Adapter(SglangAdapter):
         Has(f"{SCHEDULER}._apply_war_barrier"),
         Has("sglang.srt.speculative.dflash_info_v2:DFlashDraftInputV2", ("reserved_seq_lens_cpu",)),
         Lacks("sglang.srt.speculative.dflash_info:DFlashVerifyInput", ("live_seq_lens_cpu",)),
+        Sig(f"{REQ}.update_finish_state", ("self", "new_accepted_len")),
+        Sig(f"{REQ}._check_token_based_finish", ("self", "new_accepted_tokens")),
+        Lacks(f"{REQ}._cap_finished_len_at_max_new_tokens"),  # 0.5.20's fix of the stop check (finish.py)
     )
+
+    def patches(self, toggles: TreeToggles) -> list[Patch]:
+        out = super().patches(toggles)
+        if toggles.tree_enabled or toggles.exact_verify:
+            from .. import finish
+
+            # A tree step that reaches max_new_tokens stops at an accepted stop token, as plain decoding does.
+            out.append(Patch(resolve(REQ), "update_finish_state", finish.make_update_finish_state, "Req.update_finish_state"))
+        return out
 
     def embed_module(self, worker):
         # 0.5.17's proposer always embeds the block with the target's input embeddings.
