@@ -13,6 +13,7 @@ import types
 
 import pytest
 import torch
+from attention_cpu import attention_layer
 
 import flashtree.patches as patches
 from flashtree.patches import exact_verify
@@ -82,14 +83,7 @@ def real_backend(k_buffer, v_buffer, meta):
 
 
 def layer(logit_cap=0.0):
-    from sglang.srt.layers.radix_attention import AttentionType
-
-    return types.SimpleNamespace(
-        tp_q_head_num=HQ, tp_k_head_num=HKV, qk_head_dim=D, v_head_dim=D, head_dim=D, layer_id=0,
-        logit_capping_method="tanh", logit_cap=logit_cap, is_cross_attention=False, attn_type=AttentionType.DECODER,
-        sliding_window_size=-1, k_scale=None, v_scale=None, k_scale_float=None, v_scale_float=None,
-        scaling=D**-0.5, xai_temperature_len=-1,
-    )
+    return attention_layer(HQ, HKV, D, logit_cap)
 
 
 def batch(mode_name, out_cache_loc):
@@ -228,3 +222,16 @@ def test_toggle_installs_on_the_real_class_and_uninstalls():
 def test_exact_and_splitkv_verify_are_exclusive():
     with pytest.raises(ToggleError, match="at most one"):
         read_toggles({"FLASHTREE_EXACT_VERIFY": "1", "FLASHTREE_SPLITKV_VERIFY": "1"})
+
+
+def test_a_release_without_the_hooks_is_refused_untouched(monkeypatch):
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    from flashtree.patches.adapters import base
+    from flashtree.patches.adapters.probe import Has
+
+    monkeypatch.setattr(base, "EXACT_VERIFY_PROBES", (Has(f"{base.TRITON}:TritonAttnBackend._no_such_extend_path"),))
+    original = TritonAttnBackend.__dict__["__init__"]
+    with pytest.raises(ToggleError, match="FLASHTREE_EXACT_VERIFY=1 cannot hook sglang .*_no_such_extend_path"):
+        patches.install(TreeToggles(exact_verify=True))
+    assert TritonAttnBackend.__dict__["__init__"] is original

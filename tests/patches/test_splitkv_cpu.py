@@ -13,6 +13,7 @@ import types
 
 import pytest
 import torch
+from attention_cpu import attention_layer
 
 import flashtree.patches as patches
 from flashtree.patches import splitkv
@@ -115,14 +116,7 @@ def real_backend(k_buffer, v_buffer, meta):
 
 
 def layer(logit_cap=0.0):
-    from sglang.srt.layers.radix_attention import AttentionType
-
-    return types.SimpleNamespace(
-        tp_q_head_num=HQ, tp_k_head_num=HKV, qk_head_dim=D, v_head_dim=D, head_dim=D, layer_id=0,
-        logit_capping_method="tanh", logit_cap=logit_cap, is_cross_attention=False, attn_type=AttentionType.DECODER,
-        sliding_window_size=-1, k_scale=None, v_scale=None, k_scale_float=None, v_scale_float=None,
-        scaling=D**-0.5, xai_temperature_len=-1,
-    )
+    return attention_layer(HQ, HKV, D, logit_cap)
 
 
 def verify_batch():
