@@ -18,7 +18,8 @@
 #   speed (bfloat16; tokens/s, TPOT and tau of each server alone at concurrency 1, 8, 32; ROUNDS=R passes, averaged):
 #     SPEED_TAGS, default b_plain b_chain b_tree1g (flashtree's step with N = 1: the chain's tau through the tree path,
 #     so its gap to b_chain is the tree path's own cost) b_tree8g b_tree8w b_tree16w (N = 16, W = 16) b_tree8sw
-#     (b_tree8w with split-KV verify); also defined: b_tree16sw (b_tree16w with split-KV verify)
+#     (b_tree8w with split-KV verify); also defined: b_tree16sw (b_tree16w with split-KV verify), b_tree8wb and
+#     b_tree8swb (b_tree8w and b_tree8sw with FLASHTREE_TREE_BUDGET=$BUDGET: verify graphs at the narrower widths)
 #   stage (bfloat16, concurrency 1 only, FLASHTREE_STAGE_TIMES=100: the per-stage table): STAGE_TAGS, default b_tree1gt
 #     b_tree8gt b_tree8wt (b_tree1g, b_tree8g, b_tree8w with the timer's events)
 #   sampled (T = 0.7, 600 requests; chi-square of tokens 2-4 against b_plain): SAMPLED_TAGS, default b_plain b_tree8w
@@ -78,6 +79,9 @@ TIMES="FLASHTREE_STAGE_TIMES=100"
 # steps 50-399 fall in the c = 1 phase; steps_<pid>.json lands in the server logs.
 STEPS="FT_STEP_TIMES=${STEP_TIMES:-50:400} FT_PROFILE_OUT=$LOGS"
 MAX_BS=${MAX_BS:-4}
+# FLASHTREE_TREE_BUDGET for the b_*b servers: with the bf16 graph sizes below, trees (and verify graphs) of 16 tokens
+# per request up to 8 requests, then 8, 5 and 4 at 16, 24 and 32 requests.
+BUDGET=${BUDGET:-128}
 ID_TAGS=${ID_TAGS:-"f_plain f_chain f_tree8w f_chainx f_tree8gx f_tree8wx"}
 SPEED_TAGS=${SPEED_TAGS:-"b_plain b_chain b_tree1g b_tree8g b_tree8w b_tree16w b_tree8sw"}
 STAGE_TAGS=${STAGE_TAGS:-"b_tree1gt b_tree8gt b_tree8wt"}
@@ -113,6 +117,8 @@ start b_tree8sgu 30028 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TORCH_DRAW
 start b_tree8w 30029 FLASHTREE_TREE_N=8 $WIDE $TREE $STEPS -- $B16 $SPEC16
 start b_tree16w 30030 FLASHTREE_TREE_N=16 $WIDE $TREE $STEPS -- $B16 $SPEC16
 start b_tree8sw 30031 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $WIDE $TREE $STEPS -- $B16 $SPEC16
+start b_tree8wb 30036 FLASHTREE_TREE_N=8 FLASHTREE_TREE_BUDGET=$BUDGET $WIDE $TREE $STEPS -- $B16 $SPEC16
+start b_tree8swb 30037 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 FLASHTREE_TREE_BUDGET=$BUDGET $WIDE $TREE $STEPS -- $B16 $SPEC16
 start b_tree16sw 30035 FLASHTREE_TREE_N=16 FLASHTREE_SPLITKV_VERIFY=1 $WIDE $TREE $STEPS -- $B16 $SPEC16
 start b_tree1gt 30032 FLASHTREE_TREE_N=1 $TREE $TIMES -- $B16 $SPEC
 start b_tree8gt 30033 FLASHTREE_TREE_N=8 $TREE $TIMES -- $B16 $SPEC

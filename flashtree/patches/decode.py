@@ -38,8 +38,10 @@ from flashtree.tree import build_vote_tree, chain_tree, commit_plan, verify_inpu
 from flashtree.tree.commit import apply_permutation
 from flashtree.tree.types import VoteTree
 
+from .adapters.base import Window
 from .stage_times import NoTimer, StageTimer
 from .toggles import ToggleError, TreeToggles, load_for_toggle
+from .verify_widths import verifying_with
 
 logger = logging.getLogger("flashtree.patches")
 
@@ -69,12 +71,24 @@ class TreeState:
     graph_draws_off: str | None = "FLASHTREE_GRAPH_DRAWS=0"
     draw_paths: dict = field(default_factory=dict)  # steps whose N draws came from the graph tail / ran eagerly
     chain_trees: dict = field(default_factory=dict)  # bs -> (chain VoteTree, zero anchors) for stage_chain_mask
+    # FLASHTREE_TREE_BUDGET: width -> target verify graph runner captured at that width (verify_widths.py).
+    verify_runners: dict = field(default_factory=dict)
+    verify_runners_off: str | None = None
 
     def width_for(self, bs: int) -> int:
         w = self.tree_width
         if self.toggles.tree_budget > 0:
             w = max(2, min(w, self.toggles.tree_budget // max(bs, 1)))
         return w
+
+    def widths_for(self, bs: int) -> tuple[int, int]:
+        """(tree width, verify width) of a batch of bs requests. With a verify graph at a width >= the budget's, the
+        tree fills that width and verify runs there; otherwise the tree is padded to DSPARK's window."""
+        w = self.width_for(bs)
+        fits = [v for v in self.verify_runners if v >= w]
+        if fits:
+            return min(fits), min(fits)
+        return w, self.width
 
 
 def _load_sampler(toggles: TreeToggles):
@@ -128,12 +142,6 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeState:
     )
     logger.info("flashtree tree path on (sglang %s): %s, W=%d, gamma=%d, depth=%d", adapter.release, toggles.describe(),
                 window, gamma, state.depth)
-    if toggles.tree_budget:
-        logger.warning(
-            "flashtree: FLASHTREE_TREE_BUDGET=%d narrows each request's tree, but verify still runs DSPARK's W=%d window "
-            "(its captured graphs): it saves no verify time and lowers tau (BENCHMARKS.md section 6)",
-            toggles.tree_budget, window,
-        )
     return state
 
 
@@ -280,7 +288,7 @@ def tree_step(state: TreeState, worker, batch, on_publish):
     adapter = state.adapter
     draft_input = batch.spec_info
     bs = len(batch.seq_lens)
-    w = state.width
+    tree_w, w = state.widths_for(bs)  # w: verify tokens per request (DSPARK's window, or a narrower verify graph's)
     prefix = batch.seq_lens
     timer = state.timer or NoTimer()
 
@@ -299,13 +307,17 @@ def tree_step(state: TreeState, worker, batch, on_publish):
         path = "eager"
     state.draw_paths[path] = state.draw_paths.get(path, 0) + 1
     timer.mark("draws")
-    tree = pad_tree(build_vote_tree(candidates, state.width_for(bs)), w, n)
+    tree = pad_tree(build_vote_tree(candidates, tree_w), w, n)
+    if w < state.width:  # a narrower verify graph: the first w slots of DSPARK's window
+        window = Window(window.positions_2d[:, :w], window.cache_loc_2d[:, :w].reshape(-1), window.cache_loc_2d[:, :w],
+                        window.native)
 
     seq_lens_sum = int(batch.seq_lens_sum) if batch.seq_lens_sum is not None else int(prefix.sum())
     inputs = verify_inputs(tree, anchor, prefix, seq_lens_sum, candidates)
     timer.mark("tree")
-    verified = adapter.target_verify(worker, batch, draft_input, window, inputs.ids, inputs.positions.view(bs, w),
-                                     inputs.mask)
+    with verifying_with(worker, state.verify_runners.get(w)):
+        verified = adapter.target_verify(worker, batch, draft_input, window, inputs.ids, inputs.positions.view(bs, w),
+                                         inputs.mask)
     timer.mark("verify")
 
     # Page size 1: the walk also permutes the window in req_to_token so the accepted path's slots come first (no KV
@@ -328,9 +340,9 @@ def tree_step(state: TreeState, worker, batch, on_publish):
     timer.mark("commit")
 
     new_seq_lens = prefix + commit_lens.to(prefix.dtype)
-    out_tokens = result.tokens.clamp(min=0)  # (bs, K + 1) = (bs, W): committed tokens first, then filler
-    if out_tokens.shape[1] < w:
-        out_tokens = torch.cat([out_tokens, out_tokens.new_zeros((bs, w - out_tokens.shape[1]))], dim=1)
+    out_tokens = result.tokens.clamp(min=0)  # (bs, K + 1): committed tokens first, then filler, up to DSPARK's W
+    if out_tokens.shape[1] < state.width:
+        out_tokens = torch.cat([out_tokens, out_tokens.new_zeros((bs, state.width - out_tokens.shape[1]))], dim=1)
     if on_publish is not None:
         on_publish(new_seq_lens)
 
@@ -353,7 +365,7 @@ def tree_step(state: TreeState, worker, batch, on_publish):
         block_accept_lens=commit_lens,
         can_run_cuda_graph=verified.can_run_cuda_graph,
         next_draft_input=next_draft_input,
-        speculative_num_draft_tokens=w,
+        speculative_num_draft_tokens=state.width,
         new_seq_lens=new_seq_lens,
     )
 

@@ -125,28 +125,30 @@ class StandInAdapter:
         """As a replayed verify graph captured with a mask buffer: a request's mask is copied into the buffer (sglang's
         replay), a verify without one (DSPARK's chain) reads whatever the buffer holds."""
         world = self.world
-        bs = ids_2d.shape[0]
+        bs, w = ids_2d.shape
+        runner = getattr(worker.model_runner, "decode_cuda_graph_runner", None)
+        assert runner is None or runner.width == w, "verify must replay the graph runner captured at its width"
         if custom_mask is not None:
             world.verify_mask[: custom_mask.numel()].copy_(custom_mask)
         custom_mask = world.verify_mask.bool()
         # A target writes KV for every verify token at its window slot.
         world.kv[window.cache_loc, 0] = positions_2d.reshape(-1)
         world.kv[window.cache_loc, 1] = ids_2d.reshape(-1)
-        logits = torch.full((bs, W, V), -30.0)
+        logits = torch.full((bs, w, V), -30.0)
         offset = 0
         for b in range(bs):
             L = int(batch.seq_lens[b])
-            rows = custom_mask[offset : offset + W * (L + W)].view(W, L + W)
-            offset += W * (L + W)
+            rows = custom_mask[offset : offset + w * (L + w)].view(w, L + w)
+            offset += w * (L + w)
             assert rows[:, :L].all(), "prefix must be visible to every tree node"
             prefix = world.context(world.request(batch, b), L)
-            for i in range(W):
+            for i in range(w):
                 seen = rows[i, L:].nonzero().flatten()
                 tokens = ids_2d[b, seen]
                 assert positions_2d[b, i] == L + len(seen) - 1, "position must be prefix + depth"
                 logits[b, i] = target_logits(prefix + tokens.tolist())
         hidden = torch.stack([positions_2d.reshape(-1).float(), ids_2d.reshape(-1).float()], dim=1)
-        out = types.SimpleNamespace(next_token_logits=logits.view(bs * W, V), hidden_states=hidden, customized_info=None)
+        out = types.SimpleNamespace(next_token_logits=logits.view(bs * w, V), hidden_states=hidden, customized_info=None)
         return Verified(out, out.next_token_logits, hidden, False)
 
     def req_to_token(self, worker):
@@ -155,10 +157,26 @@ class StandInAdapter:
     def inject_committed(self, worker, batch, hidden, cache_loc_2d, positions_2d, commit_lens):
         for b in range(cache_loc_2d.shape[0]):
             c = int(commit_lens[b])
-            self.world.draft_kv[cache_loc_2d[b, :c]] = hidden.view(-1, W, H)[b, :c]
+            self.world.draft_kv[cache_loc_2d[b, :c]] = hidden.view(-1, cache_loc_2d.shape[1], H)[b, :c]
 
     def publish_req_to_token_write(self, worker):
         pass
+
+
+class StandInAttnBackend:
+    def __init__(self, model_runner):
+        self.model_runner = model_runner
+
+
+class StandInGraphRunner:
+    """sglang's DecodeCudaGraphRunner's constructor contract (what verify_widths.capture calls); a GPU captures here."""
+
+    def __init__(self, model_runner, *, attn_backend=None, speculative_num_draft_tokens=None, capture_bs=None):
+        self.width = speculative_num_draft_tokens or W
+        self.attn_backend = attn_backend
+        self.capture_bs = capture_bs or model_runner.decode_cuda_graph_runner.capture_bs
+        assert attn_backend is None or (isinstance(attn_backend, StandInAttnBackend) and attn_backend.model_runner
+                                        is model_runner and attn_backend is not model_runner.attn_backend)
 
 
 def standin_base_logits(world: StandIns, batch, anchor, bs: int) -> torch.Tensor:
@@ -230,13 +248,14 @@ def tree_kernels():
 
 
 def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1, on_step=None, stage_times: int = 0,
-        graph_max_bs: int | None = None, depth: int = 0):
+        graph_max_bs: int | None = None, depth: int = 0, budget: int = 0, capture_bs=None):
     """Decode `steps` tree steps. Greedy rows (all rows without sampling_info, else rows with top_k == 1) are checked
     token for token against the stand-in target's sequential greedy decode; every row's commit is checked for the
     req_to_token / KV layout, the draft-context injection and the step's bookkeeping. Returns (accept-length
     histogram, tree state, generated tokens per request, world). graph_max_bs: FLASHTREE_GRAPH_DRAWS on, with draft
     graphs "captured" up to that batch size (the N draws come from the tail's buffer; eager above it). depth:
-    FLASHTREE_TREE_DEPTH (0 = gamma)."""
+    FLASHTREE_TREE_DEPTH (0 = gamma). budget: FLASHTREE_TREE_BUDGET, with stand-in verify graph runners "captured" at
+    the batch sizes capture_bs (verify_widths.capture, as after init_cuda_graphs)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.dspark_components.dspark_draft import make_next_draft_input
 
@@ -253,8 +272,14 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
         _proposer=types.SimpleNamespace(draft_model=types.SimpleNamespace(markov_head=real_markov_head())),
     )
     toggles = TreeToggles(tree_n=n, seed=5, stage_times=stage_times, graph_draws=graph_max_bs is not None,
-                          tree_depth=depth)
+                          tree_depth=depth, tree_budget=budget)
     state = create_state(adapter, toggles, worker)
+    if capture_bs is not None:
+        from flashtree.patches import verify_widths
+
+        worker.model_runner.attn_backend = StandInAttnBackend(worker.model_runner)
+        worker.model_runner.decode_cuda_graph_runner = StandInGraphRunner(worker.model_runner, capture_bs=capture_bs)
+        verify_widths.capture(state, worker)
     if graph_max_bs is not None:
         # The graph draws' noise comes from torch's default generator (FLASHTREE_SEED seeds the eager draws only).
         # Seeded so the greedy test's coverage holds: accepts at depth 4 are rare here (about 2 in 120 request-steps
@@ -504,17 +529,33 @@ def test_paged_kv_needs_a_pool_that_moves_kv():
         create_state(adapters.select_adapter(), TreeToggles(tree_n=4), worker)
 
 
-def test_budget_narrows_trees_per_batch_size_and_says_what_it_costs(caplog):
-    import logging
-
+def test_budget_narrows_trees_per_batch_size():
     worker = types.SimpleNamespace(
         verify_num_draft_tokens=W, device="cpu", model_runner=types.SimpleNamespace(page_size=1, token_to_kv_pool=None),
     )
-    with caplog.at_level(logging.WARNING, logger="flashtree.patches"):
-        state = create_state(adapters.select_adapter(), TreeToggles(tree_n=4, tree_budget=8), worker)
+    state = create_state(adapters.select_adapter(), TreeToggles(tree_n=4, tree_budget=8), worker)
     assert [state.width_for(bs) for bs in (1, 2, 3, 4, 8, 32)] == [W, 4, 2, 2, 2, 2]
-    assert any("saves no verify time" in r.getMessage() for r in caplog.records)
+    # Without narrower verify graphs the trees are padded to DSPARK's window.
+    assert [state.widths_for(bs) for bs in (1, 3)] == [(W, W), (2, W)]
     assert create_state(adapters.select_adapter(), TreeToggles(tree_n=4), worker).width_for(32) == W
+
+
+@pytest.mark.parametrize("budget, capture_bs, widths, verify_w", [(12, [1, 2, 3, 4], [3, 4], 4), (10, [1, 2, 4], [2, 5], 5)],
+                         ids=["a-graph-at-the-budget-width", "the-next-wider-graph"])
+def test_budget_verifies_at_a_narrower_captured_width(budget, capture_bs, widths, verify_w):
+    """FLASHTREE_TREE_BUDGET with verify graphs captured at the budget's widths (verify_widths.capture after
+    init_cuda_graphs): a batch of 3 requests builds its tree at the smallest captured width >= budget // 3, verifies
+    the first slots of DSPARK's window with that width's graph runner swapped in (the stand-in verify asserts it), and
+    every commit is still exactly the sequential greedy decode (run() checks layout, KV and draft context too)."""
+    sizes = Counter()
+
+    def on_step(res):
+        sizes.update(row[2] for row in res.logits_output.customized_info["flashtree"])
+
+    accepts, state, _gen, world = run(n=4, steps=30, budget=budget, capture_bs=capture_bs, on_step=on_step)
+    assert sorted(state.verify_runners) == widths and state.widths_for(BS) == (verify_w, verify_w)
+    assert all(r.width == w and r.capture_bs == capture_bs for w, r in state.verify_runners.items())
+    assert max(sizes) == verify_w - 1 and max(accepts) >= 2, (sorted(sizes.items()), sorted(accepts.items()))
 
 
 def chi2_critical_001(dof: int) -> float:

@@ -87,6 +87,13 @@ class SglangAdapter:
                 return flashmap_draft.make_worker_init(decode.make_worker_init(orig, self, toggles), self, toggles)
 
             out.append(Patch(worker_cls, "__init__", worker_init, "DSparkWorkerV2.__init__"))
+            if toggles.tree_budget:
+                from .. import verify_widths
+
+                out.append(
+                    Patch(worker_cls, "init_cuda_graphs", verify_widths.make_init_cuda_graphs,
+                          "DSparkWorkerV2.init_cuda_graphs")
+                )
             out.append(
                 Patch(
                     worker_cls,
@@ -414,7 +421,13 @@ COMMON_PROBES = (
     Has(f"{DFLASH_UTILS}:apply_dflash_verify_logits_adjustments", ("next_token_logits", "sampling_info", "draft_token_num")),
     Has("sglang.srt.speculative.dflash_info:DFlashVerifyInput", ("draft_token", "positions", "draft_token_num", "custom_mask", "capture_hidden_mode")),
     Has(f"{TRITON}:TritonAttnBackend.__init__", ("model_runner",)),
-    Has(f"{TRITON}:TritonAttnBackend.verify_mask"),  # the buffer captured verify graphs read (stage_chain_mask)
+    Has(f"{TRITON}:TritonAttnBackend.verify_mask"),
+    # FLASHTREE_TREE_BUDGET's narrower verify graphs (verify_widths.py)
+    Has(f"{WORKER}.init_cuda_graphs"),
+    Has(
+        "sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner.__init__",
+        ("model_runner", "attn_backend", "speculative_num_draft_tokens"),
+    ),  # the buffer captured verify graphs read (stage_chain_mask)
     Has("sglang.srt.speculative.eagle_utils:build_tree_kernel_efficient", ("bonus_tokens", "parent_list", "top_scores_index", "draft_tokens", "seq_lens", "seq_lens_sum", "topk", "spec_steps", "num_verify_tokens", "tree_mask_mode")),
 )
 

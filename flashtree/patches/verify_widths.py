@@ -1,0 +1,80 @@
+"""Target-verify CUDA graphs at the narrower widths FLASHTREE_TREE_BUDGET asks for.
+
+DSPARK captures the target's verify graphs once, at its window W = gamma + 1 tokens per request. A batch-wide budget
+B gives a batch of bs requests trees of W_eff = clamp(B // bs, 2, W) tokens, which saves verify time only if verify
+runs at W_eff, not at W with padding. After DSPARK's `init_cuda_graphs` (the target's verify graphs exist by then),
+this module captures one more decode graph runner of sglang's own class per width the budget gives at a captured batch
+size, each over an attention backend of its own:
+
+    type(runner)(model_runner, attn_backend=type(model_runner.attn_backend)(model_runner),
+                 speculative_num_draft_tokens=w)
+
+(sglang's `DecodeCudaGraphRunner.__init__` takes both in 0.5.17, 0.5.20 and 0.5.23; its input buffers go through
+sglang's process-wide pool, which is shared between runners by design.) A tree step whose batch has a runner at a
+width >= W_eff builds its tree at that width (the graph costs the same whatever the tree fills), verifies the first
+w slots of DSPARK's window, and swaps `model_runner.decode_cuda_graph_runner` for that runner for the verify call
+only; batches the runner cannot take (more requests than it captured) run eagerly at width w, as sglang does for any
+verify its graphs do not cover.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+logger = logging.getLogger("flashtree.patches")
+
+
+def budget_widths(budget: int, tree_width: int, window: int, capture_bs) -> list[int]:
+    """The widths below the window that the budget gives the captured batch sizes, ascending."""
+    widths = {max(2, min(tree_width, budget // max(int(bs), 1))) for bs in capture_bs}
+    return sorted(w for w in widths if w < window)
+
+
+def capture(state, worker) -> None:
+    """Capture the budget's narrower verify runners on the target's model runner (state.verify_runners)."""
+    budget = state.toggles.tree_budget
+    main = getattr(worker.model_runner, "decode_cuda_graph_runner", None)
+    if not budget or main is None:
+        state.verify_runners_off = "no FLASHTREE_TREE_BUDGET" if not budget else "the target has no verify graphs"
+        return
+    model_runner = worker.model_runner
+    for w in budget_widths(budget, state.tree_width, state.width, main.capture_bs):
+        try:
+            backend = type(model_runner.attn_backend)(model_runner)
+            state.verify_runners[w] = type(main)(model_runner, attn_backend=backend, speculative_num_draft_tokens=w)
+        except Exception as err:  # noqa: BLE001 - keep the widths captured so far; wider batches pad as before
+            state.verify_runners_off = f"capturing width {w} failed: {type(err).__name__}: {err}"
+            logger.warning("flashtree: FLASHTREE_TREE_BUDGET=%d: %s; batches that need it verify at a wider "
+                           "captured width", budget, state.verify_runners_off)
+            break
+    logger.info("flashtree: FLASHTREE_TREE_BUDGET=%d: target verify graphs at widths %s besides W=%d (batch sizes %s)",
+                budget, sorted(state.verify_runners) or "none", state.width, list(main.capture_bs))
+
+
+def make_init_cuda_graphs(original):
+    """DSparkWorkerV2.init_cuda_graphs, then the budget's narrower target-verify graphs."""
+
+    def init_cuda_graphs(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        state = getattr(self, "_flashtree", None)
+        if state is not None:
+            capture(state, self)
+        return out
+
+    return init_cuda_graphs
+
+
+@contextlib.contextmanager
+def verifying_with(worker, runner):
+    """The target's decode graph runner is `runner` inside the block (None: leave it as it is)."""
+    if runner is None:
+        yield
+        return
+    model_runner = worker.model_runner
+    main = model_runner.decode_cuda_graph_runner
+    model_runner.decode_cuda_graph_runner = runner
+    try:
+        yield
+    finally:
+        model_runner.decode_cuda_graph_runner = main
