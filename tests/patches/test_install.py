@@ -17,6 +17,7 @@ T = "sglang.srt.layers.attention.triton_backend:TritonAttnBackend"
 U = "sglang.srt.speculative.dflash_utils:"
 P = "sglang.srt.speculative.dspark_components.dspark_planner:"
 R = "sglang.srt.managers.scheduler_components.batch_result_processor:SchedulerBatchResultProcessor"
+Q = "sglang.srt.managers.schedule_batch:Req"
 
 
 def owner(path: str):
@@ -25,7 +26,7 @@ def owner(path: str):
     return getattr(obj, attr) if attr else obj
 
 
-OWNERS = [W, S, T, U, P, R]
+OWNERS = [W, S, T, U, P, R, Q]
 TREE_KEYS = {
     (W, "__init__"),
     (W, "_forward_decode"),
@@ -33,6 +34,13 @@ TREE_KEYS = {
     (R, "_maybe_collect_customized_info"),
     (U, "_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS"),
 }
+
+
+def tree_keys(release: str, budget: int = 0) -> set:
+    """What FLASHTREE_TREE_N installs: on 0.5.17 also the stop-token fix (finish.py); with a budget, the narrower
+    verify graphs after init_cuda_graphs (verify_widths.py)."""
+    keys = TREE_KEYS | ({(Q, "update_finish_state")} if release == "0.5.17" else set())
+    return keys | ({(W, "init_cuda_graphs")} if budget else set())
 
 
 def snapshot() -> dict:
@@ -50,19 +58,21 @@ def test_adapter_matches_installed_release(sglang_release):
     assert all(o.mismatches() for o in others), "another release's probes pass too: probes do not tell releases apart"
 
 
-def test_install_replaces_exactly_the_tree_attributes_and_uninstall_restores():
+@pytest.mark.parametrize("budget", [0, 64], ids=["tree", "tree-with-budget"])
+def test_install_replaces_exactly_the_tree_attributes_and_uninstall_restores(sglang_release, budget):
+    expected = tree_keys(sglang_release, budget)
     before = snapshot()
-    keys = patches.install(TreeToggles(tree_n=4))
+    keys = patches.install(TreeToggles(tree_n=4, tree_budget=budget))
     after = snapshot()
-    assert diff(before, after) == TREE_KEYS
-    for path, name in TREE_KEYS:
+    assert diff(before, after) == expected
+    for path, name in expected:
         assert installer.is_flashtree(vars(owner(path))[name])
     assert "TritonAttnBackend" not in owner(U)._DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS
     assert "FlashInferAttnBackend" in owner(U)._DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS
     # The wrapper still knows the original.
     assert owner(W)._forward_decode.__wrapped__ is before[(W, "_forward_decode")]
 
-    again = patches.install(TreeToggles(tree_n=4))
+    again = patches.install(TreeToggles(tree_n=4, tree_budget=budget))
     assert again == keys
     assert diff(after, snapshot()) == set(), "a second install changed something"
     assert installer.installed_keys() == keys
@@ -80,14 +90,14 @@ def test_unset_toggles_change_nothing():
     assert installer.installed_keys() == []
 
 
-def test_register_reads_environment(monkeypatch):
+def test_register_reads_environment(monkeypatch, sglang_release):
     before = snapshot()
     monkeypatch.setenv("FLASHTREE_TREE_N", "2")
     patches.register()
-    assert diff(before, snapshot()) == TREE_KEYS
+    assert diff(before, snapshot()) == tree_keys(sglang_release)
 
 
-def test_tree_max_bs_installs_the_same_patches_and_routes_big_batches_to_dspark(monkeypatch):
+def test_tree_max_bs_installs_the_same_patches_and_routes_big_batches_to_dspark(monkeypatch, sglang_release):
     """FLASHTREE_TREE_MAX_BS adds no patch; the installed `_forward_decode` hands batches above it to DSPARK's real
     `_forward_decode` (here it stops at its first check, on a stand-in draft input) and smaller ones to the tree step."""
     import torch
@@ -100,7 +110,7 @@ def test_tree_max_bs_installs_the_same_patches_and_routes_big_batches_to_dspark(
     monkeypatch.setenv("FLASHTREE_TREE_N", "4")
     monkeypatch.setenv("FLASHTREE_TREE_MAX_BS", "2")
     patches.register()
-    assert diff(before, snapshot()) == TREE_KEYS
+    assert diff(before, snapshot()) == tree_keys(sglang_release)
     trees = []
     monkeypatch.setattr(decode, "tree_step", lambda state, worker, batch, on_publish: trees.append(len(batch.seq_lens)))
     # the target backend's verify-mask buffer, which verify graphs captured for trees read
