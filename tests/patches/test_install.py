@@ -239,3 +239,15 @@ def test_worker_checks_width_depth_and_page_size():
         create_state(adapter, TreeToggles(tree_n=4), worker)
     worker.model_runner.token_to_kv_pool = types.SimpleNamespace(move_kv_cache=lambda tgt, src: None)
     assert create_state(adapter, TreeToggles(tree_n=4), worker).page_size == 16
+
+
+def test_budget_on_a_release_without_its_hooks_is_refused_untouched(monkeypatch):
+    from flashtree.patches.adapters import base
+    from flashtree.patches.adapters.probe import Has
+    from flashtree.patches.toggles import ToggleError
+
+    monkeypatch.setattr(base, "BUDGET_PROBES", (Has(f"{W}.no_such_capture_hook"),))
+    before = snapshot()
+    with pytest.raises(ToggleError, match="FLASHTREE_TREE_BUDGET cannot hook sglang .*no_such_capture_hook"):
+        patches.install(TreeToggles(tree_n=4, tree_budget=64))
+    assert diff(before, snapshot()) == set() and installer.installed_keys() == []

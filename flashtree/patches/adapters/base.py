@@ -90,6 +90,7 @@ class SglangAdapter:
             if toggles.tree_budget:
                 from .. import verify_widths
 
+                self.require(BUDGET_PROBES, "FLASHTREE_TREE_BUDGET", "0 (no budget)")
                 out.append(
                     Patch(worker_cls, "init_cuda_graphs", verify_widths.make_init_cuda_graphs,
                           "DSparkWorkerV2.init_cuda_graphs")
@@ -144,12 +145,7 @@ class SglangAdapter:
         if toggles.exact_verify:
             from .. import exact_verify
 
-            gaps = [msg for msg in (p.check() for p in EXACT_VERIFY_PROBES) if msg]
-            if gaps:
-                raise ToggleError(
-                    f"flashtree: FLASHTREE_EXACT_VERIFY=1 cannot hook sglang {self.release}: {'; '.join(gaps)}; "
-                    "allowed: 0 (sglang's own verify attention)"
-                )
+            self.require(EXACT_VERIFY_PROBES, "FLASHTREE_EXACT_VERIFY=1", "0 (sglang's own verify attention)")
             out.append(
                 Patch(
                     resolve(f"{TRITON}:TritonAttnBackend"),
@@ -172,6 +168,12 @@ class SglangAdapter:
     def __init__(self):
         self.splitkv_declined = {}
         self.exact_declined = {}
+
+    def require(self, probes, toggle: str, allowed: str) -> None:
+        """A toggle's own probes: a ToggleError naming what this release lacks (nothing is patched yet)."""
+        gaps = [msg for msg in (p.check() for p in probes) if msg]
+        if gaps:
+            raise ToggleError(f"flashtree: {toggle} cannot hook sglang {self.release}: {'; '.join(gaps)}; allowed: {allowed}")
 
     # ---- worker checks (at DSparkWorkerV2 construction) ------------------------------------------------------
     def gamma(self, worker) -> int:
@@ -421,14 +423,17 @@ COMMON_PROBES = (
     Has(f"{DFLASH_UTILS}:apply_dflash_verify_logits_adjustments", ("next_token_logits", "sampling_info", "draft_token_num")),
     Has("sglang.srt.speculative.dflash_info:DFlashVerifyInput", ("draft_token", "positions", "draft_token_num", "custom_mask", "capture_hidden_mode")),
     Has(f"{TRITON}:TritonAttnBackend.__init__", ("model_runner",)),
-    Has(f"{TRITON}:TritonAttnBackend.verify_mask"),
-    # FLASHTREE_TREE_BUDGET's narrower verify graphs (verify_widths.py)
+    Has(f"{TRITON}:TritonAttnBackend.verify_mask"),  # the buffer captured verify graphs read (stage_chain_mask)
+    Has("sglang.srt.speculative.eagle_utils:build_tree_kernel_efficient", ("bonus_tokens", "parent_list", "top_scores_index", "draft_tokens", "seq_lens", "seq_lens_sum", "topk", "spec_steps", "num_verify_tokens", "tree_mask_mode")),
+)
+
+# What FLASHTREE_TREE_BUDGET's narrower verify graphs need (checked only when it is set; verify_widths.py).
+BUDGET_PROBES = (
     Has(f"{WORKER}.init_cuda_graphs"),
     Has(
         "sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner.__init__",
         ("model_runner", "attn_backend", "speculative_num_draft_tokens"),
-    ),  # the buffer captured verify graphs read (stage_chain_mask)
-    Has("sglang.srt.speculative.eagle_utils:build_tree_kernel_efficient", ("bonus_tokens", "parent_list", "top_scores_index", "draft_tokens", "seq_lens", "seq_lens_sum", "topk", "spec_steps", "num_verify_tokens", "tree_mask_mode")),
+    ),
 )
 
 # What FLASHTREE_EXACT_VERIFY hooks (checked only when it is set): the deterministic extend path it takes over for
