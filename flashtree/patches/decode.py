@@ -12,7 +12,8 @@ the server's --speculative-num-draft-tokens W reserving and capturing the wider 
      step reads them from its buffer (eager as above when the draft forward ran eagerly);
   3. flashtree's trie-vote builder -> W - 1 nodes; `verify_inputs` -> the verify ids, the node positions, sglang's
      FULL_MASK tree mask and the step's statistics rows (one launch on CUDA);
-  4. target verify through DSPARK's executor with that mask and those positions;
+  4. target verify through DSPARK's executor with that mask and those positions (with FLASHTREE_TREE_BUDGET, over
+     the first w slots of the window and through a verify graph captured at width w: verify_widths.py);
   5. greedy walk with its commit plan and (page size 1) the req_to_token window rewrite in one launch on CUDA
      (`walk_and_commit`), or the lossless target-only sampled walk (`verify_sampled`) and its plan;
   6. commit: page size 1 permutes req_to_token's window so the accepted path's slots come first (no KV moves); paged
