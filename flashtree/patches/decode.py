@@ -13,7 +13,8 @@ the server's --speculative-num-draft-tokens W reserving and capturing the wider 
   3. flashtree's trie-vote builder -> W - 1 nodes; `verify_inputs` -> the verify ids, the node positions, sglang's
      FULL_MASK tree mask and the step's statistics rows (one launch on CUDA);
   4. target verify through DSPARK's executor with that mask and those positions (with FLASHTREE_TREE_BUDGET, over
-     the first w slots of the window and through a verify graph captured at width w: verify_widths.py);
+     the first w slots of the window and through a verify graph captured at width w: verify_widths.py; likewise a
+     fixed FLASHTREE_TREE_WIDTH below the window);
   5. greedy walk with its commit plan and (page size 1) the req_to_token window rewrite in one launch on CUDA
      (`walk_and_commit`), or the lossless target-only sampled walk (`verify_sampled`) and its plan;
   6. commit: page size 1 permutes req_to_token's window so the accepted path's slots come first (no KV moves); paged
@@ -72,7 +73,7 @@ class TreeState:
     graph_draws_off: str | None = "FLASHTREE_GRAPH_DRAWS=0"
     draw_paths: dict = field(default_factory=dict)  # steps whose N draws came from the graph tail / ran eagerly
     chain_trees: dict = field(default_factory=dict)  # bs -> (chain VoteTree, zero anchors) for stage_chain_mask
-    # FLASHTREE_TREE_BUDGET: width -> target verify graph runner captured at that width (verify_widths.py).
+    # Trees narrower than the window (budget, fixed width): width -> target verify graph runner (verify_widths.py).
     verify_runners: dict = field(default_factory=dict)
     verify_runners_off: str | None = None
 
@@ -83,8 +84,9 @@ class TreeState:
         return w
 
     def widths_for(self, bs: int) -> tuple[int, int]:
-        """(tree width, verify width) of a batch of bs requests. With a verify graph at a width >= the budget's, the
-        tree fills that width and verify runs there; otherwise the tree is padded to DSPARK's window."""
+        """(tree width, verify width) of a batch of bs requests. With a verify graph at a width >= the tree's (budget or
+        fixed width), the tree fills that width and verify runs there; otherwise the tree is padded to DSPARK's
+        window."""
         w = self.width_for(bs)
         fits = [v for v in self.verify_runners if v >= w]
         if fits:

@@ -1,10 +1,11 @@
-"""Target-verify CUDA graphs at the narrower widths FLASHTREE_TREE_BUDGET asks for.
+"""Target-verify CUDA graphs at the narrower widths FLASHTREE_TREE_BUDGET and FLASHTREE_TREE_WIDTH ask for.
 
 DSPARK captures the target's verify graphs once, at its window W = gamma + 1 tokens per request. A batch-wide budget
-B gives a batch of bs requests trees of W_eff = clamp(B // bs, 2, W) tokens, which saves verify time only if verify
-runs at W_eff, not at W with padding. After DSPARK's `init_cuda_graphs` (the target's verify graphs exist by then),
-this module captures one more decode graph runner of sglang's own class per width the budget gives at a captured batch
-size, each over an attention backend of its own:
+B gives a batch of bs requests trees of W_eff = clamp(B // bs, 2, W) tokens, and a fixed FLASHTREE_TREE_WIDTH below W
+trees of that width; either saves verify time only if verify runs at that width, not at W with padding. After
+DSPARK's `init_cuda_graphs` (the target's verify graphs exist by then), this module captures one more decode graph
+runner of sglang's own class per such width (for the budget: per width it gives at a captured batch size), each over
+an attention backend of its own:
 
     type(runner)(model_runner, attn_backend=type(model_runner.attn_backend)(model_runner),
                  speculative_num_draft_tokens=w)
@@ -31,29 +32,37 @@ def budget_widths(budget: int, tree_width: int, window: int, capture_bs) -> list
     return sorted(w for w in widths if w < window)
 
 
+def wanted_widths(state, capture_bs) -> list[int]:
+    """The verify widths below DSPARK's window that this worker's trees use."""
+    if state.toggles.tree_budget:
+        return budget_widths(state.toggles.tree_budget, state.tree_width, state.width, capture_bs)
+    return [state.tree_width] if state.tree_width < state.width else []
+
+
 def capture(state, worker) -> None:
-    """Capture the budget's narrower verify runners on the target's model runner (state.verify_runners)."""
-    budget = state.toggles.tree_budget
+    """Capture the narrower verify runners on the target's model runner (state.verify_runners)."""
     main = getattr(worker.model_runner, "decode_cuda_graph_runner", None)
-    if not budget or main is None:
-        state.verify_runners_off = "no FLASHTREE_TREE_BUDGET" if not budget else "the target has no verify graphs"
+    widths = wanted_widths(state, main.capture_bs) if main is not None else []
+    if not widths:
+        state.verify_runners_off = "no narrower tree width" if main is not None else "the target has no verify graphs"
         return
     model_runner = worker.model_runner
-    for w in budget_widths(budget, state.tree_width, state.width, main.capture_bs):
+    for w in widths:
         try:
             backend = type(model_runner.attn_backend)(model_runner)
             state.verify_runners[w] = type(main)(model_runner, attn_backend=backend, speculative_num_draft_tokens=w)
         except Exception as err:  # noqa: BLE001 - keep the widths captured so far; wider batches pad as before
             state.verify_runners_off = f"capturing width {w} failed: {type(err).__name__}: {err}"
-            logger.warning("flashtree: FLASHTREE_TREE_BUDGET=%d: %s; batches that need it verify at a wider "
-                           "captured width", budget, state.verify_runners_off)
+            logger.warning("flashtree: %s; batches that need it verify at a wider captured width",
+                           state.verify_runners_off)
             break
-    logger.info("flashtree: FLASHTREE_TREE_BUDGET=%d: target verify graphs at widths %s besides W=%d (batch sizes %s)",
-                budget, sorted(state.verify_runners) or "none", state.width, list(main.capture_bs))
+    logger.info("flashtree: target verify graphs at widths %s besides W=%d (batch sizes %s; tree width %d, budget %d)",
+                sorted(state.verify_runners) or "none", state.width, list(main.capture_bs), state.tree_width,
+                state.toggles.tree_budget)
 
 
 def make_init_cuda_graphs(original):
-    """DSparkWorkerV2.init_cuda_graphs, then the budget's narrower target-verify graphs."""
+    """DSparkWorkerV2.init_cuda_graphs, then the narrower target-verify graphs."""
 
     def init_cuda_graphs(self, *args, **kwargs):
         out = original(self, *args, **kwargs)

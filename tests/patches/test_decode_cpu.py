@@ -248,14 +248,14 @@ def tree_kernels():
 
 
 def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1, on_step=None, stage_times: int = 0,
-        graph_max_bs: int | None = None, depth: int = 0, budget: int = 0, capture_bs=None):
+        graph_max_bs: int | None = None, depth: int = 0, budget: int = 0, width: int = 0, capture_bs=None):
     """Decode `steps` tree steps. Greedy rows (all rows without sampling_info, else rows with top_k == 1) are checked
     token for token against the stand-in target's sequential greedy decode; every row's commit is checked for the
     req_to_token / KV layout, the draft-context injection and the step's bookkeeping. Returns (accept-length
     histogram, tree state, generated tokens per request, world). graph_max_bs: FLASHTREE_GRAPH_DRAWS on, with draft
     graphs "captured" up to that batch size (the N draws come from the tail's buffer; eager above it). depth:
-    FLASHTREE_TREE_DEPTH (0 = gamma). budget: FLASHTREE_TREE_BUDGET, with stand-in verify graph runners "captured" at
-    the batch sizes capture_bs (verify_widths.capture, as after init_cuda_graphs)."""
+    FLASHTREE_TREE_DEPTH (0 = gamma). budget / width: FLASHTREE_TREE_BUDGET / FLASHTREE_TREE_WIDTH, with stand-in
+    verify graph runners "captured" at the batch sizes capture_bs (verify_widths.capture, as after init_cuda_graphs)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.dspark_components.dspark_draft import make_next_draft_input
 
@@ -272,7 +272,7 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
         _proposer=types.SimpleNamespace(draft_model=types.SimpleNamespace(markov_head=real_markov_head())),
     )
     toggles = TreeToggles(tree_n=n, seed=5, stage_times=stage_times, graph_draws=graph_max_bs is not None,
-                          tree_depth=depth, tree_budget=budget)
+                          tree_depth=depth, tree_budget=budget, tree_width=width)
     state = create_state(adapter, toggles, worker)
     if capture_bs is not None:
         from flashtree.patches import verify_widths
@@ -540,19 +540,23 @@ def test_budget_narrows_trees_per_batch_size():
     assert create_state(adapters.select_adapter(), TreeToggles(tree_n=4), worker).width_for(32) == W
 
 
-@pytest.mark.parametrize("budget, capture_bs, widths, verify_w", [(12, [1, 2, 3, 4], [3, 4], 4), (10, [1, 2, 4], [2, 5], 5)],
-                         ids=["a-graph-at-the-budget-width", "the-next-wider-graph"])
-def test_budget_verifies_at_a_narrower_captured_width(budget, capture_bs, widths, verify_w):
-    """FLASHTREE_TREE_BUDGET with verify graphs captured at the budget's widths (verify_widths.capture after
-    init_cuda_graphs): a batch of 3 requests builds its tree at the smallest captured width >= budget // 3, verifies
-    the first slots of DSPARK's window with that width's graph runner swapped in (the stand-in verify asserts it), and
-    every commit is still exactly the sequential greedy decode (run() checks layout, KV and draft context too)."""
+@pytest.mark.parametrize(
+    "budget, width, capture_bs, widths, verify_w",
+    [(12, 0, [1, 2, 3, 4], [3, 4], 4), (10, 0, [1, 2, 4], [2, 5], 5), (0, 4, [1, 2, 4], [4], 4)],
+    ids=["a-graph-at-the-budget-width", "the-next-wider-graph", "fixed-width"],
+)
+def test_narrow_trees_verify_at_a_narrower_captured_width(budget, width, capture_bs, widths, verify_w):
+    """FLASHTREE_TREE_BUDGET (or a fixed FLASHTREE_TREE_WIDTH below the window) with verify graphs captured at the
+    trees' widths (verify_widths.capture after init_cuda_graphs): a batch of 3 requests builds its tree at the smallest
+    captured width >= budget // 3 (or the fixed width), verifies the first slots of DSPARK's window with that width's
+    graph runner swapped in (the stand-in verify asserts it), and every commit is still exactly the sequential greedy
+    decode (run() checks layout, KV and draft context too)."""
     sizes = Counter()
 
     def on_step(res):
         sizes.update(row[2] for row in res.logits_output.customized_info["flashtree"])
 
-    accepts, state, _gen, world = run(n=4, steps=30, budget=budget, capture_bs=capture_bs, on_step=on_step)
+    accepts, state, _gen, world = run(n=4, steps=30, budget=budget, width=width, capture_bs=capture_bs, on_step=on_step)
     assert sorted(state.verify_runners) == widths and state.widths_for(BS) == (verify_w, verify_w)
     assert all(r.width == w and r.capture_bs == capture_bs for w, r in state.verify_runners.items())
     assert max(sizes) == verify_w - 1 and max(accepts) >= 2, (sorted(sizes.items()), sorted(accepts.items()))

@@ -246,8 +246,8 @@ def test_budget_on_a_release_without_its_hooks_is_refused_untouched(monkeypatch)
     from flashtree.patches.adapters.probe import Has
     from flashtree.patches.toggles import ToggleError
 
-    monkeypatch.setattr(base, "BUDGET_PROBES", (Has(f"{W}.no_such_capture_hook"),))
+    monkeypatch.setattr(base, "NARROW_VERIFY_PROBES", (Has(f"{W}.no_such_capture_hook"),))
     before = snapshot()
-    with pytest.raises(ToggleError, match="FLASHTREE_TREE_BUDGET cannot hook sglang .*no_such_capture_hook"):
+    with pytest.raises(ToggleError, match="FLASHTREE_TREE_BUDGET / FLASHTREE_TREE_WIDTH cannot hook sglang .*no_such_capture_hook"):
         patches.install(TreeToggles(tree_n=4, tree_budget=64))
     assert diff(before, snapshot()) == set() and installer.installed_keys() == []

@@ -87,10 +87,10 @@ class SglangAdapter:
                 return flashmap_draft.make_worker_init(decode.make_worker_init(orig, self, toggles), self, toggles)
 
             out.append(Patch(worker_cls, "__init__", worker_init, "DSparkWorkerV2.__init__"))
-            if toggles.tree_budget:
+            if toggles.tree_budget or toggles.tree_width:  # trees narrower than the window: verify graphs at their width
                 from .. import verify_widths
 
-                self.require(BUDGET_PROBES, "FLASHTREE_TREE_BUDGET", "0 (no budget)")
+                self.require(NARROW_VERIFY_PROBES, "FLASHTREE_TREE_BUDGET / FLASHTREE_TREE_WIDTH", "0 / auto")
                 out.append(
                     Patch(worker_cls, "init_cuda_graphs", verify_widths.make_init_cuda_graphs,
                           "DSparkWorkerV2.init_cuda_graphs")
@@ -427,8 +427,9 @@ COMMON_PROBES = (
     Has("sglang.srt.speculative.eagle_utils:build_tree_kernel_efficient", ("bonus_tokens", "parent_list", "top_scores_index", "draft_tokens", "seq_lens", "seq_lens_sum", "topk", "spec_steps", "num_verify_tokens", "tree_mask_mode")),
 )
 
-# What FLASHTREE_TREE_BUDGET's narrower verify graphs need (checked only when it is set; verify_widths.py).
-BUDGET_PROBES = (
+# What the narrower verify graphs of FLASHTREE_TREE_BUDGET / FLASHTREE_TREE_WIDTH need (checked only when one is set;
+# verify_widths.py).
+NARROW_VERIFY_PROBES = (
     Has(f"{WORKER}.init_cuda_graphs"),
     Has(
         "sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner.__init__",
