@@ -75,7 +75,6 @@ class TreeState:
     chain_trees: dict = field(default_factory=dict)  # bs -> (chain VoteTree, zero anchors) for stage_chain_mask
     # Trees narrower than the window (budget, fixed width): width -> target verify graph runner (verify_widths.py).
     verify_runners: dict = field(default_factory=dict)
-    verify_runners_off: str | None = None
 
     def width_for(self, bs: int) -> int:
         w = self.tree_width

@@ -26,35 +26,20 @@ import logging
 logger = logging.getLogger("flashtree.patches")
 
 
-def budget_widths(budget: int, tree_width: int, window: int, capture_bs) -> list[int]:
-    """The widths below the window that the budget gives the captured batch sizes, ascending."""
-    widths = {max(2, min(tree_width, budget // max(int(bs), 1))) for bs in capture_bs}
-    return sorted(w for w in widths if w < window)
-
-
-def wanted_widths(state, capture_bs) -> list[int]:
-    """The verify widths below DSPARK's window that this worker's trees use."""
-    if state.toggles.tree_budget:
-        return budget_widths(state.toggles.tree_budget, state.tree_width, state.width, capture_bs)
-    return [state.tree_width] if state.tree_width < state.width else []
-
-
 def capture(state, worker) -> None:
-    """Capture the narrower verify runners on the target's model runner (state.verify_runners)."""
+    """Capture a verify runner on the target's model runner (state.verify_runners) for each width below DSPARK's
+    window that the trees take at a captured batch size (`TreeState.width_for`: the budget's or the fixed width)."""
     main = getattr(worker.model_runner, "decode_cuda_graph_runner", None)
-    widths = wanted_widths(state, main.capture_bs) if main is not None else []
-    if not widths:
-        state.verify_runners_off = "no narrower tree width" if main is not None else "the target has no verify graphs"
-        return
+    if main is None:
+        return  # no target verify graphs (--disable-cuda-graph): narrower trees are padded to the window as before
     model_runner = worker.model_runner
-    for w in widths:
+    for w in sorted({state.width_for(int(bs)) for bs in main.capture_bs} - {state.width}):
         try:
             backend = type(model_runner.attn_backend)(model_runner)
             state.verify_runners[w] = type(main)(model_runner, attn_backend=backend, speculative_num_draft_tokens=w)
-        except Exception as err:  # noqa: BLE001 - keep the widths captured so far; wider batches pad as before
-            state.verify_runners_off = f"capturing width {w} failed: {type(err).__name__}: {err}"
-            logger.warning("flashtree: %s; batches that need it verify at a wider captured width",
-                           state.verify_runners_off)
+        except Exception as err:  # noqa: BLE001 - keep the widths captured so far; their batches pad as before
+            logger.warning("flashtree: capturing the target verify graphs at width %d failed (%s: %s); batches that "
+                           "need it verify at a wider captured width", w, type(err).__name__, err)
             break
     logger.info("flashtree: target verify graphs at widths %s besides W=%d (batch sizes %s; tree width %d, budget %d)",
                 sorted(state.verify_runners) or "none", state.width, list(main.capture_bs), state.tree_width,
