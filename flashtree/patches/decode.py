@@ -82,6 +82,14 @@ class TreeState:
             w = max(2, min(w, self.toggles.tree_budget // max(bs, 1)))
         return w
 
+    def draws_for(self, bs: int) -> int:
+        """Candidates drawn per request in a batch of bs: N, scaled with the tree under a budget (N * w / W, at least
+        1), so draws at large batches cost in proportion to the verify tokens they feed."""
+        n = self.toggles.tree_n
+        if self.toggles.tree_budget > 0:
+            n = max(1, -(-n * self.width_for(bs) // self.tree_width))
+        return n
+
     def widths_for(self, bs: int) -> tuple[int, int]:
         """(tree width, verify width) of a batch of bs requests. With a verify graph at a width >= the tree's (budget or
         fixed width), the tree fills that width and verify runs there; otherwise the tree is padded to DSPARK's
@@ -299,9 +307,10 @@ def tree_step(state: TreeState, worker, batch, on_publish):
     draft = adapter.draft_forward(worker, batch, draft_input, window, bs)
     anchor = draft.anchor
     timer.mark("draft")
-    n, k = state.toggles.tree_n, state.depth
+    n, k = state.draws_for(bs), state.depth
     if draft.candidates is not None:  # drawn by the draft graph's tail (FLASHTREE_GRAPH_DRAWS), or FlashMap's draws
-        candidates = draft.candidates[:, :, :k]
+        candidates = draft.candidates[:, :n, :k]  # the tail drew what its graph's (padded) batch size draws: <= n
+        n = candidates.shape[1]
         path = "graph"
     else:
         hidden = None if draft.draft_hidden is None else draft.draft_hidden[:, :k]

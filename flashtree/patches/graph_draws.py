@@ -76,13 +76,15 @@ class GraphDraws:
     """The N candidate blocks per request, drawn in DSPARK's draft graph tail into persistent buffers."""
 
     def __init__(self, *, adapter, n: int, depth: int, max_bs: int, vocab: int, temperature: float, device,
-                 limit: int = 0, fused: tuple | None = None, seed: int = 0):
+                 limit: int = 0, fused: tuple | None = None, seed: int = 0, n_for: Callable[[int], int] | None = None):
         # depth: the block positions each candidate keeps (FLASHTREE_TREE_DEPTH, <= DSPARK's gamma)
         # max_bs: the requests the buffers hold. limit (FLASHTREE_TREE_MAX_BS, 0 = none): with a limit, a tail run
         # for more than max_bs requests (a graph only chain steps replay) skips the draws instead of failing.
         # fused: a vanilla Markov head's (w1, w2): the draws run as flashtree's fused Markov draws (K launches,
         # in-kernel noise from a (seed, calls) state each replay advances) instead of the head's torch steps.
+        # n_for: candidates drawn for a batch of bs requests (<= n; FLASHTREE_TREE_BUDGET scales them with the tree).
         self.adapter, self.n, self.k, self.max_bs = adapter, int(n), int(depth), int(max_bs)
+        self.n_for = n_for or (lambda bs: self.n)
         self.limit = int(limit)
         self.fused = fused
         rows = self.max_bs * self.n
@@ -90,17 +92,23 @@ class GraphDraws:
         self.out = torch.zeros((self.max_bs, self.n, self.k), dtype=torch.int64, device=device)
         # Per-row constants: candidate 0 of each request greedy, the others at the draft temperature.
         self.inv_temperature, self.greedy = candidate_rows(self.max_bs, self.n, temperature, device)
+        # The same per-row constants for every smaller candidate count a batch size draws (made here, not in capture).
+        self.rows = {self.n: (self.inv_temperature, self.greedy)}
+        for m in {self.n_for(bs) for bs in range(1, self.max_bs + 1)} - {self.n}:
+            self.rows[m] = candidate_rows(self.max_bs, m, temperature, device)
         if fused is None:
             self.noise = torch.empty((rows, int(vocab)), dtype=torch.float32, device=device)
         else:
             self.noise_state = new_state(seed, device)
         self.calls = 0  # tail runs (warm-up, capture and eager tails; not replays)
         self.skips = 0  # tail runs above max_bs with a limit: DSPARK's tail only, no draws
-        self.drawn_sizes: set[int] = set()  # batch sizes the tail ran for, with the draws / without them
+        self.drawn_sizes: dict[int, int] = {}  # batch sizes the tail ran for -> candidates drawn / sizes without draws
         self.skipped_sizes: set[int] = set()
 
     # ---- the step sampler ---------------------------------------------------------------------------------------
-    def step_sampler(self) -> Callable[[torch.Tensor], torch.Tensor]:
+    def step_sampler(self, n: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        inv_temperature, greedy = self.rows[n]
+
         def sample(step_logits: torch.Tensor) -> torch.Tensor:
             rows, vocab = step_logits.shape
             if vocab != self.noise.shape[1]:
@@ -110,8 +118,7 @@ class GraphDraws:
                         f"{self.noise.shape[1]} wide"
                     )
                 self.noise = self.noise.new_empty((self.noise.shape[0], vocab))  # before capture (warm-up)
-            return gumbel_pick(step_logits, self.noise[:rows].exponential_(), self.inv_temperature[:rows],
-                               self.greedy[:rows])
+            return gumbel_pick(step_logits, self.noise[:rows].exponential_(), inv_temperature[:rows], greedy[:rows])
 
         return sample
 
@@ -124,20 +131,20 @@ class GraphDraws:
                 self.skips += 1
                 return
             raise RuntimeError(f"flashtree: the draft tail ran for {bs} requests, above its {self.max_bs}-row buffer")
-        self.drawn_sizes.add(bs)
+        n = self.n_for(bs)
+        self.drawn_sizes[bs] = n
         if base_logits is None:  # DSPARK's tail computed none (0.5.23's megakernel step)
             base_logits, _ = sampler.model.compute_base_logits(model_hidden)
         base_logits = base_logits.view(bs, int(sampler.gamma), -1)[:, : self.k]
         draft_hidden = draft_hidden[:, : self.k]
-        rows = bs * self.n
         if self.fused is not None:
-            tokens = markov_draws(base_logits, anchor, *self.fused, self.n, self.inv_temperature[:rows],
-                                  self.greedy[:rows], self.noise_state)
+            inv_temperature, greedy = self.rows[n]
+            tokens = markov_draws(base_logits, anchor, *self.fused, n, inv_temperature[: bs * n], greedy[: bs * n],
+                                  self.noise_state)
         else:
-            tokens = self.adapter.markov_draws(
-                sampler.markov_head, base_logits, anchor, draft_hidden, self.n, self.step_sampler()
-            )
-        self.out[:bs].copy_(tokens.view(bs, self.n, self.k))
+            tokens = self.adapter.markov_draws(sampler.markov_head, base_logits, anchor, draft_hidden, n,
+                                               self.step_sampler(n))
+        self.out[:bs, :n].copy_(tokens.view(bs, n, self.k))
         self.calls += 1
 
     def covers(self, bs: int) -> bool:
@@ -148,12 +155,15 @@ class GraphDraws:
             return True
         if bs > self.max_bs:
             return False
-        sizes = [s for s in self.drawn_sizes | self.skipped_sizes if s >= bs]
+        sizes = [s for s in self.drawn_sizes.keys() | self.skipped_sizes if s >= bs]
         return bool(sizes) and min(sizes) in self.drawn_sizes
 
     def read(self, bs: int) -> torch.Tensor:
-        """The (bs, N, K) candidates the last graph replay drew (a copy: the next draft forward rewrites them)."""
-        return self.out[:bs].clone()
+        """The (bs, n, K) candidates the last graph replay drew (a copy: the next draft forward rewrites them). n is
+        what the replayed graph (the smallest drawn size >= bs) drew; all N when no tail has run (CPU stand-ins)."""
+        sizes = [s for s in self.drawn_sizes if s >= bs]
+        n = self.drawn_sizes[min(sizes)] if sizes else self.n
+        return self.out[:bs, :n].clone()
 
 
 def gumbel_pick(step_logits, exp_noise, inv_temperature, greedy) -> torch.Tensor:
@@ -297,7 +307,7 @@ def build(state, worker, stock, *, free: Callable = free_bytes, graph_sizes: Cal
     draws = GraphDraws(
         adapter=adapter, n=toggles.tree_n, depth=state.depth, max_bs=max_bs, vocab=vocab,
         temperature=toggles.draft_temperature, device=stock.out.device, limit=limit if max_bs < graph_bs else 0,
-        fused=fused, seed=toggles.seed,
+        fused=fused, seed=toggles.seed, n_for=state.draws_for,
     )
     state.graph_draws = draws
     state.graph_draws_off = None

@@ -332,7 +332,8 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
             # Paged KV: the table never changes; the accepted KV moved instead.
             assert torch.equal(world.req_to_token, initial_table)
         stats = res.logits_output.customized_info["flashtree"]
-        assert [s[0] for s in stats] == [n] * bs and all(1 <= s[1] <= n and 1 <= s[2] <= W - 1 for s in stats)
+        drawn = state.draws_for(bs)  # N, or fewer under a budget (the stand-in graphs run the tail at bs itself)
+        assert [s[0] for s in stats] == [drawn] * bs and all(1 <= s[1] <= drawn and 1 <= s[2] <= W - 1 for s in stats)
         assert [s[3] for s in stats] == (commit - 1).tolist()
         if on_step is not None:
             on_step(res)
@@ -535,6 +536,8 @@ def test_budget_narrows_trees_per_batch_size():
     )
     state = create_state(adapters.select_adapter(), TreeToggles(tree_n=4, tree_budget=8), worker)
     assert [state.width_for(bs) for bs in (1, 2, 3, 4, 8, 32)] == [W, 4, 2, 2, 2, 2]
+    # The candidates scale with the tree: ceil(N * w / W) of N = 4 over W = 6.
+    assert [state.draws_for(bs) for bs in (1, 2, 3, 32)] == [4, 3, 2, 2]
     # Without narrower verify graphs the trees are padded to DSPARK's window.
     assert [state.widths_for(bs) for bs in (1, 3)] == [(W, W), (2, W)]
     assert create_state(adapters.select_adapter(), TreeToggles(tree_n=4), worker).width_for(32) == W
@@ -560,6 +563,17 @@ def test_narrow_trees_verify_at_a_narrower_captured_width(budget, width, capture
     assert sorted(state.verify_runners) == widths and state.widths_for(BS) == (verify_w, verify_w)
     assert all(r.width == w and r.capture_bs == capture_bs for w, r in state.verify_runners.items())
     assert max(sizes) == verify_w - 1 and max(accepts) >= 2, (sorted(sizes.items()), sorted(accepts.items()))
+
+
+def test_budget_draws_fewer_candidates_in_the_draft_graph_tail():
+    """FLASHTREE_TREE_BUDGET with graph draws: the draft graph's tail at 3 requests draws ceil(N * w / W) = 4 of N = 5
+    candidates per request (w = 12 // 3 = 4, W = 6), the step builds its 4-token trees from those 4 and verifies them
+    at the captured width 4; every commit is still exactly the sequential greedy decode (run() checks it, and that
+    each step's statistics row counts the 4 candidates)."""
+    accepts, state, _gen, _world = run(n=5, steps=30, budget=12, capture_bs=[1, 2, 3, 4], graph_max_bs=8)
+    draws = state.graph_draws
+    assert state.draws_for(BS) == 4 and draws.drawn_sizes == {BS: 4} and draws.read(BS).shape == (BS, 4, GAMMA)
+    assert state.draw_paths == {"graph": state.steps} and state.steps > 0 and max(accepts) >= 2
 
 
 def chi2_critical_001(dof: int) -> float:
@@ -884,5 +898,5 @@ def test_max_bs_crossed_both_paths_commit_the_greedy_decode(graph_max_bs):
     else:  # buffers for 2 requests: the tree steps' replays drew, the chain steps' replays (3) did not
         draws = state.graph_draws
         assert state.draw_paths == {"graph": state.steps} and draws.out.shape[0] == 2
-        assert draws.drawn_sizes == {1, 2} and draws.skipped_sizes == {3}
+        assert set(draws.drawn_sizes) == {1, 2} and draws.skipped_sizes == {3}
         assert draws.calls == state.steps and draws.skips == want.count("chain") == chain.graph_blocks

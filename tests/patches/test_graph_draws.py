@@ -97,6 +97,30 @@ def test_dspark_outputs_unchanged_and_candidate_zero_is_greedy(sglang_release, f
     assert (cands[:, 1:] != cands[:, :1]).any(dim=-1).any()  # the draws are not all the greedy block
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_each_graph_size_draws_its_own_candidate_count(fused):
+    """With a per-batch-size candidate count (FLASHTREE_TREE_BUDGET), the tail captured for bs requests draws n_for(bs)
+    candidates (candidate 0 still the greedy block), and a batch replaying a larger graph reads what that graph drew."""
+    h = head()
+    adapter = adapters.select_adapter()
+    stock = stock_sampler(TinyDraft(h, V), gamma=K, max_bs=4)
+    draws = graph_draws.GraphDraws(
+        adapter=adapter, n=6, depth=K, max_bs=4, vocab=V, temperature=1.0, device="cpu",
+        fused=adapter.vanilla_markov_weights(h) if fused else None, n_for=lambda bs: 6 if bs <= 2 else 3,
+    )
+    ours = graph_draws.wrap(stock, draws)
+    torch.manual_seed(3)
+    for bs in (4, 2):  # "capture" at sizes 2 and 4
+        base, anchor = torch.randn(bs, K, V) * 2, torch.randint(0, V, (bs,))
+        ours.stage_sampling_params(bs=bs, sampling_info=None)
+        ours(*tail_args(ours, base, anchor))
+        cands = draws.read(bs)
+        assert cands.shape == (bs, 6 if bs == 2 else 3, K)
+        assert torch.equal(cands[:, 0], greedy_blocks(h, base, anchor))
+    assert draws.drawn_sizes == {4: 3, 2: 6}
+    assert draws.read(3).shape == (3, 3, K)  # 3 requests replay the graph of 4
+
+
 def chi2_critical_001(dof: int) -> float:
     z = 3.0902
     return dof * (1 - 2 / (9 * dof) + z * (2 / (9 * dof)) ** 0.5) ** 3
@@ -475,7 +499,7 @@ def test_max_bs_tail_skips_the_draws_above_the_buffer(sizes, rows, covered):
             assert torch.equal(draws.read(bs)[:, 0], greedy_blocks(h, base, anchor)), bs
         else:
             assert (draws.out == -7).all(), bs  # nothing drawn
-    assert draws.drawn_sizes == {s for s in (8, 4, 2, 1) if s <= rows} and draws.calls == len(draws.drawn_sizes)
+    assert set(draws.drawn_sizes) == {s for s in (8, 4, 2, 1) if s <= rows} and draws.calls == len(draws.drawn_sizes)
     assert draws.skipped_sizes == {s for s in (8, 4, 2, 1) if s > rows} and draws.skips == len(draws.skipped_sizes)
     assert [bs for bs in range(1, 10) if draws.covers(bs)] == covered
     assert stock_model.base_logits_calls == ours_model.base_logits_calls == 4  # DSPARK's, once per tail; none added
@@ -524,7 +548,7 @@ def test_max_bs_draft_forward_draws_eagerly_when_the_replayed_graph_has_no_draws
     assert two.base_logits is None and torch.equal(two.candidates[:, 0], greedy_blocks(h, base[:2], anchor[:2]))
     three = adapter.draft_forward(worker, *args, 3)
     assert three.candidates is None and torch.allclose(three.base_logits, base[:3])
-    assert draws.skipped_sizes == {4, 8} and draws.drawn_sizes == {1, 2}
+    assert draws.skipped_sizes == {4, 8} and set(draws.drawn_sizes) == {1, 2}
 
 
 def standin_worker(sampler, model, run_forward):
