@@ -5,6 +5,8 @@ DSPARK's own chain and flashtree's tree step alike (flashtree patches `_forward_
 B the result is written to FT_PROFILE_OUT (default /tmp):
   FT_PROFILE_STEPS=A:B  the steps run under cProfile -> profile_<pid>.txt (top functions by own and cumulative time,
                         and the mean host time per profiled step);
+  FT_SYNC_STEPS=A:B     host-device synchronisations in the steps (torch.cuda.set_sync_debug_mode), counted per
+                        call stack -> syncs_<pid>.txt;
   FT_STEP_TIMES=A:B     the steps are only timed -> steps_<pid>.json: host time per step (the call's wall time on the
                         CPU), device time per step (CUDA events around the call) and the device time from one step's
                         end to the next one's start, as mean and median, so servers compare step for step.
@@ -17,15 +19,19 @@ import os
 import pstats
 import statistics
 import time
+import traceback
+import warnings
+from collections import Counter
 
 
 def register() -> None:
     profile, times = os.environ.get("FT_PROFILE_STEPS"), os.environ.get("FT_STEP_TIMES")
-    if not (profile or times):
+    syncs = os.environ.get("FT_SYNC_STEPS")
+    if not (profile or times or syncs):
         return
     out_dir = os.environ.get("FT_PROFILE_OUT", "/tmp")
-    recorder = CProfileRecorder(out_dir) if profile else TimingRecorder(out_dir)
-    first, last = (int(x) for x in (profile or times).split(":"))
+    recorder = (CProfileRecorder(out_dir) if profile else SyncRecorder(out_dir) if syncs else TimingRecorder(out_dir))
+    first, last = (int(x) for x in (profile or syncs or times).split(":"))
     from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2
 
     original = DSparkWorkerV2.forward_batch_generation
@@ -71,6 +77,37 @@ class CProfileRecorder:
             stats.sort_stats(key).print_stats(45)
         with open(self.path, "w") as fh:
             fh.write(buf.getvalue())
+
+
+class SyncRecorder:
+    """Host-device synchronisations inside the steps (torch's sync debug mode), counted per call stack."""
+
+    def __init__(self, out_dir: str):
+        self.path = os.path.join(out_dir, f"syncs_{os.getpid()}.txt")
+        self.stacks: Counter = Counter()
+
+    def around(self, call):
+        import torch
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            frames = traceback.extract_stack()[:-1][-12:]
+            where = " <- ".join(f"{os.path.basename(f.filename)}:{f.lineno}({f.name})" for f in reversed(frames))
+            self.stacks[f"{str(message)[:60]} @ {where}"] += 1
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = show
+            torch.cuda.set_sync_debug_mode(1)
+            try:
+                return call()
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+
+    def write(self, steps: int) -> None:
+        with open(self.path, "w") as fh:
+            fh.write(f"decode steps: {steps}; synchronisations: {sum(self.stacks.values())}\n")
+            for stack, count in self.stacks.most_common(30):
+                fh.write(f"{count}x {stack}\n")
 
 
 class TimingRecorder:
