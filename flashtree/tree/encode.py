@@ -35,7 +35,9 @@ def verify_inputs(tree: VoteTree, anchor: torch.Tensor, seq_lens: torch.Tensor, 
     """The verify forward's token ids, positions and FULL_MASK tree mask (the layout of sglang's
     `build_tree_kernel_efficient`), and the step's statistics rows when `candidates` (bs, N, K) are given.
 
-    `seq_lens_sum` (host int) must equal `seq_lens.sum()`: it sizes the mask without a host synchronisation.
+    `seq_lens_sum` is a host int >= `seq_lens.sum()` (a serving step knows a bound, not the sum, without a host
+    synchronisation): it sizes the mask. The blocks sit at offsets from `seq_lens` itself, as the attention reads
+    them; cells past the last block are unused (False here, unspecified in the Triton kernel).
     """
     bs, w = tree.batch_size, tree.width
     device = tree.tokens.device
@@ -45,10 +47,10 @@ def verify_inputs(tree: VoteTree, anchor: torch.Tensor, seq_lens: torch.Tensor, 
     row_len = lens + w
     ends = torch.cumsum(row_len * w, dim=0)
     e = torch.arange(seq_lens_sum * w + bs * w * w, device=device)
-    b = torch.searchsorted(ends, e, right=True)
+    b = torch.searchsorted(ends, e, right=True).clamp(max=max(bs - 1, 0))
     local = e - (ends - row_len * w)[b]
     row, col = local // row_len[b], local % row_len[b] - lens[b]
-    mask = (col < 0) | ancestor_mask(tree)[b, row, col.clamp(min=0)]
+    mask = ((col < 0) | ancestor_mask(tree)[b, row.clamp(max=w - 1), col.clamp(min=0)]) & (e < ends[-1:])
     stats = None
     if candidates is not None:
         n = candidates.shape[1]

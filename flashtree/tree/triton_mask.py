@@ -83,7 +83,8 @@ def _np2(x: int) -> int:
 
 def verify_inputs_triton(tree: VoteTree, anchor: torch.Tensor, seq_lens: torch.Tensor, seq_lens_sum: int,
                          candidates: torch.Tensor | None = None) -> VerifyInputs:
-    """Same signature and result as `flashtree.tree.verify_inputs`, one launch."""
+    """Same signature and result as `flashtree.tree.verify_inputs`, one launch (mask cells past the last block, when
+    `seq_lens_sum` is a bound above the sum, are left unwritten)."""
     bs, w = tree.batch_size, tree.width
     dev = tree.tokens.device
     ids = torch.empty(bs, w, dtype=torch.int64, device=dev)

@@ -16,15 +16,23 @@ def on(tree, dev):
                          for f in tree.__dataclass_fields__})
 
 
-def check(tree, anchor, seq_lens, candidates):
-    total = int(seq_lens.sum())
-    ref = verify_inputs(tree, anchor, seq_lens, total, candidates)
-    out = verify_inputs_triton(on(tree, DEV), anchor.to(DEV), seq_lens.to(DEV), total,
+def check(tree, anchor, seq_lens, candidates, slack: int = 0):
+    """slack > 0: the mask is sized by a host bound above the sum of seq_lens (a serving step's reserved lengths); the
+    blocks stay where the exact sum puts them, the cells after them are unused."""
+    exact = int(seq_lens.sum())
+    ref = verify_inputs(tree, anchor, seq_lens, exact + slack, candidates)
+    out = verify_inputs_triton(on(tree, DEV), anchor.to(DEV), seq_lens.to(DEV), exact + slack,
                                None if candidates is None else candidates.to(DEV))
+    used = (exact + tree.batch_size * tree.width) * tree.width
+    assert ref.mask.shape == out.mask.shape == (used + slack * tree.width,)
+    assert not ref.mask[used:].any()
+    if slack:
+        assert torch.equal(ref.mask[:used], verify_inputs(tree, anchor, seq_lens, exact, candidates).mask)
     for f in FIELDS:
         want, got = getattr(ref, f), getattr(out, f)
         assert (want is None) == (got is None), f
         if want is not None:
+            got, want = (got[:used], want[:used]) if f == "mask" else (got, want)
             assert got.dtype == want.dtype and torch.equal(got.cpu(), want), f
     return ref
 
@@ -45,6 +53,7 @@ def test_verify_inputs_matches_reference(bs, n, k, w, vocab):
         seq_lens = torch.randint(0, 40, (bs,), generator=g).to(torch.int32)
         seq_lens[0] = 0
         check(tree, anchor, seq_lens, cands if stats else None)
+        check(tree, anchor, seq_lens, cands if stats else None, slack=2 * bs * w + 3)
 
 
 def test_verify_inputs_long_prefix_many_requests():

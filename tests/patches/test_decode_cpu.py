@@ -248,14 +248,17 @@ def tree_kernels():
 
 
 def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1, on_step=None, stage_times: int = 0,
-        graph_max_bs: int | None = None, depth: int = 0, budget: int = 0, width: int = 0, capture_bs=None):
+        graph_max_bs: int | None = None, depth: int = 0, budget: int = 0, width: int = 0, capture_bs=None,
+        reserve: int = 0):
     """Decode `steps` tree steps. Greedy rows (all rows without sampling_info, else rows with top_k == 1) are checked
     token for token against the stand-in target's sequential greedy decode; every row's commit is checked for the
     req_to_token / KV layout, the draft-context injection and the step's bookkeeping. Returns (accept-length
     histogram, tree state, generated tokens per request, world). graph_max_bs: FLASHTREE_GRAPH_DRAWS on, with draft
     graphs "captured" up to that batch size (the N draws come from the tail's buffer; eager above it). depth:
     FLASHTREE_TREE_DEPTH (0 = gamma). budget / width: FLASHTREE_TREE_BUDGET / FLASHTREE_TREE_WIDTH, with stand-in
-    verify graph runners "captured" at the batch sizes capture_bs (verify_widths.capture, as after init_cuda_graphs)."""
+    verify graph runners "captured" at the batch sizes capture_bs (verify_widths.capture, as after init_cuda_graphs).
+    reserve > 0: as under overlap scheduling, the host has no seq_lens sum, only DSPARK's reserved KV lengths
+    (seq_lens + reserve on each request's draft input)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.dspark_components.dspark_draft import make_next_draft_input
 
@@ -271,6 +274,9 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
         model_runner=types.SimpleNamespace(page_size=page_size, token_to_kv_pool=world),
         _proposer=types.SimpleNamespace(draft_model=types.SimpleNamespace(markov_head=real_markov_head())),
     )
+    if reserve:  # the backend whose max_context_len caps the reserved-length bound
+        worker.target_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(
+            attn_backend=types.SimpleNamespace(max_context_len=MAX_LEN)))
     toggles = TreeToggles(tree_n=n, seed=5, stage_times=stage_times, graph_draws=graph_max_bs is not None,
                           tree_depth=depth, tree_budget=budget, tree_width=width)
     state = create_state(adapter, toggles, worker)
@@ -307,6 +313,12 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
             has_grammar=False,
             return_logprob=False,
         )
+        if reserve:
+            reserved = seq_lens + reserve
+            for lens, total in (("reserved_seq_lens_cpu", "reserved_seq_lens_sum"), ("nxt_kv_lens_cpu", "nxt_kv_lens_sum")):
+                setattr(draft_input, lens, reserved)  # 0.5.17's names, then 0.5.20+'s
+                setattr(draft_input, total, int(reserved.sum()))
+            batch.seq_lens_cpu = batch.seq_lens_sum = None
         res = tree_step(state, worker, batch, published.append)
         commit = res.accept_lens.to(torch.int64)
         assert res.accept_lens.dtype == torch.int32 and res.next_token_ids.shape == (bs * W,)
@@ -406,6 +418,42 @@ def test_trees_wider_than_their_depth_fill_the_window(graph_max_bs):
     assert state.draw_paths == {expected_draw_path(graph_max_bs, BS): state.steps}
     assert max(accepts) == depth and all(accepts[d] > 0 for d in range(depth + 1)), sorted(accepts.items())
     assert max(sizes) == W - 1 > depth, sorted(sizes.items())
+
+
+def test_the_verify_mask_is_sized_from_the_reserved_lengths(monkeypatch):
+    """Without a host seq_lens sum (overlap scheduling) the step sizes its verify mask by DSPARK's reserved KV lengths,
+    sum(reserved) - bs * W, capped at bs x the backend's max_context_len, instead of summing the device seq_lens (a
+    host sync every step); the mask's blocks stay where the attention reads them, so every commit is still exactly
+    the sequential greedy decode (run() checks it)."""
+    import flashtree.patches.decode as decode
+
+    bounds, real = [], decode.verify_inputs
+
+    def verify_inputs(tree, anchor, seq_lens, seq_lens_sum, candidates):
+        bounds.append((seq_lens_sum, int(seq_lens.sum())))
+        return real(tree, anchor, seq_lens, seq_lens_sum, candidates)
+
+    def no_sum(*args, **kwargs):
+        raise AssertionError("the step summed the device seq_lens")
+
+    monkeypatch.setattr(decode, "verify_inputs", verify_inputs)
+    reserve = 2 * W + 3
+    _accepts, state, _gen, _world = run(n=4, steps=20, reserve=reserve)
+    assert state.steps > 0 and len(bounds) == state.steps
+    assert all(bound == exact + BS * (reserve - W) for bound, exact in bounds), bounds[:3]
+
+    worker = types.SimpleNamespace(target_worker=types.SimpleNamespace(model_runner=types.SimpleNamespace(
+        attn_backend=types.SimpleNamespace(max_context_len=10))))
+    draft = types.SimpleNamespace(reserved_seq_lens_cpu=torch.tensor([30, 40]), reserved_seq_lens_sum=70,
+                                  nxt_kv_lens_cpu=torch.tensor([30, 40]), nxt_kv_lens_sum=70)
+    adapter = adapters.select_adapter()
+    assert adapter.prefix_sum_bound(worker, 2, draft, W) == 20  # 70 - 2 * W = 58, capped at 2 x 10
+    worker.target_worker.model_runner.attn_backend = types.SimpleNamespace()
+    assert adapter.prefix_sum_bound(worker, 2, draft, W) == 70 - 2 * W
+    batch = types.SimpleNamespace(seq_lens=torch.tensor([5, 6]), spec_info=draft, seq_lens_sum=None)
+    state.adapter = adapter
+    monkeypatch.setattr(torch.Tensor, "sum", no_sum)  # the bound never reads the device lengths
+    assert decode.mask_prefix_bound(state, worker, batch) == 70 - 2 * W
 
 
 def test_fused_walk_and_commit_kernel_in_the_tree_step(monkeypatch):

@@ -376,16 +376,31 @@ class SglangAdapter:
         for j in range(src.shape[1]):
             pool.move_kv_cache(dst[:, j].contiguous(), src[:, j].contiguous())
 
-    def verify_mask_buffer(self, worker) -> torch.Tensor | None:
-        """The target attention backend's verify-mask buffer, which its captured verify graphs read (None: none)."""
+    def _target_attn_backend(self, worker):
         backend = worker.target_worker.model_runner.attn_backend
         for _ in range(4):  # hybrid backends wrap the full-attention one
             inner = getattr(backend, "full_attn_backend", None)
             if inner is None:
                 break
             backend = inner
-        mask = getattr(backend, "verify_mask", None)
+        return backend
+
+    def verify_mask_buffer(self, worker) -> torch.Tensor | None:
+        """The target attention backend's verify-mask buffer, which its captured verify graphs read (None: none)."""
+        mask = getattr(self._target_attn_backend(worker), "verify_mask", None)
         return None if mask is None else mask.buffer
+
+    def prefix_sum_bound(self, worker, bs: int, draft_input, window: int) -> int | None:
+        """A host int >= the batch's sum of seq_lens, known without a device sync (None: not on the host). Under
+        overlap scheduling the host knows the reserved KV lengths, not this step's prefixes; each reservation holds
+        its request's prefix and `window`-token verify window. Capped at bs x the backend's max_context_len, the
+        per-request span its verify-mask buffers are sized for."""
+        lens, total = self.reserved_lens(draft_input)
+        if lens is None or total is None:
+            return None
+        bound = int(total) - bs * window
+        ctx = getattr(self._target_attn_backend(worker), "max_context_len", None)
+        return bound if ctx is None else min(bound, bs * int(ctx))
 
     def publish_req_to_token_write(self, worker) -> None:
         """The scheduler's next req_to_token write must wait for this step's reads (0.5.20+: a fresh event)."""
