@@ -213,8 +213,8 @@ def stage_chain_mask(state: TreeState, worker, batch) -> None:
 
 def mask_prefix_bound(state: TreeState, worker, batch) -> int:
     """The host int that sizes a step's verify mask: >= the sum of the batch's seq_lens. DSPARK's reserved lengths
-    give one without a host sync (a sync per step cost ~0.9 ms of host time at bs 1 live, run 10); the exact sum
-    (a sync on the device seq_lens) only where no bound is on the host."""
+    give one without a host sync (summing the device seq_lens was the one sync of a tree step live, where DSPARK's
+    chain step has none); the exact sum only where no bound is on the host."""
     bound = state.adapter.prefix_sum_bound(worker, len(batch.seq_lens), batch.spec_info, state.width)
     if bound is not None:
         return bound

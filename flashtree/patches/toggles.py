@@ -127,7 +127,8 @@ TOGGLES: dict[str, tuple[str, Callable[[str], object], str]] = {
     "FLASHTREE_TREE_BUDGET": (
         "tree_budget",
         _int_in(0, 1 << 20),
-        "batch-wide verify-token budget: each request gets W_eff = clamp(budget // bs, 2, W) tree nodes; 0 = no budget",
+        "batch-wide verify-token budget: each request gets W_eff = clamp(budget // bs, 2, W) tree nodes and "
+        "ceil(N * W_eff / W) candidates; 0 = no budget",
     ),
     "FLASHTREE_TREE_MAX_BS": (
         "tree_max_bs",
