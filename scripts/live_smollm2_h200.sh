@@ -29,7 +29,8 @@
 # Runs 3-5 (BENCHMARKS.md section 6) used tags still defined below: f_tree4g f_tree8sg f_tree8m, b_tree4g b_tree8sg
 # b_tree8sgm (FLASHTREE_TREE_MAX_BS=$MAX_BS) b_tree8sgt b_tree8sgu (torch draws); pass them in the *_TAGS lists.
 # Every bf16 server except the stage-timed ones records host and device time per decode step (steps 50-399, c = 1:
-# harness plugin benchmarks/live/profile_steps.py). $OUT gets identity/speed/sampled_results.json, stage/ (the stage
+# harness plugin benchmarks/live/profile_steps.py); STEP_ENV=FT_PROFILE_STEPS=A:B (cProfile) or FT_SYNC_STEPS=A:B
+# (host-device syncs per call stack) replaces that. $OUT gets identity/speed/sampled_results.json, stage/ (the stage
 # phase's speed_results.json), stage_times.txt (tagged by server), server_logs.tgz, the draft config.
 set -u
 T0=$(date +%s)

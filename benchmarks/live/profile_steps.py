@@ -94,14 +94,17 @@ class SyncRecorder:
             where = " <- ".join(f"{os.path.basename(f.filename)}:{f.lineno}({f.name})" for f in reversed(frames))
             self.stacks[f"{str(message)[:60]} @ {where}"] += 1
 
+        cuda = torch.cuda.is_available()
         with warnings.catch_warnings():
             warnings.simplefilter("always")
             warnings.showwarning = show
-            torch.cuda.set_sync_debug_mode(1)
+            if cuda:
+                torch.cuda.set_sync_debug_mode(1)  # "warn": every synchronizing CUDA call warns
             try:
                 return call()
             finally:
-                torch.cuda.set_sync_debug_mode(0)
+                if cuda:
+                    torch.cuda.set_sync_debug_mode(0)
 
     def write(self, steps: int) -> None:
         with open(self.path, "w") as fh:

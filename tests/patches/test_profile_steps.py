@@ -82,3 +82,42 @@ def test_times_the_decode_steps_asked_for(monkeypatch, tmp_path):
         assert 20 <= result["host_ms"]["mean"] < 150 and result["host_ms"]["median"] >= 20  # the 200 ms prefill is not in
     finally:
         DSparkWorkerV2.forward_batch_generation = original
+
+
+def test_counts_synchronisations_per_call_stack(monkeypatch, tmp_path):
+    """FT_SYNC_STEPS: warnings raised inside the window's steps (torch's sync debug mode raises one per synchronizing
+    CUDA call) are counted per call stack, naming the line that synced; steps outside the window are not counted."""
+    import warnings
+
+    from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2
+
+    original = DSparkWorkerV2.__dict__["forward_batch_generation"]
+
+    def synced_here():
+        warnings.warn("called a synchronizing CUDA operation")
+
+    def stand_in(self, batch, *args, **kwargs):
+        for _ in range(batch.syncs):
+            synced_here()
+        return batch.tag
+
+    try:
+        DSparkWorkerV2.forward_batch_generation = stand_in
+        for var in ("FT_PROFILE_STEPS", "FT_STEP_TIMES"):
+            monkeypatch.delenv(var, raising=False)
+        monkeypatch.setenv("FT_SYNC_STEPS", "2:4")
+        monkeypatch.setenv("FT_PROFILE_OUT", str(tmp_path))
+        harness_plugins.load("profile_steps").register()
+        worker = DSparkWorkerV2.__new__(DSparkWorkerV2)
+        batches = [types.SimpleNamespace(tag=f"decode{i}", forward_mode=Mode(), is_extend_in_batch=False, syncs=i)
+                   for i in range(1, 6)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the steps outside the window: their warnings are not the plugin's
+            assert [worker.forward_batch_generation(b) for b in batches] == [b.tag for b in batches]
+        (out,) = tmp_path.glob("syncs_*.txt")  # written at decode step 4: steps 2 and 3 (2 + 3 syncs) were watched
+        lines = out.read_text().splitlines()
+        assert lines[0] == "decode steps: 2; synchronisations: 5"
+        assert lines[1].startswith("5x called a synchronizing CUDA operation @ ") and "(synced_here) <- " in lines[1]
+        assert "(stand_in)" in lines[1] and len(lines) == 2
+    finally:
+        DSparkWorkerV2.forward_batch_generation = original
