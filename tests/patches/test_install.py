@@ -120,9 +120,13 @@ def test_tree_max_bs_installs_the_same_patches_and_routes_big_batches_to_dspark(
                                    target_worker=types.SimpleNamespace(model_runner=types.SimpleNamespace(attn_backend=backend)))
     worker._flashtree = decode.create_state(adapters.select_adapter(), read_toggles(), worker)
 
+    # The draft input: not DSPARK's class (its step refuses it below), no reserved lengths (the host sum sizes the mask).
+    draft_input = types.SimpleNamespace(reserved_seq_lens_cpu=None, reserved_seq_lens_sum=None, nxt_kv_lens_cpu=None,
+                                        nxt_kv_lens_sum=None)
+
     def batch(lens):
         return types.SimpleNamespace(forward_mode=ForwardMode.DECODE, seq_lens=torch.tensor(lens), seq_lens_sum=sum(lens),
-                                     sampling_info=None, has_grammar=False, return_logprob=False, spec_info=object())
+                                     sampling_info=None, has_grammar=False, return_logprob=False, spec_info=draft_input)
 
     forward = owner(W)._forward_decode
     with pytest.raises(RuntimeError, match="DSpark spec-v2 expected DFlashDraftInputV2"):  # DSPARK's own step ran
