@@ -11,18 +11,18 @@
 # FLASHTREE_GRAPH_DRAWS=1, as flashtree's fused Markov draws: FLASHTREE_FUSED_SAMPLER=1), started 6 s apart
 # (STAGGER_S); a server starts only when a phase in PHASES lists it:
 #   identity (float32, --enable-deterministic-inference; greedy, 50 held-out GSM8K prompts x 128 tokens, each server
-#     token for token against f_plain; then the f_* servers stop): ID_TAGS, default f_plain f_chain f_tree8g (N = 8,
-#     W = 9) f_tree8w (N = 8, W = 16: --speculative-num-draft-tokens 16 --speculative-dspark-block-size 15 with
-#     FLASHTREE_TREE_DEPTH=8, the draft's block length, draft temperature 0.7) f_chainx f_tree8gx f_tree8wx (f_chain,
-#     f_tree8g, f_tree8w with FLASHTREE_EXACT_VERIFY=1: verify attention as decode rows, bit-equal to f_plain's decode)
+#     token for token against f_plain; then the f_* servers stop): ID_TAGS, default f_plain f_chain f_tree8w (N = 8,
+#     W = 16: --speculative-num-draft-tokens 16 --speculative-dspark-block-size 15 with FLASHTREE_TREE_DEPTH=8, the
+#     draft's block length, draft temperature 0.7) f_chainx f_tree8gx f_tree8wx f_tree32wx (f_chain, f_tree8g (N = 8,
+#     W = 9), f_tree8w and the N = 32, W = 32 tree with FLASHTREE_EXACT_VERIFY=1: verify attention as decode rows,
+#     bit-equal to f_plain's decode)
 #   speed (bfloat16; tokens/s, TPOT and tau of each server alone at concurrency 1, 8, 32; ROUNDS=R passes, averaged):
 #     SPEED_TAGS, default b_plain b_chain b_tree1g (flashtree's step with N = 1: the chain's tau through the tree path,
-#     so its gap to b_chain is the tree path's own cost) b_tree8g b_tree8w b_tree16w (N = 16, W = 16) b_tree8sw
-#     (b_tree8w with split-KV verify); also defined: b_tree16sw (b_tree16w with split-KV verify), b_tree8wb and
-#     b_tree8swb (b_tree8w and b_tree8sw with FLASHTREE_TREE_BUDGET=$BUDGET: verify graphs at the narrower widths),
-#     b_tree32w (N = 32, W = 32: --speculative-num-draft-tokens 32 --speculative-dspark-block-size 31, depth 8) and
-#     b_tree32wb (the same with FLASHTREE_TREE_BUDGET=$BUDGET32: narrower trees, fewer candidates at large batches);
-#     identity: f_tree32wx (b_tree32w in float32 with exact verify)
+#     so its gap to b_chain is the tree path's own cost) b_tree8g b_tree8w b_tree32w (N = 32, W = 32:
+#     --speculative-num-draft-tokens 32 --speculative-dspark-block-size 31, depth 8) b_tree8sw (b_tree8w with split-KV
+#     verify); also defined: b_tree16w (N = 16, W = 16), b_tree16sw (with split-KV verify), b_tree8wb and b_tree8swb
+#     (b_tree8w and b_tree8sw with FLASHTREE_TREE_BUDGET=$BUDGET: verify graphs at the narrower widths), b_tree32wb
+#     (b_tree32w with FLASHTREE_TREE_BUDGET=$BUDGET32: narrower trees, fewer candidates at large batches)
 #   stage (bfloat16, concurrency 1 only, FLASHTREE_STAGE_TIMES=100: the per-stage table): STAGE_TAGS, default b_tree1gt
 #     b_tree8gt b_tree8wt (b_tree1g, b_tree8g, b_tree8w with the timer's events)
 #   sampled (T = 0.7, 600 requests; chi-square of tokens 2-4 against b_plain): SAMPLED_TAGS, default b_plain b_tree8w
@@ -90,8 +90,8 @@ BUDGET=${BUDGET:-128}
 # The W = 32 budget servers (b_tree32wb): trees (and verify graphs) of 32 tokens and 32 candidates per request up to 8
 # requests, then 18, 12 and 9 tokens (17, 12 and 9 candidates) at 16, 24 and 32 requests: the chain's 9 at 32.
 BUDGET32=${BUDGET32:-288}
-ID_TAGS=${ID_TAGS:-"f_plain f_chain f_tree8w f_chainx f_tree8gx f_tree8wx"}
-SPEED_TAGS=${SPEED_TAGS:-"b_plain b_chain b_tree1g b_tree8g b_tree8w b_tree16w b_tree8sw"}
+ID_TAGS=${ID_TAGS:-"f_plain f_chain f_tree8w f_chainx f_tree8gx f_tree8wx f_tree32wx"}
+SPEED_TAGS=${SPEED_TAGS:-"b_plain b_chain b_tree1g b_tree8g b_tree8w b_tree32w b_tree8sw"}
 STAGE_TAGS=${STAGE_TAGS:-"b_tree1gt b_tree8gt b_tree8wt"}
 SAMPLED_TAGS=${SAMPLED_TAGS:-"b_plain b_tree8w"}
 trap stop_all EXIT
