@@ -102,8 +102,8 @@ class GraphDraws:
             self.noise_state = new_state(seed, device)
         self.calls = 0  # tail runs (warm-up, capture and eager tails; not replays)
         self.skips = 0  # tail runs above max_bs with a limit: DSPARK's tail only, no draws
-        self.drawn_sizes: dict[int, int] = {}  # batch sizes the tail ran for -> candidates drawn / sizes without draws
-        self.skipped_sizes: set[int] = set()
+        self.drawn_sizes: dict[int, int] = {}  # batch sizes the tail drew for -> the candidates it drew per request
+        self.skipped_sizes: set[int] = set()  # batch sizes the tail ran for without the draws
 
     # ---- the step sampler ---------------------------------------------------------------------------------------
     def step_sampler(self, n: int) -> Callable[[torch.Tensor], torch.Tensor]:
