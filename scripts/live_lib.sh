@@ -15,7 +15,7 @@ el() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
 # The bundle's Python (sglang 0.5.17) with flashtree installed next to it: the checkout plus its dist-info (the
 # sglang.srt.plugins entry point), so sglang's load_plugins() finds it in every server process; and the float32
 # harness plugins benchmarks/live/fp32_native.py (does nothing unless FT_FP32_NATIVE=1) and
-# benchmarks/live/profile_steps.py (does nothing unless FT_PROFILE_STEPS=A:B or FT_STEP_TIMES=A:B).
+# benchmarks/live/profile_steps.py (does nothing unless one of its FT_* modes is set).
 live_setup() {
   [ -f .h200/site312.tar.xz ] || { el "carry .h200 (site312.tar.xz, device-env.sh)"; return 2; }
   cd .h200 && . ./device-env.sh && cd "$ROOT" || { el "device-env failed"; return 2; }

@@ -29,8 +29,9 @@
 # Runs 3-5 (BENCHMARKS.md section 6) used tags still defined below: f_tree4g f_tree8sg f_tree8m, b_tree4g b_tree8sg
 # b_tree8sgm (FLASHTREE_TREE_MAX_BS=$MAX_BS) b_tree8sgt b_tree8sgu (torch draws); pass them in the *_TAGS lists.
 # Every bf16 server except the stage-timed ones records host and device time per decode step (steps 50-399, c = 1:
-# harness plugin benchmarks/live/profile_steps.py); STEP_ENV=FT_PROFILE_STEPS=A:B (cProfile) or FT_SYNC_STEPS=A:B
-# (host-device syncs per call stack) replaces that. $OUT gets identity/speed/sampled_results.json, stage/ (the stage
+# harness plugin benchmarks/live/profile_steps.py); STEP_ENV replaces that with any of its modes on disjoint windows,
+# e.g. STEP_ENV="FT_LOOP_PROFILE=300:550 FT_TRACE_STEPS=600:660 FT_SYNC_STEPS=700:900" (CONCS=1: the speed phase at
+# concurrency 1 only). $OUT gets identity/speed/sampled_results.json, stage/ (the stage
 # phase's speed_results.json), stage_times.txt (tagged by server), server_logs.tgz, the draft config.
 set -u
 T0=$(date +%s)
@@ -154,7 +155,7 @@ fi
 if has speed; then
   el "speed phase"
   timeout $(( TOTAL_S - ($(date +%s) - T0) - 60 )) python3 benchmarks/live/bench_client.py speed --prompts "$PROMPTS" \
-    --out "$OUT" --wait 5 --min-requests 16 --rounds "${ROUNDS:-1}" $(args $SPEED_TAGS) | grep -v "^\[bench\]"
+    --out "$OUT" --wait 5 --min-requests 16 --rounds "${ROUNDS:-1}" ${CONCS:+--conc $CONCS} $(args $SPEED_TAGS) | grep -v "^\[bench\]"
   el "speed done"
 fi
 left=$(( TOTAL_S - ($(date +%s) - T0) - 25 ))

@@ -2,9 +2,15 @@
 
 Decode steps A..B-1 (prefill and idle steps not counted) of `DSparkWorkerV2.forward_batch_generation` are measured,
 DSPARK's own chain and flashtree's tree step alike (flashtree patches `_forward_decode`, one level below), and at step
-B the result is written to FT_PROFILE_OUT (default /tmp):
+B the result is written to FT_PROFILE_OUT (default /tmp). Each mode has its own window; set several at once on
+disjoint windows (one server run then gives all of them without one mode perturbing another):
   FT_PROFILE_STEPS=A:B  the steps run under cProfile -> profile_<pid>.txt (top functions by own and cumulative time,
                         and the mean host time per profiled step);
+  FT_LOOP_PROFILE=A:B   cProfile from step A's start to step B's start: the scheduler's whole loop (result processing,
+                        batch scheduling, output streaming) as well as the steps -> loop_<pid>.txt, with the mean wall
+                        time per step;
+  FT_TRACE_STEPS=A:B    torch.profiler (CPU and CUDA activity) over the same whole-loop window -> trace_<pid>.txt (ops
+                        by own CPU time and by device time, per step) and the timeline trace_<pid>.json.gz;
   FT_SYNC_STEPS=A:B     host-device synchronisations in the steps (torch.cuda.set_sync_debug_mode), counted per
                         call stack -> syncs_<pid>.txt;
   FT_STEP_TIMES=A:B     the steps are only timed -> steps_<pid>.json: host time per step (the call's wall time on the
@@ -13,10 +19,12 @@ B the result is written to FT_PROFILE_OUT (default /tmp):
 """
 
 import cProfile
+import gzip
 import io
 import json
 import os
 import pstats
+import shutil
 import statistics
 import time
 import traceback
@@ -25,13 +33,15 @@ from collections import Counter
 
 
 def register() -> None:
-    profile, times = os.environ.get("FT_PROFILE_STEPS"), os.environ.get("FT_STEP_TIMES")
-    syncs = os.environ.get("FT_SYNC_STEPS")
-    if not (profile or times or syncs):
-        return
     out_dir = os.environ.get("FT_PROFILE_OUT", "/tmp")
-    recorder = (CProfileRecorder(out_dir) if profile else SyncRecorder(out_dir) if syncs else TimingRecorder(out_dir))
-    first, last = (int(x) for x in (profile or syncs or times).split(":"))
+    windows = []  # (recorder, first step, last step)
+    for var, make in RECORDERS.items():
+        value = os.environ.get(var)
+        if value:
+            first, last = (int(x) for x in value.split(":"))
+            windows.append((make(out_dir), first, last))
+    if not windows:
+        return
     from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2
 
     original = DSparkWorkerV2.forward_batch_generation
@@ -43,22 +53,54 @@ def register() -> None:
             return original(self, batch, *args, **kwargs)
         count["steps"] += 1
         step = count["steps"]
-        if not first <= step < last:
+        call = lambda: original(self, batch, *args, **kwargs)  # noqa: E731
+        for recorder, first, last in windows:
             if step == last:
                 recorder.write(last - first)
-            return original(self, batch, *args, **kwargs)
-        return recorder.around(lambda: original(self, batch, *args, **kwargs))
+            elif step == first:
+                recorder.begin()
+            if first <= step < last:
+                call = inside(recorder, call)
+        return call()
 
     DSparkWorkerV2.forward_batch_generation = forward_batch_generation
 
 
-class CProfileRecorder:
-    def __init__(self, out_dir: str):
-        self.path = os.path.join(out_dir, f"profile_{os.getpid()}.txt")
-        self.profile = cProfile.Profile()
-        self.host_s = 0.0
+def inside(recorder, call):
+    return lambda: recorder.around(call)
+
+
+class Recorder:
+    """A window's measurement: `begin` at its first step, `around` each of its steps, `write` at its end."""
+
+    def begin(self) -> None:
+        pass
 
     def around(self, call):
+        return call()
+
+    def write(self, steps: int) -> None:
+        raise NotImplementedError
+
+
+class CProfileRecorder(Recorder):
+    """cProfile around each step (FT_PROFILE_STEPS) or, with `loop`, over the whole window (FT_LOOP_PROFILE)."""
+
+    def __init__(self, out_dir: str, loop: bool = False):
+        self.loop = loop
+        self.path = os.path.join(out_dir, f"{'loop' if loop else 'profile'}_{os.getpid()}.txt")
+        self.profile = cProfile.Profile()
+        self.host_s = 0.0
+        self.t0 = 0.0
+
+    def begin(self) -> None:
+        if self.loop:
+            self.t0 = time.perf_counter()
+            self.profile.enable()
+
+    def around(self, call):
+        if self.loop:
+            return call()
         t0 = time.perf_counter()
         self.profile.enable()
         try:
@@ -68,18 +110,62 @@ class CProfileRecorder:
             self.host_s += time.perf_counter() - t0
 
     def write(self, steps: int) -> None:
+        if self.loop:
+            self.profile.disable()
+            self.host_s = time.perf_counter() - self.t0
+        what = "wall time per step (scheduler loop)" if self.loop else "host time per step"
         buf = io.StringIO()
-        buf.write(f"decode steps profiled: {steps}; mean host time per step under cProfile: "
-                  f"{self.host_s / steps * 1e3:.3f} ms\n")
+        buf.write(f"decode steps profiled: {steps}; mean {what} under cProfile: {self.host_s / steps * 1e3:.3f} ms\n")
         stats = pstats.Stats(self.profile, stream=buf)
         for key in ("tottime", "cumulative"):
             buf.write(f"\n=== by {key}\n")
-            stats.sort_stats(key).print_stats(45)
+            stats.sort_stats(key).print_stats(60 if self.loop else 45)
         with open(self.path, "w") as fh:
             fh.write(buf.getvalue())
 
 
-class SyncRecorder:
+class TraceRecorder(Recorder):
+    """torch.profiler over the whole window: every op and CUDA runtime call with its CPU time, every kernel with its
+    device time, so launches, copies and host waits per step compare between servers."""
+
+    def __init__(self, out_dir: str):
+        self.path = os.path.join(out_dir, f"trace_{os.getpid()}")
+        self.profiler = None
+
+    def begin(self) -> None:
+        import torch
+
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self.profiler = torch.profiler.profile(activities=activities)
+        self.t0 = time.perf_counter()
+        self.profiler.__enter__()
+
+    def write(self, steps: int) -> None:
+        self.profiler.__exit__(None, None, None)
+        wall_ms = (time.perf_counter() - self.t0) * 1e3
+        events = self.profiler.key_averages()
+        lines = [f"decode steps traced: {steps}; mean wall time per step (scheduler loop, under the profiler): "
+                 f"{wall_ms / steps:.3f} ms", "", "per step: calls, own CPU us, device us (top 60 by own CPU time)"]
+        rows = sorted(events, key=lambda e: -e.self_cpu_time_total)[:60]
+        rows += sorted((e for e in events if e not in rows), key=lambda e: -device_us(e))[:30]
+        for e in rows:
+            lines.append(f"{e.count / steps:8.2f} {e.self_cpu_time_total / steps:10.1f} {device_us(e) / steps:10.1f}  "
+                         f"{e.key[:110]}")
+        with open(self.path + ".txt", "w") as fh:
+            fh.write("\n".join(lines) + "\n")
+        self.profiler.export_chrome_trace(self.path + ".json")
+        with open(self.path + ".json", "rb") as src, gzip.open(self.path + ".json.gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.remove(self.path + ".json")
+
+
+def device_us(event) -> float:
+    return getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0.0)
+
+
+class SyncRecorder(Recorder):
     """Host-device synchronisations inside the steps (torch's sync debug mode), counted per call stack."""
 
     def __init__(self, out_dir: str):
@@ -113,7 +199,7 @@ class SyncRecorder:
                 fh.write(f"{count}x {stack}\n")
 
 
-class TimingRecorder:
+class TimingRecorder(Recorder):
     def __init__(self, out_dir: str):
         self.path = os.path.join(out_dir, f"steps_{os.getpid()}.json")
         self.host_ms: list[float] = []
@@ -148,3 +234,12 @@ class TimingRecorder:
 
 def summary(values: list[float]) -> dict:
     return {"mean": round(statistics.fmean(values), 4), "median": round(statistics.median(values), 4)} if values else {}
+
+
+RECORDERS = {
+    "FT_PROFILE_STEPS": CProfileRecorder,
+    "FT_LOOP_PROFILE": lambda out_dir: CProfileRecorder(out_dir, loop=True),
+    "FT_TRACE_STEPS": TraceRecorder,
+    "FT_SYNC_STEPS": SyncRecorder,
+    "FT_STEP_TIMES": TimingRecorder,
+}

@@ -121,3 +121,51 @@ def test_counts_synchronisations_per_call_stack(monkeypatch, tmp_path):
         assert "(stand_in)" in lines[1] and len(lines) == 2
     finally:
         DSparkWorkerV2.forward_batch_generation = original
+
+
+def test_loop_profile_and_trace_cover_the_scheduler_between_steps(monkeypatch, tmp_path):
+    """FT_LOOP_PROFILE and FT_TRACE_STEPS measure the whole loop from step A's start to step B's start, work between
+    the steps included (where a step's own cProfile sees none of it); with FT_STEP_TIMES on another window, all three
+    write their results from one run."""
+    import gzip
+    import json
+
+    import torch
+    from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2
+
+    original = DSparkWorkerV2.__dict__["forward_batch_generation"]
+
+    def stand_in(self, batch, *args, **kwargs):
+        return batch.tag
+
+    def scheduler_between_steps():
+        return torch.ones(64, 64) @ torch.ones(64, 64)
+
+    try:
+        DSparkWorkerV2.forward_batch_generation = stand_in
+        monkeypatch.delenv("FT_PROFILE_STEPS", raising=False)
+        monkeypatch.delenv("FT_SYNC_STEPS", raising=False)
+        monkeypatch.setenv("FT_STEP_TIMES", "1:3")
+        monkeypatch.setenv("FT_LOOP_PROFILE", "3:6")
+        monkeypatch.setenv("FT_TRACE_STEPS", "6:8")
+        monkeypatch.setenv("FT_PROFILE_OUT", str(tmp_path))
+        harness_plugins.load("profile_steps").register()
+        worker = DSparkWorkerV2.__new__(DSparkWorkerV2)
+        for i in range(1, 10):
+            batch = types.SimpleNamespace(tag=f"decode{i}", forward_mode=Mode(), is_extend_in_batch=False)
+            assert worker.forward_batch_generation(batch) == batch.tag
+            scheduler_between_steps()
+        assert json.loads(next(tmp_path.glob("steps_*.json")).read_text())["steps"] == 2
+        (loop,) = tmp_path.glob("loop_*.txt")
+        text = loop.read_text()
+        assert text.startswith("decode steps profiled: 3; mean wall time per step (scheduler loop)")
+        assert "scheduler_between_steps" in text and "stand_in" in text
+        (trace,) = tmp_path.glob("trace_*.txt")
+        lines = trace.read_text().splitlines()
+        assert lines[0].startswith("decode steps traced: 2;")
+        mm = [line for line in lines if line.endswith("aten::mm")]
+        assert mm and float(mm[0].split()[0]) == 1.0  # one matmul between each pair of traced steps
+        (timeline,) = tmp_path.glob("trace_*.json.gz")
+        assert "aten::mm" in gzip.decompress(timeline.read_bytes()).decode()
+    finally:
+        DSparkWorkerV2.forward_batch_generation = original
