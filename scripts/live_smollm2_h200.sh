@@ -155,7 +155,7 @@ fi
 if has speed; then
   el "speed phase"
   timeout $(( TOTAL_S - ($(date +%s) - T0) - 60 )) python3 benchmarks/live/bench_client.py speed --prompts "$PROMPTS" \
-    --out "$OUT" --wait 5 --min-requests 16 --rounds "${ROUNDS:-1}" ${CONCS:+--conc $CONCS} $(args $SPEED_TAGS) | grep -v "^\[bench\]"
+    --out "$OUT" --wait 5 --min-requests 16 --rounds "${ROUNDS:-1}" $(args $SPEED_TAGS) ${CONCS:+--conc $CONCS} | grep -v "^\[bench\]"
   el "speed done"
 fi
 left=$(( TOTAL_S - ($(date +%s) - T0) - 25 ))
