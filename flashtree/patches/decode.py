@@ -40,6 +40,7 @@ from flashtree.tree import build_vote_tree, chain_tree, commit_plan, verify_inpu
 from flashtree.tree.commit import apply_permutation
 from flashtree.tree.types import VoteTree
 
+from . import graph_draws
 from .adapters.base import Window
 from .stage_times import NoTimer, StageTimer
 from .toggles import ToggleError, TreeToggles, load_for_toggle
@@ -160,8 +161,6 @@ def make_worker_init(original, adapter, toggles: TreeToggles):
         original(self, *args, **kwargs)
         self._flashtree = create_state(adapter, toggles, self)
         if toggles.graph_draws:
-            from . import graph_draws
-
             graph_draws.install(self._flashtree, self)  # before the scheduler's init_cuda_graphs builds the sampler
 
     return __init__
@@ -180,7 +179,8 @@ def make_forward_decode(original, adapter, toggles: TreeToggles):
             state.fallbacks[reason] = state.fallbacks.get(reason, 0) + 1
             if reason in CHAIN_VERIFY_FALLBACKS:
                 stage_chain_mask(state, self, batch)
-            return original(self, batch, on_publish, *args, **kwargs)
+            with graph_draws.dspark_proposes_eagerly(self):
+                return original(self, batch, on_publish, *args, **kwargs)
         return tree_step(state, self, batch, on_publish)
 
     return _forward_decode

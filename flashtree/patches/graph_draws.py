@@ -24,6 +24,13 @@ The tree step's draft forward passes that sampler to `_run_forward`; when the gr
 the buffer and computes no base logits; otherwise (eager forward) it keeps the eager path (base logits + N draws
 through flashtree's row sampler with FLASHTREE_SEED's generator).
 
+Lean tails (N > 1, no FLASHTREE_TREE_MAX_BS): every replay of the draft graphs then feeds a tree step, so the tail
+leaves out step 1, DSPARK's own block proposal (gamma Markov steps, e.g. 31 with a 32-token window: seen live as a
+quarter of the tree step's extra device time and ~130 graph nodes), and computes base logits for the K kept positions
+only. The steps that still reach DSPARK's own decode (`decode.make_forward_decode`'s fallbacks) run with the sampler
+detached, so DSPARK proposes its block eagerly from the replayed graph's hidden states (its path without a folded
+sampler) and never reads the buffers the lean tail left stale.
+
 FLASHTREE_TREE_MAX_BS=L (> 0): batches of more than L requests run DSPARK's own chain step, which reads none of the
 draws, so the buffers hold `rows` = min(max graph bs, B) requests, B the configured graph size a batch of L requests
 is padded to (L itself when the configured sizes are unknown), and a tail that runs for more than `rows` requests
@@ -38,6 +45,7 @@ keeps the corrected logits; 0.5.23 steps on `(bs * N, V)` rows). If the estimate
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Callable
 
@@ -76,14 +84,16 @@ class GraphDraws:
     """The N candidate blocks per request, drawn in DSPARK's draft graph tail into persistent buffers."""
 
     def __init__(self, *, adapter, n: int, depth: int, max_bs: int, vocab: int, temperature: float, device,
-                 limit: int = 0, fused: tuple | None = None, seed: int = 0, n_for: Callable[[int], int] | None = None):
+                 limit: int = 0, fused: tuple | None = None, seed: int = 0, n_for: Callable[[int], int] | None = None,
+                 lean: bool = False):
         # depth: the block positions each candidate keeps (FLASHTREE_TREE_DEPTH, <= DSPARK's gamma)
         # max_bs: the requests the buffers hold. limit (FLASHTREE_TREE_MAX_BS, 0 = none): with a limit, a tail run
         # for more than max_bs requests (a graph only chain steps replay) skips the draws instead of failing.
         # fused: a vanilla Markov head's (w1, w2): the draws run as flashtree's fused Markov draws (K launches,
         # in-kernel noise from a (seed, calls) state each replay advances) instead of the head's torch steps.
         # n_for: candidates drawn for a batch of bs requests (<= n; FLASHTREE_TREE_BUDGET scales them with the tree).
-        self.adapter, self.n, self.k, self.max_bs = adapter, int(n), int(depth), int(max_bs)
+        # lean: the tail runs the draws only, without DSPARK's block proposal (module docstring)
+        self.adapter, self.n, self.k, self.max_bs, self.lean = adapter, int(n), int(depth), int(max_bs), bool(lean)
         self.n_for = n_for or (lambda bs: self.n)
         self.limit = int(limit)
         self.fused = fused
@@ -133,9 +143,10 @@ class GraphDraws:
             raise RuntimeError(f"flashtree: the draft tail ran for {bs} requests, above its {self.max_bs}-row buffer")
         n = self.n_for(bs)
         self.drawn_sizes[bs] = n
-        if base_logits is None:  # DSPARK's tail computed none (0.5.23's megakernel step)
-            base_logits, _ = sampler.model.compute_base_logits(model_hidden)
-        base_logits = base_logits.view(bs, int(sampler.gamma), -1)[:, : self.k]
+        if base_logits is None:  # DSPARK's tail computed none (lean tail, 0.5.23's megakernel step): the K kept rows
+            kept = model_hidden.view(bs, int(sampler.gamma), -1)[:, : self.k].reshape(bs * self.k, -1)
+            base_logits, _ = sampler.model.compute_base_logits(kept)
+        base_logits = base_logits.view(bs, -1, base_logits.shape[-1])[:, : self.k]
         draft_hidden = draft_hidden[:, : self.k]
         if self.fused is not None:
             inv_temperature, greedy = self.rows[n]
@@ -194,6 +205,9 @@ class FlashtreeSamplerMixin:
     flashtree_draws: GraphDraws
 
     def __call__(self, hidden_states, input_ids):
+        if self.flashtree_draws.lean:
+            self.flashtree_draws.draw(self, hidden_states, input_ids, None)
+            return
         model = self.model
         tap = _TapModel(model)
         self.model = tap
@@ -224,6 +238,23 @@ def sampler_of(worker):
     """The worker's flashtree draft sampler (None: DSPARK's own sampler, or none)."""
     sampler = getattr(worker, "_draft_sampler", None)
     return sampler if isinstance(sampler, FlashtreeSamplerMixin) else None
+
+
+@contextlib.contextmanager
+def dspark_proposes_eagerly(worker):
+    """Around a step of DSPARK's own decode: with lean tails the worker's sampler is detached (the worker's and the
+    proposer's reference), so DSPARK samples its block eagerly from the replayed draft graph's hidden states instead
+    of reading the proposal buffers the lean tail does not fill."""
+    sampler = sampler_of(worker)
+    if sampler is None or not sampler.flashtree_draws.lean:
+        yield
+        return
+    proposer = worker._proposer
+    worker._draft_sampler = proposer._draft_sampler = None
+    try:
+        yield
+    finally:
+        worker._draft_sampler = proposer._draft_sampler = sampler
 
 
 # ---- building (init_cuda_graphs) --------------------------------------------------------------------------------
@@ -304,17 +335,21 @@ def build(state, worker, stock, *, free: Callable = free_bytes, graph_sizes: Cal
             f"N={toggles.tree_n} x vocab {vocab}, but only {have / 2**30:.2f} GiB GPU memory is free (1 GiB kept for "
             "capture); lower --cuda-graph-max-bs / FLASHTREE_TREE_N or raise free memory (--mem-fraction-static)"
         )
+    limit = limit if max_bs < graph_bs else 0
+    # Lean tails unless DSPARK's own decode is a regular path: with N = 1 (sampled batches take DSPARK's chain) or a
+    # limit (chain steps above it) its folded proposal is what keeps those steps fast.
+    lean = toggles.tree_n > 1 and not toggles.tree_max_bs
     draws = GraphDraws(
         adapter=adapter, n=toggles.tree_n, depth=state.depth, max_bs=max_bs, vocab=vocab,
-        temperature=toggles.draft_temperature, device=stock.out.device, limit=limit if max_bs < graph_bs else 0,
-        fused=fused, seed=toggles.seed, n_for=state.draws_for,
+        temperature=toggles.draft_temperature, device=stock.out.device, limit=limit, fused=fused, seed=toggles.seed,
+        n_for=state.draws_for, lean=lean,
     )
     state.graph_draws = draws
     state.graph_draws_off = None
     logger.info(
-        "flashtree: the N=%d draft draws run in DSPARK's draft CUDA graph tail (%s, up to %d requests, ~%.2f GiB)%s",
+        "flashtree: the N=%d draft draws run in DSPARK's draft CUDA graph tail (%s, up to %d requests, ~%.2f GiB%s)%s",
         toggles.tree_n, "fused Markov draws" if fused is not None else "the Markov head's torch steps", max_bs,
-        need / 2**30,
+        need / 2**30, "; lean: without DSPARK's own block proposal" if lean else "",
         f"; graphs above {max_bs} requests (FLASHTREE_TREE_MAX_BS={limit}: chain steps) are captured without them"
         if max_bs < graph_bs else "",
     )

@@ -341,6 +341,7 @@ def test_real_init_cuda_graphs_captures_flashtree_sampler_as_the_tail_hook(monke
     adapter = adapters.select_adapter()
     h = head()
     stock = stock_sampler(TinyDraft(h, V), gamma=K, max_bs=4)
+    stock.out.fill_(-1)
     worker, attached, graphs = fake_worker_for_init_cuda_graphs(stock, monkeypatch)
     worker.verify_num_draft_tokens = K + 1
     worker.model_runner = types.SimpleNamespace(page_size=1, token_to_kv_pool=None)
@@ -363,7 +364,8 @@ def test_real_init_cuda_graphs_captures_flashtree_sampler_as_the_tail_hook(monke
     hook(None, out, types.SimpleNamespace(input_ids=ids), ids.numel())
     assert state.graph_draws.calls == 1
     assert torch.equal(state.graph_draws.read(bs)[:, 0], greedy_blocks(h, base, anchor))
-    assert torch.equal(sampler.out[: bs * K].view(bs, K), greedy_blocks(h, base, anchor))  # DSPARK's greedy block
+    # N = 3 without a limit: a lean tail, DSPARK's proposal left out (its buffer keeps what it held)
+    assert state.graph_draws.lean and (sampler.out == -1).all()
 
 
 def test_draft_forward_reads_the_buffer_after_a_replay_and_computes_base_logits_otherwise():
@@ -561,3 +563,96 @@ def standin_worker(sampler, model, run_forward):
         target_worker=types.SimpleNamespace(model_runner=types.SimpleNamespace(
             model=types.SimpleNamespace(get_input_embeddings=lambda: embeds))),
     )
+
+
+# ---- lean tails: the draws without DSPARK's own block proposal -----------------------------------------------------
+def test_lean_tails_where_dspark_decode_is_no_regular_path():
+    """Lean with N > 1 and no FLASHTREE_TREE_MAX_BS; DSPARK's proposal stays in the tail with N = 1 (sampled batches
+    take DSPARK's chain) and with a limit (chain steps above it)."""
+    worker = draft_worker(TinyDraft(head(), V))
+
+    def lean(n, **toggles):
+        state = tree_state(n=n, **toggles)
+        graph_draws.build(state, worker, stock_sampler(worker._proposer.draft_model, gamma=K, max_bs=8))
+        return state.graph_draws.lean
+
+    assert lean(4) and not lean(1) and not lean(4, tree_max_bs=2) and not lean(4, tree_max_bs=64)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_lean_tail_draws_the_same_candidates_without_dspark_proposal(fused):
+    """A lean tail (depth 2 of gamma 3) leaves DSPARK's proposal buffers untouched, computes base logits once, for the
+    2 kept positions only, and draws what the full tail draws: the same candidates with the fused draws (their noise
+    is flashtree's own state), the greedy block as candidate 0 with the head's torch steps (whose noise DSPARK's
+    draws share)."""
+    h = head()
+    bs, n, depth = 3, 4, 2
+    adapter = adapters.select_adapter()
+    base, anchor = torch.randn(bs, K, V) * 2, torch.tensor([1, 5, 9])
+    rows = []
+
+    class Recording(TinyDraft):
+        def compute_base_logits(self, hidden):
+            rows.append(hidden.shape[0])
+            return super().compute_base_logits(hidden)
+
+    got = {}
+    for lean in (False, True):
+        model = Recording(h, V)
+        draws = graph_draws.GraphDraws(adapter=adapter, n=n, depth=depth, max_bs=4, vocab=V, temperature=1.0,
+                                       device="cpu", fused=adapter.vanilla_markov_weights(h) if fused else None,
+                                       lean=lean)
+        sampler = graph_draws.wrap(stock_sampler(model, gamma=K, max_bs=4), draws)
+        sampler.out.fill_(-3)
+        sampler.stage_sampling_params(bs=bs, sampling_info=None)
+        rows.clear()
+        sampler(*tail_args(sampler, base, anchor))
+        got[lean] = draws.read(bs)
+        if lean:
+            assert rows == [bs * depth] and (sampler.out == -3).all()
+        else:
+            assert rows == [bs * K] and (sampler.out[: bs * K] != -3).all()
+    assert got[True].shape == (bs, n, depth)
+    assert torch.equal(got[True][:, 0], greedy_blocks(h, base[:, :depth], anchor))
+    assert torch.equal(got[True], got[False]) if fused else torch.equal(got[True][:, 0], got[False][:, 0])
+
+
+@pytest.mark.parametrize("limit", [0, 2])
+def test_dspark_steps_propose_eagerly_with_lean_tails(limit):
+    """A step that goes to DSPARK's own decode (here a batch with a grammar) runs, with lean tails, with the sampler
+    detached from the worker and its proposer, so DSPARK proposes from the replayed graph's hidden states instead of
+    the buffers a lean tail leaves stale; it is attached again afterwards, also when the step raises. Without lean
+    tails (a FLASHTREE_TREE_MAX_BS limit) DSPARK keeps its folded proposal."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from flashtree.patches import decode
+
+    adapter = adapters.select_adapter()
+    toggles = TreeToggles(tree_n=4, graph_draws=True, tree_max_bs=limit)
+    worker = draft_worker(TinyDraft(head(), V))
+    worker.verify_num_draft_tokens, worker.model_runner = K + 1, types.SimpleNamespace(page_size=1)
+    worker.target_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(attn_backend=object()))
+    worker._flashtree = create_state(adapter, toggles, worker)
+    sampler = graph_draws.build(worker._flashtree, worker, stock_sampler(worker._proposer.draft_model, gamma=K, max_bs=8))
+    worker._draft_sampler = worker._proposer._draft_sampler = sampler
+    seen = []
+
+    def dspark_decode(self, batch, on_publish):
+        seen.append((self._draft_sampler, self._proposer._draft_sampler))
+        if batch.fail:
+            raise RuntimeError("step failed")
+        return "dspark-result"
+
+    fwd = decode.make_forward_decode(dspark_decode, adapter, toggles)
+
+    def batch(fail=False):
+        return types.SimpleNamespace(forward_mode=ForwardMode.DECODE, seq_lens=torch.zeros(1, dtype=torch.int64),
+                                     sampling_info=None, has_grammar=True, return_logprob=False, fail=fail,
+                                     spec_info=None, seq_lens_sum=0)
+
+    assert fwd(worker, batch(), None) == "dspark-result"
+    with pytest.raises(RuntimeError, match="step failed"):
+        fwd(worker, batch(fail=True), None)
+    want = (None, None) if not limit else (sampler, sampler)
+    assert seen == [want, want] and worker._flashtree.fallbacks == {"refused-features": 2}
+    assert worker._draft_sampler is worker._proposer._draft_sampler is sampler
