@@ -169,12 +169,15 @@ class GraphDraws:
         sizes = [s for s in self.drawn_sizes.keys() | self.skipped_sizes if s >= bs]
         return bool(sizes) and min(sizes) in self.drawn_sizes
 
-    def read(self, bs: int) -> torch.Tensor:
-        """The (bs, n, K) candidates the last graph replay drew (a copy: the next draft forward rewrites them). n is
-        what the replayed graph (the smallest drawn size >= bs) drew; all N when no tail has run (CPU stand-ins)."""
+    def drawn_n(self, bs: int) -> int:
+        """Candidates per request a batch of bs reads: what the replayed graph (the smallest drawn size >= bs) drew;
+        all N when no tail has run (CPU stand-ins)."""
         sizes = [s for s in self.drawn_sizes if s >= bs]
-        n = self.drawn_sizes[min(sizes)] if sizes else self.n
-        return self.out[:bs, :n].clone()
+        return self.drawn_sizes[min(sizes)] if sizes else self.n
+
+    def read(self, bs: int) -> torch.Tensor:
+        """The (bs, n, K) candidates the last graph replay drew (a copy: the next draft forward rewrites them)."""
+        return self.out[:bs, : self.drawn_n(bs)].clone()
 
 
 def gumbel_pick(step_logits, exp_noise, inv_temperature, greedy) -> torch.Tensor:

@@ -47,13 +47,17 @@ def capture(state, worker) -> None:
 
 
 def make_init_cuda_graphs(original):
-    """DSparkWorkerV2.init_cuda_graphs, then the narrower target-verify graphs."""
+    """DSparkWorkerV2.init_cuda_graphs, then the narrower target-verify graphs and the tree kernels' warm-up."""
 
     def init_cuda_graphs(self, *args, **kwargs):
         out = original(self, *args, **kwargs)
         state = getattr(self, "_flashtree", None)
         if state is not None:
+            from . import warmup  # (imports decode, which imports this module)
+
             capture(state, self)
+            warmed = warmup.warm(state, self, *warmup.limits(state, self))
+            logger.info("flashtree: tree kernels compiled for (candidates, tree width, verify width) %s", warmed)
         return out
 
     return init_cuda_graphs

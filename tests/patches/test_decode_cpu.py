@@ -948,3 +948,38 @@ def test_max_bs_crossed_both_paths_commit_the_greedy_decode(graph_max_bs):
         assert state.draw_paths == {"graph": state.steps} and draws.out.shape[0] == 2
         assert set(draws.drawn_sizes) == {1, 2} and draws.skipped_sizes == {3}
         assert draws.calls == state.steps and draws.skips == want.count("chain") == chain.graph_blocks
+
+
+def test_warmup_covers_every_tree_shape_a_batch_takes(monkeypatch):
+    """FLASHTREE_TREE_BUDGET with graph draws and narrower verify graphs: steps over 1 to 4 requests build, encode and
+    walk trees of the (candidates, tree width, verify width) the server-start warm-up lists for their batch size, and
+    the warm-up's dummy inputs run through the Triton kernels (interpreter here) of every shape it lists."""
+    import flashtree.patches.decode as decode
+    from flashtree.patches import warmup
+    from flashtree.tree.triton_build import build_vote_tree_triton
+    from flashtree.tree.triton_mask import verify_inputs_triton
+    from flashtree.tree.triton_walk import walk_and_commit_triton
+
+    used = []
+    build, encode = decode.build_vote_tree, decode.verify_inputs
+    monkeypatch.setattr(decode, "build_vote_tree", lambda c, width: used.append([c.shape[1], width]) or build(c, width))
+    monkeypatch.setattr(decode, "verify_inputs", lambda tree, *a: used[-1].append(tree.width) or encode(tree, *a))
+    prompts = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9], [2, 7, 1, 8]]
+    listed = set()
+    for bs in range(1, 5):
+        used.clear()
+        _accepts, state, _gen, _world = run(n=5, steps=4, budget=12, capture_bs=[1, 2, 4], graph_max_bs=4,
+                                            prompts=prompts[:bs])
+        assert {tuple(u) for u in used} == {warmup.step_shape(state, bs, graph_bs=4)}, bs
+        listed.add(warmup.step_shape(state, bs, graph_bs=4))
+        assert warmup.step_shape(state, bs, graph_bs=4) in warmup.shapes(state, max_bs=4, graph_bs=4)
+    assert len(listed) >= 3  # the budget gives several shapes over 1-4 requests
+
+    calls = []
+    monkeypatch.setattr(warmup, "build_vote_tree", lambda c, w: calls.append((c.shape[1], w)) or build_vote_tree_triton(c, w))
+    monkeypatch.setattr(warmup, "verify_inputs", verify_inputs_triton)
+    monkeypatch.setattr(warmup, "walk_and_commit", lambda tree, targets, table, rows, starts: walk_and_commit_triton(
+        tree, targets, req_to_token=table, rows=rows, starts=starts)[:2])
+    worker = types.SimpleNamespace(device="cpu")
+    assert warmup.warm(state, worker, 4, 4) == warmup.shapes(state, 4, 4)
+    assert calls == [(n, tree_w) for n, tree_w, _w in warmup.shapes(state, 4, 4)]
