@@ -179,7 +179,8 @@ def make_forward_decode(original, adapter, toggles: TreeToggles):
             state.fallbacks[reason] = state.fallbacks.get(reason, 0) + 1
             if reason in CHAIN_VERIFY_FALLBACKS:
                 stage_chain_mask(state, self, batch)
-            with graph_draws.dspark_proposes_eagerly(self):
+            seq_lens = getattr(batch, "seq_lens", None)
+            with graph_draws.dspark_proposes_eagerly(self, 0 if seq_lens is None else len(seq_lens)):
                 return original(self, batch, on_publish, *args, **kwargs)
         return tree_step(state, self, batch, on_publish)
 

@@ -24,12 +24,14 @@ The tree step's draft forward passes that sampler to `_run_forward`; when the gr
 the buffer and computes no base logits; otherwise (eager forward) it keeps the eager path (base logits + N draws
 through flashtree's row sampler with FLASHTREE_SEED's generator).
 
-Lean tails (N > 1, no FLASHTREE_TREE_MAX_BS): every replay of the draft graphs then feeds a tree step, so the tail
-leaves out step 1, DSPARK's own block proposal (gamma Markov steps, e.g. 31 with a 32-token window: seen live as a
-quarter of the tree step's extra device time and ~130 graph nodes), and computes base logits for the K kept positions
-only. The steps that still reach DSPARK's own decode (`decode.make_forward_decode`'s fallbacks) run with the sampler
-detached, so DSPARK proposes its block eagerly from the replayed graph's hidden states (its path without a folded
-sampler) and never reads the buffers the lean tail left stale.
+Lean tails (N > 1): the graphs of at most `lean_bs` requests are replayed by tree steps only (every graph without
+FLASHTREE_TREE_MAX_BS, those of at most L requests with L: chain steps are batches above L, which replay larger
+graphs), so their tail leaves out step 1, DSPARK's own block proposal (gamma Markov steps, e.g. 31 with a 32-token
+window: seen live as 338 µs of kernels per step and ~130 graph nodes), and computes base logits for the K kept
+positions only. Steps of at most `lean_bs` requests that still reach DSPARK's own decode (`decode.make_forward_decode`'s
+fallbacks other than the batch-size one) run with the sampler detached, so DSPARK proposes its block eagerly from the
+replayed graph's hidden states (its path without a folded sampler) and never reads the buffers a lean tail left
+stale. With N = 1 no tail is lean: sampled batches take DSPARK's chain there.
 
 FLASHTREE_TREE_MAX_BS=L (> 0): batches of more than L requests run DSPARK's own chain step, which reads none of the
 draws, so the buffers hold `rows` = min(max graph bs, B) requests, B the configured graph size a batch of L requests
@@ -85,15 +87,17 @@ class GraphDraws:
 
     def __init__(self, *, adapter, n: int, depth: int, max_bs: int, vocab: int, temperature: float, device,
                  limit: int = 0, fused: tuple | None = None, seed: int = 0, n_for: Callable[[int], int] | None = None,
-                 lean: bool = False):
+                 lean_bs: int = 0):
         # depth: the block positions each candidate keeps (FLASHTREE_TREE_DEPTH, <= DSPARK's gamma)
         # max_bs: the requests the buffers hold. limit (FLASHTREE_TREE_MAX_BS, 0 = none): with a limit, a tail run
         # for more than max_bs requests (a graph only chain steps replay) skips the draws instead of failing.
         # fused: a vanilla Markov head's (w1, w2): the draws run as flashtree's fused Markov draws (K launches,
         # in-kernel noise from a (seed, calls) state each replay advances) instead of the head's torch steps.
         # n_for: candidates drawn for a batch of bs requests (<= n; FLASHTREE_TREE_BUDGET scales them with the tree).
-        # lean: the tail runs the draws only, without DSPARK's block proposal (module docstring)
-        self.adapter, self.n, self.k, self.max_bs, self.lean = adapter, int(n), int(depth), int(max_bs), bool(lean)
+        # lean_bs: tails for at most this many requests run the draws only, without DSPARK's block proposal (module
+        # docstring); 0: none
+        self.adapter, self.n, self.k, self.max_bs = adapter, int(n), int(depth), int(max_bs)
+        self.lean_bs = int(lean_bs)
         self.n_for = n_for or (lambda bs: self.n)
         self.limit = int(limit)
         self.fused = fused
@@ -188,13 +192,17 @@ def gumbel_pick(step_logits, exp_noise, inv_temperature, greedy) -> torch.Tensor
     return torch.where(greedy, step_logits.argmax(dim=-1), scores.argmax(dim=-1))
 
 
+def tail_batch_size(sampler, hidden_states: torch.Tensor) -> int:
+    return hidden_states.shape[0] // int(getattr(sampler, "query_token_num", sampler.gamma))
+
+
 def tail_inputs(sampler, hidden_states: torch.Tensor, input_ids: torch.Tensor):
     """(bs, hidden for the base logits, (bs, K, H) hidden for the Markov head, anchor (bs,)) as DSPARK's tail sees
     them: 0.5.17 feeds K rows per request; 0.5.20+ feed K + 1 (the anchor's row first) unless the draft samples from
     the anchor."""
     k = int(sampler.gamma)
     q = int(getattr(sampler, "query_token_num", k))
-    bs = hidden_states.shape[0] // q
+    bs = tail_batch_size(sampler, hidden_states)
     anchor = input_ids.view(bs, q)[:, 0]
     if q == k:
         return bs, hidden_states, hidden_states.view(bs, k, -1), anchor
@@ -208,8 +216,9 @@ class FlashtreeSamplerMixin:
     flashtree_draws: GraphDraws
 
     def __call__(self, hidden_states, input_ids):
-        if self.flashtree_draws.lean:
-            self.flashtree_draws.draw(self, hidden_states, input_ids, None)
+        draws = self.flashtree_draws
+        if tail_batch_size(self, hidden_states) <= draws.lean_bs:
+            draws.draw(self, hidden_states, input_ids, None)
             return
         model = self.model
         tap = _TapModel(model)
@@ -244,12 +253,12 @@ def sampler_of(worker):
 
 
 @contextlib.contextmanager
-def dspark_proposes_eagerly(worker):
-    """Around a step of DSPARK's own decode: with lean tails the worker's sampler is detached (the worker's and the
-    proposer's reference), so DSPARK samples its block eagerly from the replayed draft graph's hidden states instead
-    of reading the proposal buffers the lean tail does not fill."""
+def dspark_proposes_eagerly(worker, bs: int):
+    """Around a step of DSPARK's own decode over bs requests: where its graph may be a lean one (bs <= lean_bs) the
+    worker's sampler is detached (the worker's and the proposer's reference), so DSPARK samples its block eagerly from
+    the replayed draft graph's hidden states instead of reading the proposal buffers a lean tail does not fill."""
     sampler = sampler_of(worker)
-    if sampler is None or not sampler.flashtree_draws.lean:
+    if sampler is None or bs > sampler.flashtree_draws.lean_bs:
         yield
         return
     proposer = worker._proposer
@@ -339,20 +348,20 @@ def build(state, worker, stock, *, free: Callable = free_bytes, graph_sizes: Cal
             "capture); lower --cuda-graph-max-bs / FLASHTREE_TREE_N or raise free memory (--mem-fraction-static)"
         )
     limit = limit if max_bs < graph_bs else 0
-    # Lean tails unless DSPARK's own decode is a regular path: with N = 1 (sampled batches take DSPARK's chain) or a
-    # limit (chain steps above it) its folded proposal is what keeps those steps fast.
-    lean = toggles.tree_n > 1 and not toggles.tree_max_bs
+    # Lean tails where only tree steps replay: none with N = 1 (sampled batches take DSPARK's chain), every graph
+    # without a limit, those of at most FLASHTREE_TREE_MAX_BS requests with one.
+    lean_bs = 0 if toggles.tree_n == 1 else min(toggles.tree_max_bs or max_bs, max_bs)
     draws = GraphDraws(
         adapter=adapter, n=toggles.tree_n, depth=state.depth, max_bs=max_bs, vocab=vocab,
         temperature=toggles.draft_temperature, device=stock.out.device, limit=limit, fused=fused, seed=toggles.seed,
-        n_for=state.draws_for, lean=lean,
+        n_for=state.draws_for, lean_bs=lean_bs,
     )
     state.graph_draws = draws
     state.graph_draws_off = None
     logger.info(
         "flashtree: the N=%d draft draws run in DSPARK's draft CUDA graph tail (%s, up to %d requests, ~%.2f GiB%s)%s",
         toggles.tree_n, "fused Markov draws" if fused is not None else "the Markov head's torch steps", max_bs,
-        need / 2**30, "; lean: without DSPARK's own block proposal" if lean else "",
+        need / 2**30, f"; lean up to {lean_bs} requests: without DSPARK's own block proposal" if lean_bs else "",
         f"; graphs above {max_bs} requests (FLASHTREE_TREE_MAX_BS={limit}: chain steps) are captured without them"
         if max_bs < graph_bs else "",
     )

@@ -365,7 +365,7 @@ def test_real_init_cuda_graphs_captures_flashtree_sampler_as_the_tail_hook(monke
     assert state.graph_draws.calls == 1
     assert torch.equal(state.graph_draws.read(bs)[:, 0], greedy_blocks(h, base, anchor))
     # N = 3 without a limit: a lean tail, DSPARK's proposal left out (its buffer keeps what it held)
-    assert state.graph_draws.lean and (sampler.out == -1).all()
+    assert state.graph_draws.lean_bs == 4 and (sampler.out == -1).all()
 
 
 def test_draft_forward_reads_the_buffer_after_a_replay_and_computes_base_logits_otherwise():
@@ -476,7 +476,7 @@ def test_max_bs_tail_skips_the_draws_above_the_buffer(sizes, rows, covered):
     """FLASHTREE_TREE_MAX_BS=3, graphs captured for 8, 4, 2, 1 (largest first, as sglang's runner does): a tail for
     more requests than the buffers hold runs DSPARK's part only (everything DSPARK's own decode reads equals the
     stock sampler's on the same inputs and noise) and draws nothing; smaller tails draw (candidate 0 the greedy
-    block). `covers(bs)`: whether the graph a batch of bs replays (the next captured size) drew: with unknown sizes a
+    block), after DSPARK's part where chain steps may replay them (4 requests), without it (lean) up to the limit. `covers(bs)`: whether the graph a batch of bs replays (the next captured size) drew: with unknown sizes a
     batch of 3 replays the graph for 4, captured without draws (the tree step draws eagerly); with the configured
     sizes the buffers hold 4 and that graph drew."""
     h = head()
@@ -486,17 +486,21 @@ def test_max_bs_tail_skips_the_draws_above_the_buffer(sizes, rows, covered):
     ours = graph_draws.build(state, draft_worker(ours_model), stock_sampler(ours_model, gamma=K, max_bs=8),
                              graph_sizes=lambda: sizes)
     draws = state.graph_draws
-    assert draws.max_bs == rows and draws.limit == 3
+    assert draws.max_bs == rows and draws.limit == 3 and draws.lean_bs == 3
     for bs in (8, 4, 2, 1):
         base, anchor = torch.randn(bs, K, V) * 2, torch.randint(0, V, (bs,))
         hidden, ids = tail_args(stock, base, anchor)
         draws.out.fill_(-7)
+        ours.out.fill_(-5)
         for sampler in (stock, ours):
             sampler.stage_sampling_params(bs=bs, sampling_info=None)
             torch.manual_seed(bs)
             sampler(hidden, ids)
         want, got = dspark_outputs(stock, bs), dspark_outputs(ours, bs)
-        assert set(want) == set(got) and all(torch.equal(want[k], got[k]) for k in want), bs
+        if bs <= 3:  # lean: DSPARK's proposal left out
+            assert (ours.out == -5).all(), bs
+        else:
+            assert set(want) == set(got) and all(torch.equal(want[k], got[k]) for k in want), bs
         if bs <= rows:
             assert torch.equal(draws.read(bs)[:, 0], greedy_blocks(h, base, anchor)), bs
         else:
@@ -504,7 +508,7 @@ def test_max_bs_tail_skips_the_draws_above_the_buffer(sizes, rows, covered):
     assert set(draws.drawn_sizes) == {s for s in (8, 4, 2, 1) if s <= rows} and draws.calls == len(draws.drawn_sizes)
     assert draws.skipped_sizes == {s for s in (8, 4, 2, 1) if s > rows} and draws.skips == len(draws.skipped_sizes)
     assert [bs for bs in range(1, 10) if draws.covers(bs)] == covered
-    assert stock_model.base_logits_calls == ours_model.base_logits_calls == 4  # DSPARK's, once per tail; none added
+    assert stock_model.base_logits_calls == ours_model.base_logits_calls == 4  # once per tail (DSPARK's or lean)
 
 
 def test_without_a_limit_a_tail_above_the_buffer_still_fails():
@@ -566,17 +570,19 @@ def standin_worker(sampler, model, run_forward):
 
 
 # ---- lean tails: the draws without DSPARK's own block proposal -----------------------------------------------------
-def test_lean_tails_where_dspark_decode_is_no_regular_path():
-    """Lean with N > 1 and no FLASHTREE_TREE_MAX_BS; DSPARK's proposal stays in the tail with N = 1 (sampled batches
-    take DSPARK's chain) and with a limit (chain steps above it)."""
+def test_lean_tails_where_only_tree_steps_replay():
+    """Lean tails up to `lean_bs` requests: every graph with N > 1 and no FLASHTREE_TREE_MAX_BS, the graphs of at most
+    L requests with a limit L (batches above it, DSPARK's chain steps, replay larger graphs), none with N = 1 (sampled
+    batches take DSPARK's chain)."""
     worker = draft_worker(TinyDraft(head(), V))
 
-    def lean(n, **toggles):
+    def lean_bs(n, **toggles):
         state = tree_state(n=n, **toggles)
-        graph_draws.build(state, worker, stock_sampler(worker._proposer.draft_model, gamma=K, max_bs=8))
-        return state.graph_draws.lean
+        graph_draws.build(state, worker, stock_sampler(worker._proposer.draft_model, gamma=K, max_bs=8),
+                          graph_sizes=lambda: [1, 2, 4, 8])
+        return state.graph_draws.lean_bs
 
-    assert lean(4) and not lean(1) and not lean(4, tree_max_bs=2) and not lean(4, tree_max_bs=64)
+    assert [lean_bs(4), lean_bs(1), lean_bs(4, tree_max_bs=3), lean_bs(4, tree_max_bs=64)] == [8, 0, 3, 8]
 
 
 @pytest.mark.parametrize("fused", [False, True])
@@ -601,7 +607,7 @@ def test_lean_tail_draws_the_same_candidates_without_dspark_proposal(fused):
         model = Recording(h, V)
         draws = graph_draws.GraphDraws(adapter=adapter, n=n, depth=depth, max_bs=4, vocab=V, temperature=1.0,
                                        device="cpu", fused=adapter.vanilla_markov_weights(h) if fused else None,
-                                       lean=lean)
+                                       lean_bs=4 if lean else 0)
         sampler = graph_draws.wrap(stock_sampler(model, gamma=K, max_bs=4), draws)
         sampler.out.fill_(-3)
         sampler.stage_sampling_params(bs=bs, sampling_info=None)
@@ -619,10 +625,11 @@ def test_lean_tail_draws_the_same_candidates_without_dspark_proposal(fused):
 
 @pytest.mark.parametrize("limit", [0, 2])
 def test_dspark_steps_propose_eagerly_with_lean_tails(limit):
-    """A step that goes to DSPARK's own decode (here a batch with a grammar) runs, with lean tails, with the sampler
-    detached from the worker and its proposer, so DSPARK proposes from the replayed graph's hidden states instead of
-    the buffers a lean tail leaves stale; it is attached again afterwards, also when the step raises. Without lean
-    tails (a FLASHTREE_TREE_MAX_BS limit) DSPARK keeps its folded proposal."""
+    """A step that goes to DSPARK's own decode over at most `lean_bs` requests (here batches with a grammar) runs with
+    the sampler detached from the worker and its proposer, so DSPARK proposes from the replayed graph's hidden states
+    instead of the buffers a lean tail leaves stale; it is attached again afterwards, also when the step raises. With
+    FLASHTREE_TREE_MAX_BS=2 the steps above 2 requests (chain steps, replaying graphs whose tail kept DSPARK's
+    proposal) keep DSPARK's folded proposal."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     from flashtree.patches import decode
@@ -633,7 +640,8 @@ def test_dspark_steps_propose_eagerly_with_lean_tails(limit):
     worker.verify_num_draft_tokens, worker.model_runner = K + 1, types.SimpleNamespace(page_size=1)
     worker.target_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(attn_backend=object()))
     worker._flashtree = create_state(adapter, toggles, worker)
-    sampler = graph_draws.build(worker._flashtree, worker, stock_sampler(worker._proposer.draft_model, gamma=K, max_bs=8))
+    stock = stock_sampler(worker._proposer.draft_model, gamma=K, max_bs=8)
+    sampler = graph_draws.build(worker._flashtree, worker, stock, graph_sizes=lambda: [1, 2, 4, 8])
     worker._draft_sampler = worker._proposer._draft_sampler = sampler
     seen = []
 
@@ -645,14 +653,18 @@ def test_dspark_steps_propose_eagerly_with_lean_tails(limit):
 
     fwd = decode.make_forward_decode(dspark_decode, adapter, toggles)
 
-    def batch(fail=False):
-        return types.SimpleNamespace(forward_mode=ForwardMode.DECODE, seq_lens=torch.zeros(1, dtype=torch.int64),
-                                     sampling_info=None, has_grammar=True, return_logprob=False, fail=fail,
+    def batch(bs, grammar=True, fail=False):
+        return types.SimpleNamespace(forward_mode=ForwardMode.DECODE, seq_lens=torch.zeros(bs, dtype=torch.int64),
+                                     sampling_info=None, has_grammar=grammar, return_logprob=False, fail=fail,
                                      spec_info=None, seq_lens_sum=0)
 
-    assert fwd(worker, batch(), None) == "dspark-result"
+    assert fwd(worker, batch(1), None) == "dspark-result"
     with pytest.raises(RuntimeError, match="step failed"):
-        fwd(worker, batch(fail=True), None)
-    want = (None, None) if not limit else (sampler, sampler)
-    assert seen == [want, want] and worker._flashtree.fallbacks == {"refused-features": 2}
+        fwd(worker, batch(1, fail=True), None)
+    assert fwd(worker, batch(3), None) == "dspark-result"
+    detached, attached = (None, None), (sampler, sampler)
+    assert seen == [detached, detached, detached if not limit else attached]
     assert worker._draft_sampler is worker._proposer._draft_sampler is sampler
+    if limit:  # a chain step above the limit
+        assert fwd(worker, batch(3, grammar=False), None) == "dspark-result" and seen[-1] == attached
+        assert worker._flashtree.fallbacks == {"refused-features": 3, "batch-size": 1}
