@@ -145,9 +145,15 @@ class TraceRecorder(Recorder):
     def write(self, steps: int) -> None:
         self.profiler.__exit__(None, None, None)
         wall_ms = (time.perf_counter() - self.t0) * 1e3
+        from torch.autograd import DeviceType
+
         events = self.profiler.key_averages()
+        gpu = [e for e in events if e.device_type == DeviceType.CUDA]  # kernels, copies, memsets
         lines = [f"decode steps traced: {steps}; mean wall time per step (scheduler loop, under the profiler): "
-                 f"{wall_ms / steps:.3f} ms", "", "per step: calls, own CPU us, device us (top 60 by own CPU time)"]
+                 f"{wall_ms / steps:.3f} ms",
+                 f"device activity per step (kernels, copies, memsets): {sum(e.count for e in gpu) / steps:.1f} "
+                 f"launches, {sum(device_us(e) for e in gpu) / steps:.1f} us",
+                 "", "per step: calls, own CPU us, device us (top 60 by own CPU time)"]
         rows = sorted(events, key=lambda e: -e.self_cpu_time_total)[:60]
         rows += sorted((e for e in events if e not in rows), key=lambda e: -device_us(e))[:30]
         for e in rows:

@@ -163,6 +163,7 @@ def test_loop_profile_and_trace_cover_the_scheduler_between_steps(monkeypatch, t
         (trace,) = tmp_path.glob("trace_*.txt")
         lines = trace.read_text().splitlines()
         assert lines[0].startswith("decode steps traced: 2;")
+        assert lines[1] == "device activity per step (kernels, copies, memsets): 0.0 launches, 0.0 us"  # CPU only
         mm = [line for line in lines if line.endswith("aten::mm")]
         assert mm and float(mm[0].split()[0]) == 1.0  # one matmul between each pair of traced steps
         (timeline,) = tmp_path.glob("trace_*.json.gz")
