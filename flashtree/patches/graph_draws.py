@@ -27,7 +27,7 @@ through flashtree's row sampler with FLASHTREE_SEED's generator).
 Lean tails (N > 1): the graphs of at most `lean_bs` requests are replayed by tree steps only (every graph without
 FLASHTREE_TREE_MAX_BS, those of at most L requests with L: chain steps are batches above L, which replay larger
 graphs), so their tail leaves out step 1, DSPARK's own block proposal (gamma Markov steps, e.g. 31 with a 32-token
-window: seen live as 338 µs of kernels per step and ~130 graph nodes), and computes base logits for the K kept
+window: seen live as 155 kernel launches and 338 µs per step), and computes base logits for the K kept
 positions only. Steps of at most `lean_bs` requests that still reach DSPARK's own decode (`decode.make_forward_decode`'s
 fallbacks other than the batch-size one) run with the sampler detached, so DSPARK proposes its block eagerly from the
 replayed graph's hidden states (its path without a folded sampler) and never reads the buffers a lean tail left
