@@ -180,8 +180,9 @@ class GraphDraws:
         return self.drawn_sizes[min(sizes)] if sizes else self.n
 
     def read(self, bs: int) -> torch.Tensor:
-        """The (bs, n, K) candidates the last graph replay drew (a copy: the next draft forward rewrites them)."""
-        return self.out[:bs, : self.drawn_n(bs)].clone()
+        """The (bs, n, K) candidates the last graph replay drew, as a view: the tree step's build and verify inputs
+        read them on the forward stream before the next replay can rewrite them, so no copy is needed."""
+        return self.out[:bs, : self.drawn_n(bs)]
 
 
 def gumbel_pick(step_logits, exp_noise, inv_temperature, greedy) -> torch.Tensor:

@@ -150,7 +150,7 @@ def test_draws_follow_the_markov_heads_softmax_at_the_draft_temperature(fused):
     ours.stage_sampling_params(bs=bs, sampling_info=None)
     torch.manual_seed(11)
     ours(hidden, ids)
-    first = draws.read(bs)
+    first = draws.read(bs).clone()  # a view of the buffer the next replay rewrites
     ours(hidden, ids)  # a second replay redraws
     assert not torch.equal(first, draws.read(bs))
 
@@ -179,7 +179,7 @@ def test_draws_follow_the_markov_heads_softmax_at_the_draft_temperature(fused):
 
 def test_buffer_layout_the_tree_step_reads():
     """(d) `out` is (max_bs, N, K) int64, request-major (request b's candidates in out[b]); a padded replay writes
-    rows [:bs] only, `read` copies rows [:bs] of the last tail run."""
+    rows [:bs] only, `read` is a view of rows [:bs] of the last tail run (no copy per step)."""
     bs, n, max_bs = 3, 5, 6
     h = head()
     ours, draws = flashtree_sampler(TinyDraft(h, V), n=n, max_bs=max_bs, temperature=1e-3)
@@ -196,8 +196,7 @@ def test_buffer_layout_the_tree_step_reads():
     read = draws.read(bs)
     for b in range(bs):  # at T = 1e-3 every draw is the request's greedy block: the rows belong to request b
         assert (read[b] == want[b]).all()
-    read[0, 0, 0] = -1
-    assert draws.out[0, 0, 0] != -1
+    assert read.data_ptr() == draws.out.data_ptr() and read.shape == (bs, n, K)
 
 
 def test_release_markov_draws_equal_sample_block_on_repeated_rows():
