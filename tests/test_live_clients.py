@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,11 @@ def bench(tmp_path, *args) -> subprocess.CompletedProcess:
                            "--out", str(tmp_path), *args[1:]], capture_output=True, text=True, timeout=120, cwd=LIVE)
 
 
+def served(port: int) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=10) as r:
+        return json.loads(r.read())["generate"]
+
+
 def test_identity_passes_agreeing_servers_and_fails_a_divergent_one(servers, tmp_path):
     run = bench(tmp_path, "identity", "--n", "4", "--wait", "20",
                 f"plain={servers['plain']}", f"tree={servers['tree']}", f"broken={servers['broken']}")
@@ -55,6 +61,7 @@ def test_identity_passes_agreeing_servers_and_fails_a_divergent_one(servers, tmp
 
 
 def test_speed_reports_rate_tpot_and_tau_per_concurrency(servers, tmp_path):
+    before = served(servers["plain"])
     run = bench(tmp_path, "speed", "--conc", "1", "3", "--wait", "20", f"plain={servers['plain']}", f"tree={servers['tree']}")
     assert run.returncode == 0, run.stderr
     res = json.loads((tmp_path / "speed_results.json").read_text())["servers"]
@@ -66,9 +73,12 @@ def test_speed_reports_rate_tpot_and_tau_per_concurrency(servers, tmp_path):
             assert r["tau"] == pytest.approx(2.0, rel=0.01)  # the stand-in verifies 2 tokens per step
     assert "tree" in res["tree"][0] and "tree" not in res["plain"][0]
     assert "| tree | 3 |" in run.stdout
+    # c = 1: 2 warm-up requests + 8; c = 3: a warm-up burst of 3, 2 warm-up requests + 12
+    assert served(servers["plain"]) - before == (2 + 8) + (3 + 2 + 12)
 
 
 def test_speed_rounds_average_and_pool_tau(servers, tmp_path):
+    before = served(servers["tree"])
     run = bench(tmp_path, "speed", "--conc", "2", "--rounds", "2", "--min-requests", "4", "--wait", "20",
                 f"plain={servers['plain']}", f"tree={servers['tree']}")
     assert run.returncode == 0, run.stderr
@@ -79,6 +89,7 @@ def test_speed_rounds_average_and_pool_tau(servers, tmp_path):
         assert len(r["tokens_per_s_rounds"]) == 2 and r["requests"] == 16 and r["output_tokens"] == 16 * 256
         assert r["tokens_per_s"] == pytest.approx(sum(r["tokens_per_s_rounds"]) / 2, abs=0.1)
     assert res["servers"]["tree"][0]["tau"] == pytest.approx(2.0, rel=0.01)
+    assert served(servers["tree"]) - before == (2 + 2 + 8) + (2 + 8)  # the burst of c = 2 in the first round only
 
 
 def test_sampled_chi_square_and_client_checks(servers, tmp_path):

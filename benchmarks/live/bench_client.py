@@ -5,9 +5,10 @@ usage:
       greedy outputs (temperature 0, --max-new 128) of every TAG on the first --n prompts, token for token against
       REF (the first server given: no speculation); all servers queried at once, 8 requests in flight each.
   python bench_client.py speed --prompts P.json --out DIR [--conc 1 8 32] TAG=PORT:PID ...
-      one server at a time (nothing else running), per concurrency c: 2 warm-up requests, then a bounded loop of
-      max(4c, 8) requests over the same prompts for every server, c in flight; output tokens/s, mean time per output
-      token (request latency / its tokens), tau (tokens per verify step, from sglang's spec_verify_ct).
+      one server at a time (nothing else running), per concurrency c: 2 warm-up requests (in the first round, for c > 1,
+      first a burst of c at once: batch shapes first seen mid-round cost the first round up to half its rate), then a
+      bounded loop of max(4c, 8) requests over the same prompts for every server, c in flight; output tokens/s, mean
+      time per output token (request latency / its tokens), tau (tokens per verify step, from sglang's spec_verify_ct).
   python bench_client.py sampled --prompts P.json --out DIR REF=PORT:PID TAG=PORT:PID
       temperature 0.7, 600 requests of one prompt, tokens 2..4 of TAG against REF (two-sample chi-square).
 Results: DIR/<phase>_results.json; a markdown table on stdout. Standard library only.
@@ -90,14 +91,20 @@ def identity(servers: dict, prompts: list, n: int) -> dict:
     return result
 
 
-def speed_one(port: int, prompts: list, conc: int, min_requests: int = 8) -> dict:
+def in_flight(port: int, jobs: list, conc: int, params: dict) -> list:
+    with cf.ThreadPoolExecutor(conc) as pool:
+        return list(pool.map(lambda ids: request(port, ids, params), jobs))
+
+
+def speed_one(port: int, prompts: list, conc: int, min_requests: int = 8, burst: bool = False) -> dict:
     params = {"max_new_tokens": SPEED_NEW, "temperature": 0.0}
+    if burst and conc > 1:  # the batch sizes up to c (prefill and decode) run once before any timing
+        in_flight(port, [prompts[i % len(prompts)] for i in range(conc)], conc, params)
     for ids in prompts[:2]:
         request(port, ids, params)  # warm-up: first-shape compiles stay out of the timing
     jobs = [prompts[i % len(prompts)] for i in range(max(4 * conc, min_requests))]
     t0 = time.perf_counter()
-    with cf.ThreadPoolExecutor(conc) as pool:
-        rs = list(pool.map(lambda ids: request(port, ids, params), jobs))
+    rs = in_flight(port, jobs, conc, params)
     wall = time.perf_counter() - t0
     tokens = [r["meta_info"]["completion_tokens"] for r in rs]
     verify = [r["meta_info"].get("spec_verify_ct") or 0 for r in rs]
@@ -117,14 +124,14 @@ def speed_one(port: int, prompts: list, conc: int, min_requests: int = 8) -> dic
 def speed(servers: dict, prompts: list, concs: list[int], out: str, min_requests: int = 8, rounds: int = 1) -> dict:
     """Each server alone at each concurrency; with rounds > 1 the whole pass repeats (server order reversed every other
     round, so drift over the run falls on every server alike) and each level reports the mean over rounds."""
-    result = {"max_new_tokens": SPEED_NEW, "rounds": rounds, "servers": {}}
+    result = {"max_new_tokens": SPEED_NEW, "rounds": rounds, "first_round_burst": True, "servers": {}}
     runs: dict = {tag: {c: [] for c in concs} for tag in servers}
     for rnd in range(rounds):
         order = list(servers.items())[:: -1 if rnd % 2 else 1]
         for tag, (port, _pid) in order:
             for c in concs:
                 try:
-                    runs[tag][c].append(speed_one(port, prompts, c, min_requests))
+                    runs[tag][c].append(speed_one(port, prompts, c, min_requests, burst=rnd == 0))
                 except Exception as err:  # noqa: BLE001
                     runs[tag][c].append({"concurrency": c, "error": f"{type(err).__name__}: {err}"[:300]})
                 print(f"[bench] {tag} c={c} round {rnd}: {json.dumps(runs[tag][c][-1])[:300]}", flush=True)

@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 PORT, MODE = int(sys.argv[1]), sys.argv[2]
 rng = random.Random(PORT)
+served = {"generate": 0}  # POST /generate calls so far (GET /stats): lets tests count a client's requests
 
 
 def one(ids, sp):
@@ -44,10 +45,12 @@ class H(BaseHTTPRequestHandler):
         self.wfile.write(raw)
 
     def do_GET(self):
-        self._send(200, {}) if self.path == "/health" else self._send(404, {})
+        routes = {"/health": {}, "/stats": served}
+        self._send(200, routes[self.path]) if self.path in routes else self._send(404, {})
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        served["generate"] += 1
         sp = body.get("sampling_params", {})
         if MODE == "tree" and isinstance(sp, dict) and sp.get("regex"):
             return self._send(400, {"error": {"message": "flashtree: this server runs flashtree tree speculative decoding (FLASHTREE_TREE_N=8), which cannot serve grammar-constrained generation (regex)."}})
