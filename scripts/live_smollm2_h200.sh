@@ -22,7 +22,9 @@
 #     --speculative-num-draft-tokens 32 --speculative-dspark-block-size 31, depth 8) b_tree8sw (b_tree8w with split-KV
 #     verify); also defined: b_tree16w (N = 16, W = 16), b_tree16sw (with split-KV verify), b_tree8wb and b_tree8swb
 #     (b_tree8w and b_tree8sw with FLASHTREE_TREE_BUDGET=$BUDGET: verify graphs at the narrower widths), b_tree32wb
-#     (b_tree32w with FLASHTREE_TREE_BUDGET=$BUDGET32: narrower trees, fewer candidates at large batches)
+#     (b_tree32w with FLASHTREE_TREE_BUDGET=$BUDGET32: narrower trees, fewer candidates at large batches), b_tree64w
+#     (N = 64, W = 64: --speculative-num-draft-tokens 64 --speculative-dspark-block-size 63) and b_tree64wb (with
+#     FLASHTREE_TREE_BUDGET=$BUDGET64), f_tree64wx (b_tree64w in float32 with exact verify, for the identity phase)
 #   stage (bfloat16, concurrency 1 only, FLASHTREE_STAGE_TIMES=100: the per-stage table): STAGE_TAGS, default b_tree1gt
 #     b_tree8gt b_tree8wt (b_tree1g, b_tree8g, b_tree8w with the timer's events)
 #   sampled (T = 0.7, 600 requests; chi-square of tokens 2-4 against b_plain): SAMPLED_TAGS, default b_plain b_tree8w
@@ -77,6 +79,7 @@ DEPTH=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['block_
 # (--speculative-dspark-block-size: sglang otherwise refuses a window other than the checkpoint's block_size + 1)
 SPEC16="${SPEC/--speculative-num-draft-tokens 9/--speculative-num-draft-tokens 16} --speculative-dspark-block-size 15"
 SPEC32="${SPEC/--speculative-num-draft-tokens 9/--speculative-num-draft-tokens 32} --speculative-dspark-block-size 31"
+SPEC64="${SPEC/--speculative-num-draft-tokens 9/--speculative-num-draft-tokens 64} --speculative-dspark-block-size 63"
 WIDE="FLASHTREE_TREE_DEPTH=$DEPTH FLASHTREE_DRAFT_TEMPERATURE=0.7"
 TORCH_DRAWS="FLASHTREE_GRAPH_DRAWS=1"
 TREE="$TORCH_DRAWS FLASHTREE_FUSED_SAMPLER=1"
@@ -91,6 +94,9 @@ BUDGET=${BUDGET:-128}
 # The W = 32 budget servers (b_tree32wb): trees (and verify graphs) of 32 tokens and 32 candidates per request up to 8
 # requests, then 18, 12 and 9 tokens (17, 12 and 9 candidates) at 16, 24 and 32 requests: the chain's 9 at 32.
 BUDGET32=${BUDGET32:-288}
+# The W = 64 budget servers (b_tree64wb): 64 tokens and candidates per request up to 16 requests, then 42 and 32 at 24
+# and 32 requests (W = 32 at 32 requests cost the chain's step in runs 11-13; 64 x 32 tokens has not been measured).
+BUDGET64=${BUDGET64:-1024}
 ID_TAGS=${ID_TAGS:-"f_plain f_chain f_tree8w f_chainx f_tree8gx f_tree8wx f_tree32wx"}
 SPEED_TAGS=${SPEED_TAGS:-"b_plain b_chain b_tree1g b_tree8g b_tree8w b_tree32w b_tree8sw"}
 STAGE_TAGS=${STAGE_TAGS:-"b_tree1gt b_tree8gt b_tree8wt"}
@@ -131,6 +137,9 @@ start b_tree8swb 30037 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 FLASHTREE_T
 start f_tree32wx 30038 FLASHTREE_TREE_N=32 $EXACT $WIDE $TREE -- $F32 $SPEC32
 start b_tree32w 30039 FLASHTREE_TREE_N=32 $WIDE $TREE $STEPS -- $B16 $SPEC32
 start b_tree32wb 30040 FLASHTREE_TREE_N=32 FLASHTREE_TREE_BUDGET=$BUDGET32 $WIDE $TREE $STEPS -- $B16 $SPEC32
+start f_tree64wx 30041 FLASHTREE_TREE_N=64 $EXACT $WIDE $TREE -- $F32 $SPEC64
+start b_tree64w 30042 FLASHTREE_TREE_N=64 $WIDE $TREE $STEPS -- $B16 $SPEC64
+start b_tree64wb 30043 FLASHTREE_TREE_N=64 FLASHTREE_TREE_BUDGET=$BUDGET64 $WIDE $TREE $STEPS -- $B16 $SPEC64
 start b_tree16sw 30035 FLASHTREE_TREE_N=16 FLASHTREE_SPLITKV_VERIFY=1 $WIDE $TREE $STEPS -- $B16 $SPEC16
 start b_tree1gt 30032 FLASHTREE_TREE_N=1 $TREE $TIMES -- $B16 $SPEC
 start b_tree8gt 30033 FLASHTREE_TREE_N=8 $TREE $TIMES -- $B16 $SPEC

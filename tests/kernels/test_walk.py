@@ -60,7 +60,9 @@ def run_case(bs, n, k, w, vocab, g):
     return ref
 
 
-@pytest.mark.parametrize("bs,n,k,w,vocab", [(6, 6, 5, 11, 3), (2, 1, 1, 2, 3), (3, 4, 3, 40, 2), (4, 8, 15, 16, 4)])
+# (2, 64, 8, 64, 3): the widest live server's shape (b_tree64w: N = W = 64, depth 8)
+@pytest.mark.parametrize("bs,n,k,w,vocab", [(6, 6, 5, 11, 3), (2, 1, 1, 2, 3), (3, 4, 3, 40, 2), (4, 8, 15, 16, 4),
+                                           (2, 64, 8, 64, 3)])
 def test_walk_commit_matches_reference(bs, n, k, w, vocab):
     g = torch.Generator().manual_seed(bs * 1000 + n * 100 + k * 10 + w)
     depths = []
