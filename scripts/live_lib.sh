@@ -6,11 +6,6 @@ ROOT=$(pwd)
 WORK=/tmp/flashtree_live
 LOGS=${LOGS:-$WORK/logs}
 STAGGER_S=${STAGGER_S:-0}  # seconds between server starts: concurrent starts race sglang's memory check
-# PIN_CPUS=P: server k (in start order) and its child processes run on cores kP .. kP+P-1 (taskset), and the client on
-# the cores no server took (client_pin): unpinned, the same server's rounds differed by up to 1.3x at concurrency 1
-# (run 14) while its host time per step swung by 1.3 ms.
-PIN_CPUS=${PIN_CPUS:-0}
-NEXT_CORE=0
 mkdir -p "$LOGS"
 rm -rf "$LOGS"/server_*.log "$LOGS"/profile_*  # a warm machine keeps /tmp: one run's archive holds that run's logs only
 HARNESS_ENV=${HARNESS_ENV:-FT_FP32_NATIVE=0}
@@ -62,24 +57,12 @@ start_server() {
   local envs=()
   while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
   mkdir -p /tmp/tvmffi_$tag; [ -d /tmp/tvmffi ] && cp -rn /tmp/tvmffi/. /tmp/tvmffi_$tag/ 2>/dev/null
-  local pin=()
-  if [ "$PIN_CPUS" -gt 0 ]; then
-    local ncpu; ncpu=$(nproc)
-    pin=(taskset -c "$(( NEXT_CORE % ncpu ))-$(( (NEXT_CORE + PIN_CPUS - 1) % ncpu ))")
-    NEXT_CORE=$(( NEXT_CORE + PIN_CPUS ))
-  fi
-  el "start [$tag] ${pin[*]} ${envs[*]} $HARNESS_ENV python3 -m sglang.launch_server --port $port $*"
-  "${pin[@]}" env "${envs[@]}" $HARNESS_ENV TVM_FFI_CACHE_DIR=/tmp/tvmffi_$tag python3 -m sglang.launch_server --port "$port" "$@" \
+  el "start [$tag] ${envs[*]} $HARNESS_ENV python3 -m sglang.launch_server --port $port $*"
+  env "${envs[@]}" $HARNESS_ENV TVM_FFI_CACHE_DIR=/tmp/tvmffi_$tag python3 -m sglang.launch_server --port "$port" "$@" \
     >>"$LOGS/server_$tag.log" 2>&1 &
   PID[$tag]=$!
   PORT[$tag]=$port
   sleep "$STAGGER_S"
-}
-
-# client_pin: "taskset -c A-B" over the cores no pinned server took (empty without PIN_CPUS or when none is left)
-client_pin() {
-  local ncpu; ncpu=$(nproc)
-  [ "$PIN_CPUS" -gt 0 ] && [ "$NEXT_CORE" -lt "$ncpu" ] && echo "taskset -c $NEXT_CORE-$(( ncpu - 1 ))"
 }
 
 # wait_up SECONDS: 0 when every started server answers /health, 1 as soon as one has died, 2 on timeout

@@ -24,7 +24,8 @@
 #     (b_tree8w and b_tree8sw with FLASHTREE_TREE_BUDGET=$BUDGET: verify graphs at the narrower widths), b_tree32wb
 #     (b_tree32w with FLASHTREE_TREE_BUDGET=$BUDGET32: narrower trees, fewer candidates at large batches), b_tree64w
 #     (N = 64, W = 64: --speculative-num-draft-tokens 64 --speculative-dspark-block-size 63) and b_tree64wb (with
-#     FLASHTREE_TREE_BUDGET=$BUDGET64; b_tree64wb512: budget 512, 64 tokens up to 8 requests, 16 at 32), f_tree64wx (b_tree64w in float32 with exact verify, for the identity phase)
+#     FLASHTREE_TREE_BUDGET=$BUDGET64; b_tree64wb512: budget 512, 64 tokens up to 8 requests, 16 at 32), f_tree64wx
+#     (b_tree64w in float32 with exact verify, for the identity phase)
 #   stage (bfloat16, concurrency 1 only, FLASHTREE_STAGE_TIMES=100: the per-stage table): STAGE_TAGS, default b_tree1gt
 #     b_tree8gt b_tree8wt (b_tree1g, b_tree8g, b_tree8w with the timer's events)
 #   sampled (T = 0.7, 600 requests; chi-square of tokens 2-4 against b_plain): SAMPLED_TAGS, default b_plain b_tree8w
@@ -150,7 +151,7 @@ wait_up $(( TOTAL_S / 2 )) || el "not every server came up (continuing with thos
 args() { local t; for t in "$@"; do [ -n "${PID[$t]:-}" ] && kill -0 "${PID[$t]}" 2>/dev/null && echo "$t=${PORT[$t]}:${PID[$t]}"; done; }
 if has identity; then
   el "identity phase"
-  timeout 150 $(client_pin) python3 benchmarks/live/bench_client.py identity --prompts "$PROMPTS" --out "$OUT" --n 50 --wait 5 \
+  timeout 150 python3 benchmarks/live/bench_client.py identity --prompts "$PROMPTS" --out "$OUT" --n 50 --wait 5 \
     $(args $ID_TAGS)
   el "identity rc=$?"
   stop_all $ID_TAGS
@@ -158,19 +159,19 @@ fi
 if has stage; then
   el "stage phase"
   mkdir -p "$OUT/stage"
-  timeout 120 $(client_pin) python3 benchmarks/live/bench_client.py speed --prompts "$PROMPTS" --out "$OUT/stage" --wait 5 \
+  timeout 120 python3 benchmarks/live/bench_client.py speed --prompts "$PROMPTS" --out "$OUT/stage" --wait 5 \
     --conc 1 --min-requests 16 $(args $STAGE_TAGS) | grep -v "^\[bench\]"
   stop_all $STAGE_TAGS
 fi
 if has speed; then
   el "speed phase"
-  timeout $(( TOTAL_S - ($(date +%s) - T0) - 60 )) $(client_pin) python3 benchmarks/live/bench_client.py speed --prompts "$PROMPTS" \
+  timeout $(( TOTAL_S - ($(date +%s) - T0) - 60 )) python3 benchmarks/live/bench_client.py speed --prompts "$PROMPTS" \
     --out "$OUT" --wait 5 --min-requests 16 --rounds "${ROUNDS:-1}" $(args $SPEED_TAGS) ${CONCS:+--conc $CONCS} | grep -v "^\[bench\]"
   el "speed done"
 fi
 left=$(( TOTAL_S - ($(date +%s) - T0) - 25 ))
 if has sampled && [ $left -gt 20 ]; then
-  timeout $left $(client_pin) python3 benchmarks/live/bench_client.py sampled --prompts "$PROMPTS" --out "$OUT" $(args $SAMPLED_TAGS)
+  timeout $left python3 benchmarks/live/bench_client.py sampled --prompts "$PROMPTS" --out "$OUT" $(args $SAMPLED_TAGS)
 fi
 stop_all
 trap - EXIT
