@@ -1,8 +1,8 @@
 """Figures of a live SmolLM2 run: tokens/s per server and concurrency, and where a tree step's time goes.
 
 usage: python benchmarks/live/plot_live.py RESULTS_DIR [--out DIR]
-RESULTS_DIR holds speed_results.json and stage_times.txt (scripts/live_smollm2_h200.sh); figures: speed.png,
-stages.png (mean ms per tree step per stage, at batch size 1, per stage-timed tree server; only when a server ran
+RESULTS_DIR holds speed_results.json and stage_times.txt (scripts/live_smollm2_h200.sh); figures: speed.png (bars: the
+mean over rounds; dots: each round, since rounds of one server can differ by more than servers do), stages.png (mean ms per tree step per stage, at batch size 1, per stage-timed tree server; only when a server ran
 with FLASHTREE_STAGE_TIMES).
 """
 
@@ -54,6 +54,9 @@ def main(argv=None) -> None:
     for ax, i in zip(axes, range(len(concs))):
         vals = [speed[t][i].get("tokens_per_s", 0) for t in tags]
         ax.bar(range(len(tags)), vals, color=["0.6" if "plain" in t else "C0" if "chain" in t else "C1" for t in tags])
+        for x, t in enumerate(tags):
+            rounds = speed[t][i].get("tokens_per_s_rounds", [])
+            ax.plot([x] * len(rounds), rounds, "k.", ms=4)
         ax.set_xticks(range(len(tags)), [t.removeprefix("b_") for t in tags], rotation=45, ha="right")
         ax.set_title(f"concurrency {concs[i]}")
         ax.set_ylabel("output tokens / s")
