@@ -86,7 +86,8 @@ TORCH_DRAWS="FLASHTREE_GRAPH_DRAWS=1"
 TREE="$TORCH_DRAWS FLASHTREE_FUSED_SAMPLER=1"
 TIMES="FLASHTREE_STAGE_TIMES=100"
 # Host and device time per decode step, chain and trees alike (harness plugin benchmarks/live/profile_steps.py): decode
-# steps 50-399 fall in the c = 1 phase; steps_<pid>.json lands in the server logs.
+# steps 50-399 fall in the c = 1 phase; steps_<pid>.json (also per batch size) lands in the server logs.
+# STEP_TIMES=50:10000000 times every step of the run instead (the c = 32 steps under "by_bs").
 STEPS="${STEP_ENV:-FT_STEP_TIMES=${STEP_TIMES:-50:400}} FT_PROFILE_OUT=$LOGS"
 MAX_BS=${MAX_BS:-4}
 # FLASHTREE_TREE_BUDGET for the b_*b servers: with the bf16 graph sizes below, trees (and verify graphs) of 16 tokens

@@ -15,7 +15,10 @@ disjoint windows (one server run then gives all of them without one mode perturb
                         call stack -> syncs_<pid>.txt;
   FT_STEP_TIMES=A:B     the steps are only timed -> steps_<pid>.json: host time per step (the call's wall time on the
                         CPU), device time per step (CUDA events around the call) and the device time from one step's
-                        end to the next one's start, as mean and median, so servers compare step for step.
+                        end to the next one's start, as mean and median, so servers compare step for step; the
+                        same per batch size ("by_bs"), so one window over the whole run gives the step at 32
+                        requests as well as at 1. The file is rewritten every 500 timed steps, so a window longer
+                        than the run (e.g. 50:10000000) still leaves one.
 """
 
 import cProfile
@@ -58,6 +61,7 @@ def register() -> None:
             elif step == first:
                 recorder.begin()
             if first <= step < last:
+                recorder.see(batch)
                 call = inside(recorder, call)
         return call()
 
@@ -73,6 +77,9 @@ class Recorder:
 
     def begin(self) -> None:
         pass
+
+    def see(self, batch) -> None:
+        """Called with each of the window's batches before its step runs."""
 
     def around(self, call):
         return call()
@@ -201,10 +208,17 @@ class SyncRecorder(Recorder):
 
 
 class TimingRecorder(Recorder):
+    FLUSH_EVERY = 500  # timed steps between rewrites of the file (a host wait for the last step's end event)
+
     def __init__(self, out_dir: str):
         self.path = os.path.join(out_dir, f"steps_{os.getpid()}.json")
         self.host_ms: list[float] = []
         self.events: list = []  # (start, end) CUDA events per step
+        self.sizes: list[int] = []  # requests per step
+
+    def see(self, batch) -> None:
+        seq_lens = getattr(batch, "seq_lens", None)
+        self.sizes.append(len(seq_lens) if seq_lens is not None else 0)
 
     def around(self, call):
         import torch
@@ -221,16 +235,31 @@ class TimingRecorder(Recorder):
             if cuda:
                 end.record()
                 self.events.append((start, end))
+            if len(self.host_ms) % self.FLUSH_EVERY == 0:
+                self.dump(len(self.host_ms))
 
-    def write(self, steps: int) -> None:
+    def dump(self, steps: int) -> dict:
         result = {"steps": steps, "host_ms": summary(self.host_ms)}
+        device = []
         if self.events:
             self.events[-1][1].synchronize()
-            result["device_ms"] = summary([s.elapsed_time(e) for s, e in self.events])
+            device = [s.elapsed_time(e) for s, e in self.events]
+            result["device_ms"] = summary(device)
             result["between_ms"] = summary([e.elapsed_time(s) for (_, e), (s, _) in zip(self.events, self.events[1:])])
+        by_bs = {}
+        for bs in sorted(set(self.sizes)):
+            rows = [i for i, size in enumerate(self.sizes[: len(self.host_ms)]) if size == bs]
+            by_bs[str(bs)] = {"steps": len(rows), "host_ms": summary([self.host_ms[i] for i in rows]),
+                              **({"device_ms": summary([device[i] for i in rows])} if device else {})}
+        result["by_bs"] = by_bs
         with open(self.path, "w") as fh:
             json.dump(result, fh, indent=1)
-        print(f"[profile_steps] decode steps {steps}: {json.dumps(result)}", flush=True)
+        return result
+
+    def write(self, steps: int) -> None:
+        result = self.dump(steps)
+        line = {k: v for k, v in result.items() if k != "by_bs"}
+        print(f"[profile_steps] decode steps {steps}: {json.dumps(line)}", flush=True)
 
 
 def summary(values: list[float]) -> dict:

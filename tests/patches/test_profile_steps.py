@@ -53,7 +53,8 @@ def test_profiles_the_decode_steps_asked_for(monkeypatch, tmp_path):
 
 
 def test_times_the_decode_steps_asked_for(monkeypatch, tmp_path):
-    """FT_STEP_TIMES: the same window, timed without cProfile (host time per step; CUDA events where there is a GPU)."""
+    """FT_STEP_TIMES: the same window, timed without cProfile (host time per step; CUDA events where there is a GPU),
+    overall and per batch size."""
     import json
     import time
 
@@ -68,18 +69,51 @@ def test_times_the_decode_steps_asked_for(monkeypatch, tmp_path):
     try:
         DSparkWorkerV2.forward_batch_generation = stand_in
         monkeypatch.delenv("FT_PROFILE_STEPS", raising=False)
-        monkeypatch.setenv("FT_STEP_TIMES", "1:3")
+        monkeypatch.setenv("FT_STEP_TIMES", "1:4")
         monkeypatch.setenv("FT_PROFILE_OUT", str(tmp_path))
         harness_plugins.load("profile_steps").register()
         worker = DSparkWorkerV2.__new__(DSparkWorkerV2)
-        batches = [types.SimpleNamespace(tag="prefill", forward_mode=Mode(True), is_extend_in_batch=True, sleep=0.2)]
+        batches = [types.SimpleNamespace(tag="prefill", forward_mode=Mode(True), is_extend_in_batch=True, sleep=0.2,
+                                         seq_lens=[1])]
         batches += [types.SimpleNamespace(tag=f"decode{i}", forward_mode=Mode(), is_extend_in_batch=False,
-                                          sleep=0.02 * i) for i in range(1, 4)]
+                                          sleep=0.02 * i, seq_lens=[7] * (1 if i == 1 else 3)) for i in range(1, 5)]
         assert [worker.forward_batch_generation(b) for b in batches] == [b.tag for b in batches]
-        (out,) = tmp_path.glob("steps_*.json")  # written at decode step 3: steps 1 and 2 (20 and 40 ms) were timed
+        (out,) = tmp_path.glob("steps_*.json")  # written at decode step 4: steps 1-3 (20, 40, 60 ms) were timed
         result = json.loads(out.read_text())
-        assert result["steps"] == 2 and not list(tmp_path.glob("profile_*.txt"))
-        assert 20 <= result["host_ms"]["mean"] < 150 and result["host_ms"]["median"] >= 20  # the 200 ms prefill is not in
+        assert result["steps"] == 3 and not list(tmp_path.glob("profile_*.txt"))
+        assert 20 <= result["host_ms"]["mean"] < 150 and result["host_ms"]["median"] >= 40  # the 200 ms prefill is not in
+        by_bs = result["by_bs"]
+        assert sorted(by_bs) == ["1", "3"] and by_bs["1"]["steps"] == 1 and by_bs["3"]["steps"] == 2
+        assert 20 <= by_bs["1"]["host_ms"]["mean"] < by_bs["3"]["host_ms"]["mean"]  # 20 ms against (40 + 60) / 2
+    finally:
+        DSparkWorkerV2.forward_batch_generation = original
+
+
+def test_step_times_of_a_window_longer_than_the_run_are_still_written(monkeypatch, tmp_path):
+    """A window that never reaches its end (e.g. 50:10000000, the whole run) rewrites its file every FLUSH_EVERY
+    timed steps, so the server's file holds the steps so far when the run stops."""
+    import json
+
+    from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2
+
+    original = DSparkWorkerV2.__dict__["forward_batch_generation"]
+    try:
+        DSparkWorkerV2.forward_batch_generation = lambda self, batch, *a, **k: batch.tag
+        monkeypatch.delenv("FT_PROFILE_STEPS", raising=False)
+        monkeypatch.setenv("FT_STEP_TIMES", "1:10000000")
+        monkeypatch.setenv("FT_PROFILE_OUT", str(tmp_path))
+        plugin = harness_plugins.load("profile_steps")
+        plugin.TimingRecorder.FLUSH_EVERY = 2
+        plugin.register()
+        worker = DSparkWorkerV2.__new__(DSparkWorkerV2)
+        for i in range(1, 6):
+            batch = types.SimpleNamespace(tag=i, forward_mode=Mode(), is_extend_in_batch=False, seq_lens=[0] * i)
+            worker.forward_batch_generation(batch)
+            files = list(tmp_path.glob("steps_*.json"))
+            assert len(files) == (i >= 2)
+            if files:
+                result = json.loads(files[0].read_text())
+                assert result["steps"] == i - i % 2 and len(result["by_bs"]) == i - i % 2
     finally:
         DSparkWorkerV2.forward_batch_generation = original
 
