@@ -2,8 +2,9 @@
 
 usage: python benchmarks/live/plot_live.py RESULTS_DIR [--out DIR]
 RESULTS_DIR holds speed_results.json and stage_times.txt (scripts/live_smollm2_h200.sh); figures: speed.png (bars: the
-mean over rounds; dots: each round, since rounds of one server can differ by more than servers do), stages.png (mean ms per tree step per stage, at batch size 1, per stage-timed tree server; only when a server ran
-with FLASHTREE_STAGE_TIMES).
+mean over rounds; dots: each round, since rounds of one server can differ by more than servers do), stages.png (mean
+ms per tree step per stage, at batch size 1, per stage-timed tree server; only when a server ran with
+FLASHTREE_STAGE_TIMES).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ disjoint windows (one server run then gives all of them without one mode perturb
                         CPU), device time per step (CUDA events around the call) and the device time from one step's
                         end to the next one's start, as mean and median, so servers compare step for step; the
                         same per batch size ("by_bs"), so one window over the whole run gives the step at 32
-                        requests as well as at 1. The file is rewritten every 500 timed steps, so a window longer
+                        requests as well as at 1. The file is rewritten every 1000 timed steps, so a window longer
                         than the run (e.g. 50:10000000) still leaves one.
 """
 
@@ -208,12 +208,14 @@ class SyncRecorder(Recorder):
 
 
 class TimingRecorder(Recorder):
-    FLUSH_EVERY = 500  # timed steps between rewrites of the file (a host wait for the last step's end event)
+    FLUSH_EVERY = 1000  # timed steps between rewrites of the file (a host wait for the last step's end event)
 
     def __init__(self, out_dir: str):
         self.path = os.path.join(out_dir, f"steps_{os.getpid()}.json")
         self.host_ms: list[float] = []
         self.events: list = []  # (start, end) CUDA events per step
+        self.device_ms: list[float] = []  # read from the events at each dump, the new ones only
+        self.between_ms: list[float] = []
         self.sizes: list[int] = []  # requests per step
 
     def see(self, batch) -> None:
@@ -240,18 +242,22 @@ class TimingRecorder(Recorder):
 
     def dump(self, steps: int) -> dict:
         result = {"steps": steps, "host_ms": summary(self.host_ms)}
-        device = []
         if self.events:
             self.events[-1][1].synchronize()
-            device = [s.elapsed_time(e) for s, e in self.events]
-            result["device_ms"] = summary(device)
-            result["between_ms"] = summary([e.elapsed_time(s) for (_, e), (s, _) in zip(self.events, self.events[1:])])
-        by_bs = {}
-        for bs in sorted(set(self.sizes)):
-            rows = [i for i, size in enumerate(self.sizes[: len(self.host_ms)]) if size == bs]
-            by_bs[str(bs)] = {"steps": len(rows), "host_ms": summary([self.host_ms[i] for i in rows]),
-                              **({"device_ms": summary([device[i] for i in rows])} if device else {})}
-        result["by_bs"] = by_bs
+            done = len(self.device_ms)
+            self.device_ms += [s.elapsed_time(e) for s, e in self.events[done:]]
+            pairs = zip(self.events[max(done - 1, 0):], self.events[max(done, 1):])
+            self.between_ms += [e.elapsed_time(s) for (_, e), (s, _) in pairs]
+            result["device_ms"] = summary(self.device_ms)
+            result["between_ms"] = summary(self.between_ms)
+        groups: dict = {}
+        for i, bs in enumerate(self.sizes[: len(self.host_ms)]):
+            groups.setdefault(bs, []).append(i)
+        result["by_bs"] = {
+            str(bs): {"steps": len(rows), "host_ms": summary([self.host_ms[i] for i in rows]),
+                      **({"device_ms": summary([self.device_ms[i] for i in rows])} if self.device_ms else {})}
+            for bs, rows in sorted(groups.items())
+        }
         with open(self.path, "w") as fh:
             json.dump(result, fh, indent=1)
         return result

@@ -204,3 +204,41 @@ def test_loop_profile_and_trace_cover_the_scheduler_between_steps(monkeypatch, t
         assert "aten::mm" in gzip.decompress(timeline.read_bytes()).decode()
     finally:
         DSparkWorkerV2.forward_batch_generation = original
+
+
+def test_step_device_times_read_incrementally_match_one_read(tmp_path):
+    """Each dump reads only the events recorded since the last one; the device and between-step times of a recorder
+    dumped after every few steps equal those of one read at the end (stand-in events carry their own clock)."""
+
+    class Event:
+        def __init__(self, t):
+            self.t = t
+
+        def elapsed_time(self, other):
+            return other.t - self.t
+
+        def synchronize(self):
+            pass
+
+    plugin = harness_plugins.load("profile_steps")
+    clock = [0.0]
+
+    def steps(recorder, n, dump_every):
+        for i in range(n):
+            start = Event(clock[0])
+            clock[0] += 1.0 + (i % 3)  # the step
+            recorder.events.append((start, Event(clock[0])))
+            recorder.host_ms.append(0.5)
+            recorder.sizes.append(1 + i % 2)
+            clock[0] += 0.25 * (i % 4)  # the gap to the next step
+            if dump_every and (i + 1) % dump_every == 0:
+                recorder.dump(i + 1)
+        return recorder.dump(n)
+
+    clock[0] = 0.0
+    once = steps(plugin.TimingRecorder(str(tmp_path)), 11, 0)
+    clock[0] = 0.0
+    incremental = plugin.TimingRecorder(str(tmp_path))
+    assert steps(incremental, 11, 3) == once
+    assert len(incremental.device_ms) == 11 and len(incremental.between_ms) == 10
+    assert once["by_bs"]["1"]["steps"] == 6 and once["by_bs"]["2"]["steps"] == 5
