@@ -147,7 +147,9 @@ start b_tree16sw 30035 FLASHTREE_TREE_N=16 FLASHTREE_SPLITKV_VERIFY=1 $WIDE $TRE
 start b_tree1gt 30032 FLASHTREE_TREE_N=1 $TREE $TIMES -- $B16 $SPEC
 start b_tree8gt 30033 FLASHTREE_TREE_N=8 $TREE $TIMES -- $B16 $SPEC
 start b_tree8wt 30034 FLASHTREE_TREE_N=8 $WIDE $TREE $TIMES -- $B16 $SPEC16
-wait_up $(( TOTAL_S / 2 )) || el "not every server came up (continuing with those that did)"
+# WAIT_S: how long the servers get to start. On a fresh machine a W = 64 budget server took 150 s (graph captures and
+# the budget's kernel warm-up; run 17 lost it by 5 s at the default).
+wait_up "${WAIT_S:-$(( TOTAL_S / 2 ))}" || el "not every server came up (continuing with those that did)"
 
 args() { local t; for t in "$@"; do [ -n "${PID[$t]:-}" ] && kill -0 "${PID[$t]}" 2>/dev/null && echo "$t=${PORT[$t]}:${PID[$t]}"; done; }
 if has identity; then
