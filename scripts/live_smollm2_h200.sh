@@ -26,8 +26,9 @@
 #     (N = 64, W = 64: --speculative-num-draft-tokens 64 --speculative-dspark-block-size 63) and b_tree64wb (with
 #     FLASHTREE_TREE_BUDGET=$BUDGET64; b_tree64wb512: budget 512, 64 tokens up to 8 requests, 16 at 32), f_tree64wx
 #     (b_tree64w in float32 with exact verify, for the identity phase)
-#   stage (bfloat16, concurrency 1 only, FLASHTREE_STAGE_TIMES=100: the per-stage table): STAGE_TAGS, default b_tree1gt
-#     b_tree8gt b_tree8wt (b_tree1g, b_tree8g, b_tree8w with the timer's events)
+#   stage (bfloat16, FLASHTREE_STAGE_TIMES=100: the per-stage table, lines tagged with the window's mean batch size):
+#     STAGE_TAGS, default b_tree1gt b_tree8gt b_tree8wt (b_tree1g, b_tree8g, b_tree8w with the timer's events; also
+#     b_tree64wb512t and b_tree64w1t: N = 1 in the same 63-row draft window, budget 512), at concurrency STAGE_CONCS (default 1; e.g. "1 32": where a step's time goes at 32 requests)
 #   sampled (T = 0.7, 600 requests; chi-square of tokens 2-4 against b_plain): SAMPLED_TAGS, default b_plain b_tree8w
 # Runs 3-5 (BENCHMARKS.md section 6) used tags still defined below: f_tree4g f_tree8sg f_tree8m, b_tree4g b_tree8sg
 # b_tree8sgm (FLASHTREE_TREE_MAX_BS=$MAX_BS) b_tree8sgt b_tree8sgu (torch draws); pass them in the *_TAGS lists.
@@ -147,6 +148,8 @@ start b_tree16sw 30035 FLASHTREE_TREE_N=16 FLASHTREE_SPLITKV_VERIFY=1 $WIDE $TRE
 start b_tree1gt 30032 FLASHTREE_TREE_N=1 $TREE $TIMES -- $B16 $SPEC
 start b_tree8gt 30033 FLASHTREE_TREE_N=8 $TREE $TIMES -- $B16 $SPEC
 start b_tree8wt 30034 FLASHTREE_TREE_N=8 $WIDE $TREE $TIMES -- $B16 $SPEC16
+start b_tree64wb512t 30045 FLASHTREE_TREE_N=64 FLASHTREE_TREE_BUDGET=512 $WIDE $TREE $TIMES -- $B16 $SPEC64
+start b_tree64w1t 30046 FLASHTREE_TREE_N=1 FLASHTREE_TREE_BUDGET=512 $WIDE $TREE $TIMES -- $B16 $SPEC64
 # WAIT_S: how long the servers get to start. On a fresh machine a W = 64 budget server took 150 s (graph captures and
 # the budget's kernel warm-up; run 17 lost it by 5 s at the default).
 wait_up "${WAIT_S:-$(( TOTAL_S / 2 ))}" || el "not every server came up (continuing with those that did)"
@@ -163,7 +166,7 @@ if has stage; then
   el "stage phase"
   mkdir -p "$OUT/stage"
   timeout 120 python3 benchmarks/live/bench_client.py speed --prompts "$PROMPTS" --out "$OUT/stage" --wait 5 \
-    --conc 1 --min-requests 16 $(args $STAGE_TAGS) | grep -v "^\[bench\]"
+    --conc ${STAGE_CONCS:-1} --min-requests 16 $(args $STAGE_TAGS) | grep -v "^\[bench\]"
   stop_all $STAGE_TAGS
 fi
 if has speed; then
