@@ -7,7 +7,8 @@ WORK=/tmp/flashtree_live
 LOGS=${LOGS:-$WORK/logs}
 STAGGER_S=${STAGGER_S:-0}  # seconds between server starts: concurrent starts race sglang's memory check
 mkdir -p "$LOGS"
-rm -rf "$LOGS"/server_*.log "$LOGS"/profile_*  # a warm machine keeps /tmp: one run's archive holds that run's logs only
+# a warm machine keeps /tmp: one run's archive holds that run's logs and profile_steps.py files only
+rm -rf "$LOGS"/server_*.log "$LOGS"/{profile,loop,trace,syncs,steps}_*
 HARNESS_ENV=${HARNESS_ENV:-FT_FP32_NATIVE=0}
 declare -A PORT PID
 el() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
@@ -58,7 +59,7 @@ start_server() {
   while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
   mkdir -p /tmp/tvmffi_$tag; [ -d /tmp/tvmffi ] && cp -rn /tmp/tvmffi/. /tmp/tvmffi_$tag/ 2>/dev/null
   el "start [$tag] ${envs[*]} $HARNESS_ENV python3 -m sglang.launch_server --port $port $*"
-  env "${envs[@]}" $HARNESS_ENV TVM_FFI_CACHE_DIR=/tmp/tvmffi_$tag python3 -m sglang.launch_server --port "$port" "$@" \
+  env "${envs[@]}" $HARNESS_ENV FT_PROFILE_TAG=$tag TVM_FFI_CACHE_DIR=/tmp/tvmffi_$tag python3 -m sglang.launch_server --port "$port" "$@" \
     >>"$LOGS/server_$tag.log" 2>&1 &
   PID[$tag]=$!
   PORT[$tag]=$port

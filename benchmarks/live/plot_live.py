@@ -3,8 +3,8 @@
 usage: python benchmarks/live/plot_live.py RESULTS_DIR [--out DIR]
 RESULTS_DIR holds speed_results.json and stage_times.txt (scripts/live_smollm2_h200.sh); figures: speed.png (bars: the
 mean over rounds; dots: each round, since rounds of one server can differ by more than servers do), stages.png (mean
-ms per tree step per stage, at batch size 1, per stage-timed tree server; only when a server ran with
-FLASHTREE_STAGE_TIMES).
+ms per tree step per stage per stage-timed tree server, at batch size 1 and, where the stage phase ran at concurrency
+32, at 28-32 requests; only when a server ran with FLASHTREE_STAGE_TIMES).
 """
 
 from __future__ import annotations
@@ -18,9 +18,13 @@ LINE = re.compile(r"steps (\d+)-\d+; mean bs ([\d.]+)\): (.*); total")
 TAG = re.compile(r"^\[server_(\S+)\] ")  # scripts/live_lib.sh's pack_logs tags each line (runs after run 5)
 
 
-def stage_means(path: Path, batch: float = 1.0) -> dict[str, dict]:
-    """Server -> (stage -> mean ms) from stage_times.txt, over the windows whose mean batch size is `batch`, the first
-    window (Triton compiles) left out. A server's block restarts at steps 1-...; untagged files (runs 1-5) name their
+# stages.png's panels: (title, mean batch size of the windows, tolerance)
+PANELS = (("batch size 1", 1.0, 0.15), ("batch size 28-32", 30.0, 2.0))
+
+
+def stage_means(path: Path, batch: float = 1.0, tolerance: float = 0.15) -> dict[str, dict]:
+    """Server -> (stage -> mean ms) from stage_times.txt, over the windows whose mean batch size is within `tolerance`
+    of `batch`, the first window (Triton compiles) left out. A server's block restarts at steps 1-...; untagged files (runs 1-5) name their
     blocks "1", "2", ... in log order."""
     blocks: list[tuple[str, list]] = []
     for line in path.read_text().splitlines():
@@ -30,7 +34,7 @@ def stage_means(path: Path, batch: float = 1.0) -> dict[str, dict]:
         tag = TAG.match(line)
         if m.group(1) == "1" or not blocks:
             blocks.append((tag.group(1) if tag else str(len(blocks) + 1), []))
-        if m.group(1) != "1" and abs(float(m.group(2)) - batch) < 0.15:
+        if m.group(1) != "1" and abs(float(m.group(2)) - batch) <= tolerance:
             blocks[-1][1].append(dict((k, float(v)) for k, v in (part.split() for part in m.group(3).split(", "))))
     return {name: {k: sum(w[k] for w in ws) / len(ws) for k in ws[0]} for name, ws in blocks if ws}
 
@@ -51,8 +55,8 @@ def main(argv=None) -> None:
     speed = json.loads((args.results / "speed_results.json").read_text())["servers"]
     tags = list(speed)
     concs = [r["concurrency"] for r in speed[tags[0]]]
-    fig, axes = plt.subplots(1, len(concs), figsize=(4.2 * len(concs), 3.4))
-    for ax, i in zip(axes, range(len(concs))):
+    fig, axes = plt.subplots(1, len(concs), figsize=(4.2 * len(concs), 3.4), squeeze=False)
+    for ax, i in zip(axes[0], range(len(concs))):
         vals = [speed[t][i].get("tokens_per_s", 0) for t in tags]
         ax.bar(range(len(tags)), vals, color=["0.6" if "plain" in t else "C0" if "chain" in t else "C1" for t in tags])
         for x, t in enumerate(tags):
@@ -67,20 +71,25 @@ def main(argv=None) -> None:
     plt.close(fig)
 
     stages = args.results / "stage_times.txt"
-    means = stage_means(stages) if stages.exists() else {}
-    if not means:  # no stage-timed server in this run
+    panels = [(title, stage_means(stages, batch, tol)) for title, batch, tol in PANELS] if stages.exists() else []
+    panels = [(title, means) for title, means in panels if means]
+    if not panels:  # no stage-timed server in this run
         print(out / "speed.png")
         return
-    names = [t.removeprefix("b_") for t in means]
-    rows = list(means.values())
-    fig, ax = plt.subplots(figsize=(6.5, 3.4))
-    left = [0.0] * len(rows)
-    for k in rows[0]:
-        vals = [m[k] for m in rows]
-        ax.barh(names, vals, left=left, label=k)
-        left = [a + b for a, b in zip(left, vals)]
-    ax.set_xlabel("ms per tree step (batch size 1)")
-    ax.legend(ncol=4, fontsize=8, loc="lower right")
+    fig, axes = plt.subplots(len(panels), 1, figsize=(6.5, 2.2 + 1.2 * len(panels)), squeeze=False, sharex=True)
+    for ax, (title, means) in zip(axes[:, 0], panels):
+        names = [t.removeprefix("b_") for t in means]
+        rows = list(means.values())
+        left = [0.0] * len(rows)
+        for k in rows[0]:
+            vals = [m[k] for m in rows]
+            ax.barh(names, vals, left=left, label=k)
+            left = [a + b for a, b in zip(left, vals)]
+        ax.set_title(title, fontsize=9)
+    axes[-1, 0].set_xlabel("ms per tree step")
+    fig.tight_layout()
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, ncol=len(labels), fontsize=8, loc="upper center", bbox_to_anchor=(0.5, 0.0))
     fig.savefig(out / "stages.png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     print(out / "speed.png", out / "stages.png")

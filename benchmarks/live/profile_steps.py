@@ -13,7 +13,7 @@ disjoint windows (one server run then gives all of them without one mode perturb
                         by own CPU time and by device time, per step) and the timeline trace_<pid>.json.gz;
   FT_SYNC_STEPS=A:B     host-device synchronisations in the steps (torch.cuda.set_sync_debug_mode), counted per
                         call stack -> syncs_<pid>.txt;
-  FT_STEP_TIMES=A:B     the steps are only timed -> steps_<pid>.json: host time per step (the call's wall time on the
+  FT_STEP_TIMES=A:B     the steps are only timed -> steps_<pid>.json (steps_<tag>_<pid>.json with FT_PROFILE_TAG): host time per step (the call's wall time on the
                         CPU), device time per step (CUDA events around the call) and the device time from one step's
                         end to the next one's start, as mean and median, so servers compare step for step; the
                         same per batch size ("by_bs"), so one window over the whole run gives the step at 32
@@ -68,6 +68,13 @@ def register() -> None:
     DSparkWorkerV2.forward_batch_generation = forward_batch_generation
 
 
+def output_path(out_dir: str, kind: str, ext: str) -> str:
+    """<kind>_<pid><ext>, or <kind>_<tag>_<pid><ext> with FT_PROFILE_TAG (the live scripts set each server's tag, so
+    a run's files say which server wrote them)."""
+    tag = os.environ.get("FT_PROFILE_TAG")
+    return os.path.join(out_dir, f"{kind}_{tag + '_' if tag else ''}{os.getpid()}{ext}")
+
+
 def inside(recorder, call):
     return lambda: recorder.around(call)
 
@@ -93,7 +100,7 @@ class CProfileRecorder(Recorder):
 
     def __init__(self, out_dir: str, loop: bool = False):
         self.loop = loop
-        self.path = os.path.join(out_dir, f"{'loop' if loop else 'profile'}_{os.getpid()}.txt")
+        self.path = output_path(out_dir, "loop" if loop else "profile", ".txt")
         self.profile = cProfile.Profile()
         self.host_s = 0.0
         self.t0 = 0.0
@@ -134,7 +141,7 @@ class TraceRecorder(Recorder):
     device time, so launches, copies and host waits per step compare between servers."""
 
     def __init__(self, out_dir: str):
-        self.path = os.path.join(out_dir, f"trace_{os.getpid()}")
+        self.path = output_path(out_dir, "trace", "")
         self.profiler = None
 
     def begin(self) -> None:
@@ -177,7 +184,7 @@ class SyncRecorder(Recorder):
     """Host-device synchronisations inside the steps (torch's sync debug mode), counted per call stack."""
 
     def __init__(self, out_dir: str):
-        self.path = os.path.join(out_dir, f"syncs_{os.getpid()}.txt")
+        self.path = output_path(out_dir, "syncs", ".txt")
         self.stacks: Counter = Counter()
 
     def around(self, call):
@@ -211,7 +218,7 @@ class TimingRecorder(Recorder):
     FLUSH_EVERY = 1000  # timed steps between rewrites of the file (a host wait for the last step's end event)
 
     def __init__(self, out_dir: str):
-        self.path = os.path.join(out_dir, f"steps_{os.getpid()}.json")
+        self.path = output_path(out_dir, "steps", ".json")
         self.host_ms: list[float] = []
         self.events: list = []  # (start, end) CUDA events per step
         self.device_ms: list[float] = []  # read from the events at each dump, the new ones only
@@ -241,7 +248,7 @@ class TimingRecorder(Recorder):
                 self.dump(len(self.host_ms))
 
     def dump(self, steps: int) -> dict:
-        result = {"steps": steps, "host_ms": summary(self.host_ms)}
+        result = {"server": os.environ.get("FT_PROFILE_TAG"), "steps": steps, "host_ms": summary(self.host_ms)}
         if self.events:
             self.events[-1][1].synchronize()
             done = len(self.device_ms)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import types
 
 import harness_plugins
@@ -71,6 +72,7 @@ def test_times_the_decode_steps_asked_for(monkeypatch, tmp_path):
         monkeypatch.delenv("FT_PROFILE_STEPS", raising=False)
         monkeypatch.setenv("FT_STEP_TIMES", "1:4")
         monkeypatch.setenv("FT_PROFILE_OUT", str(tmp_path))
+        monkeypatch.setenv("FT_PROFILE_TAG", "b_tree64wb512")  # the live scripts' server tag names the file
         harness_plugins.load("profile_steps").register()
         worker = DSparkWorkerV2.__new__(DSparkWorkerV2)
         batches = [types.SimpleNamespace(tag="prefill", forward_mode=Mode(True), is_extend_in_batch=True, sleep=0.2,
@@ -79,8 +81,9 @@ def test_times_the_decode_steps_asked_for(monkeypatch, tmp_path):
                                           sleep=0.02 * i, seq_lens=[7] * (1 if i == 1 else 3)) for i in range(1, 5)]
         assert [worker.forward_batch_generation(b) for b in batches] == [b.tag for b in batches]
         (out,) = tmp_path.glob("steps_*.json")  # written at decode step 4: steps 1-3 (20, 40, 60 ms) were timed
+        assert out.name == f"steps_b_tree64wb512_{os.getpid()}.json"
         result = json.loads(out.read_text())
-        assert result["steps"] == 3 and not list(tmp_path.glob("profile_*.txt"))
+        assert result["server"] == "b_tree64wb512" and result["steps"] == 3 and not list(tmp_path.glob("profile_*.txt"))
         assert 20 <= result["host_ms"]["mean"] < 150 and result["host_ms"]["median"] >= 40  # the 200 ms prefill is not in
         by_bs = result["by_bs"]
         assert sorted(by_bs) == ["1", "3"] and by_bs["1"]["steps"] == 1 and by_bs["3"]["steps"] == 2
