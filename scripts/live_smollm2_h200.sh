@@ -30,6 +30,8 @@
 #     STAGE_TAGS, default b_tree1gt b_tree8gt b_tree8wt (b_tree1g, b_tree8g, b_tree8w with the timer's events; also
 #     b_tree64wb512t and b_tree64w1t: N = 1 in the same 63-row draft window, budget 512), at concurrency STAGE_CONCS (default 1; e.g. "1 32": where a step's time goes at 32 requests)
 #   sampled (T = 0.7, 600 requests; chi-square of tokens 2-4 against b_plain): SAMPLED_TAGS, default b_plain b_tree8w
+# Paged KV (--page-size 16; the tree step commits by copying the accepted nodes' KV): f_plainp16 f_chainp16
+#   f_tree64wp16 (identity: exact verify needs page size 1, so these compare as f_chain does) b_chainp16 b_tree64wb512p16
 # Runs 3-5 (BENCHMARKS.md section 6) used tags still defined below: f_tree4g f_tree8sg f_tree8m, b_tree4g b_tree8sg
 # b_tree8sgm (FLASHTREE_TREE_MAX_BS=$MAX_BS) b_tree8sgt b_tree8sgu (torch draws); pass them in the *_TAGS lists.
 # Every bf16 server except the stage-timed ones records host and device time per decode step (steps 50-399, c = 1:
@@ -73,6 +75,8 @@ BASE="--model-path $TARGET --attention-backend triton --sampling-backend pytorch
   --max-total-tokens 65536 --context-length 2048 --cuda-graph-backend-prefill disabled --log-level info --sleep-on-idle"
 F32="$BASE --dtype float32 --enable-deterministic-inference --max-running-requests 8 --cuda-graph-bs-decode 1 2 4 8"
 B16="$BASE --dtype bfloat16 --max-running-requests 32 --cuda-graph-bs-decode 1 2 4 8 16 24 32"
+F32P16=${F32/--page-size 1/--page-size 16}
+B16P16=${B16/--page-size 1/--page-size 16}
 SPEC="--speculative-algorithm DSPARK --speculative-draft-model-path $DRAFT --speculative-num-draft-tokens 9
   --speculative-draft-attention-backend triton"
 # Trees wider than the draft block: DSPARK reserves and captures a 16-token verify window (gamma 15); the candidates
@@ -144,6 +148,11 @@ start f_tree64wx 30041 FLASHTREE_TREE_N=64 $EXACT $WIDE $TREE -- $F32 $SPEC64
 start b_tree64w 30042 FLASHTREE_TREE_N=64 $WIDE $TREE $STEPS -- $B16 $SPEC64
 start b_tree64wb 30043 FLASHTREE_TREE_N=64 FLASHTREE_TREE_BUDGET=$BUDGET64 $WIDE $TREE $STEPS -- $B16 $SPEC64
 start b_tree64wb512 30044 FLASHTREE_TREE_N=64 FLASHTREE_TREE_BUDGET=512 $WIDE $TREE $STEPS -- $B16 $SPEC64
+start f_plainp16 30050 FLASHTREE_TREE_N= -- $F32P16
+start f_chainp16 30051 FLASHTREE_TREE_N= -- $F32P16 $SPEC
+start f_tree64wp16 30052 FLASHTREE_TREE_N=64 $WIDE $TREE -- $F32P16 $SPEC64
+start b_chainp16 30053 FLASHTREE_TREE_N= $STEPS -- $B16P16 $SPEC
+start b_tree64wb512p16 30054 FLASHTREE_TREE_N=64 FLASHTREE_TREE_BUDGET=512 $WIDE $TREE $STEPS -- $B16P16 $SPEC64
 start b_tree16sw 30035 FLASHTREE_TREE_N=16 FLASHTREE_SPLITKV_VERIFY=1 $WIDE $TREE $STEPS -- $B16 $SPEC16
 start b_tree1gt 30032 FLASHTREE_TREE_N=1 $TREE $TIMES -- $B16 $SPEC
 start b_tree8gt 30033 FLASHTREE_TREE_N=8 $TREE $TIMES -- $B16 $SPEC
