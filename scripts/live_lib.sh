@@ -66,17 +66,22 @@ start_server() {
   sleep "$STAGGER_S"
 }
 
-# wait_up SECONDS: 0 when every started server answers /health, 1 as soon as one has died, 2 on timeout
+# wait_up SECONDS [keep]: 0 when every started server answers /health, 1 as soon as one has died, 2 on timeout.
+# With "keep", a server that dies is dropped (its log stays) and the others are still waited for; 1 at the end then.
 wait_up() {
-  local t0=$(date +%s) tag up
+  local t0=$(date +%s) tag up died=0
   while [ $(( $(date +%s) - t0 )) -lt "$1" ]; do
     up=0
     for tag in "${!PID[@]}"; do
-      kill -0 "${PID[$tag]}" 2>/dev/null || { el "[$tag] died while starting"; return 1; }
+      if ! kill -0 "${PID[$tag]}" 2>/dev/null; then
+        el "[$tag] died while starting"
+        [ "${2:-}" = keep ] || return 1
+        unset "PID[$tag]"; died=1; continue
+      fi
       python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:${PORT[$tag]}/health', timeout=3)" \
         2>/dev/null && up=$((up + 1))
     done
-    [ "$up" -eq "${#PID[@]}" ] && { el "all ${#PID[@]} servers up"; return 0; }
+    [ "$up" -eq "${#PID[@]}" ] && { el "all ${#PID[@]} servers up"; return $died; }
     sleep 3
   done
   return 2

@@ -161,7 +161,7 @@ start b_tree64wb512t 30045 FLASHTREE_TREE_N=64 FLASHTREE_TREE_BUDGET=512 $WIDE $
 start b_tree64w1t 30046 FLASHTREE_TREE_N=1 FLASHTREE_TREE_BUDGET=512 $WIDE $TREE $TIMES -- $B16 $SPEC64
 # WAIT_S: how long the servers get to start. On a fresh machine a W = 64 budget server took 150 s (graph captures and
 # the budget's kernel warm-up; run 17 lost it by 5 s at the default).
-wait_up "${WAIT_S:-$(( TOTAL_S / 2 ))}" || el "not every server came up (continuing with those that did)"
+wait_up "${WAIT_S:-$(( TOTAL_S / 2 ))}" keep || el "not every server came up (continuing with those that did)"
 
 args() { local t; for t in "$@"; do [ -n "${PID[$t]:-}" ] && kill -0 "${PID[$t]}" 2>/dev/null && echo "$t=${PORT[$t]}:${PID[$t]}"; done; }
 if has identity; then

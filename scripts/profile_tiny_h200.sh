@@ -24,7 +24,7 @@ trap stop_all EXIT
 start_server chain 30001 FLASHTREE_TREE_N= $(prof chain) -- $COMMON $SPEC
 start_server tree1 30002 FLASHTREE_TREE_N=1 FLASHTREE_STAGE_TIMES=100 $(prof tree1) -- $COMMON $SPEC
 start_server tree8 30003 FLASHTREE_TREE_N=8 FLASHTREE_STAGE_TIMES=100 $(prof tree8) -- $COMMON $SPEC
-wait_up 240 || el "not every server came up (continuing with those that did)"
+wait_up 240 keep || el "not every server came up (continuing with those that did)"
 python3 benchmarks/live/bench_client.py speed --prompts $WORK/models/prompts.json --out "$OUT" --conc 1 --wait 5 \
   $(for t in chain tree1 tree8; do [ -n "${PID[$t]:-}" ] && echo "$t=${PORT[$t]}:${PID[$t]}"; done) | grep -v "^\[bench\]"
 sleep 2

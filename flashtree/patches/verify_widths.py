@@ -3,7 +3,7 @@
 DSPARK captures the target's verify graphs once, at its window W = gamma + 1 tokens per request. A batch-wide budget
 B gives a batch of bs requests trees of W_eff = clamp(B // bs, 2, W) tokens, and a fixed FLASHTREE_TREE_WIDTH below W
 trees of that width; either saves verify time only if verify runs at that width, not at W with padding. After
-DSPARK's `init_cuda_graphs` (the target's verify graphs exist by then), this module captures one more decode graph
+DSPARK's `init_cuda_graphs` (the target's verify graphs exist by then; startup.py calls it), this module captures one more decode graph
 runner of sglang's own class per such width (for the budget: per width it gives at a captured batch size), each over
 an attention backend of its own:
 
@@ -44,23 +44,6 @@ def capture(state, worker) -> None:
     logger.info("flashtree: target verify graphs at widths %s besides W=%d (batch sizes %s; tree width %d, budget %d)",
                 sorted(state.verify_runners) or "none", state.width, list(main.capture_bs), state.tree_width,
                 state.toggles.tree_budget)
-
-
-def make_init_cuda_graphs(original):
-    """DSparkWorkerV2.init_cuda_graphs, then the narrower target-verify graphs and the tree kernels' warm-up."""
-
-    def init_cuda_graphs(self, *args, **kwargs):
-        out = original(self, *args, **kwargs)
-        state = getattr(self, "_flashtree", None)
-        if state is not None:
-            from . import warmup  # (imports decode, which imports this module)
-
-            capture(state, self)
-            warmed = warmup.warm(state, self, *warmup.limits(state, self))
-            logger.info("flashtree: tree kernels compiled for (candidates, tree width, verify width) %s", warmed)
-        return out
-
-    return init_cuda_graphs
 
 
 @contextlib.contextmanager

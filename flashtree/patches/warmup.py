@@ -4,7 +4,7 @@ The trie-vote builder, the verify-input encoder and the fused walk are specialis
 tree and verify widths (constexprs). With FLASHTREE_TREE_BUDGET these change with the batch size, and each shape
 compiled on first use, in the middle of serving: seen live as the budget server's first round at concurrency 32 at
 0.23x and 0.26x of the chain's tokens/s (runs 11 and 13), its later rounds at 0.79-1.26x. With a budget or a fixed
-FLASHTREE_TREE_WIDTH, right after the narrower verify graphs are captured (verify_widths.make_init_cuda_graphs), one
+FLASHTREE_TREE_WIDTH, right after the narrower verify graphs are captured (startup.py), one
 request's tree step (build, encode, walk with the req_to_token rewrite) runs here on dummy inputs per shape the batch
 sizes give, so serving finds them compiled. (A tree of one shape compiles on the first request, as before.) On CPU the
 references run: nothing to compile.

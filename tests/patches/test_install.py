@@ -29,6 +29,7 @@ def owner(path: str):
 OWNERS = [W, S, T, U, P, R, Q]
 TREE_KEYS = {
     (W, "__init__"),
+    (W, "init_cuda_graphs"),
     (W, "_forward_decode"),
     (S, "_add_request_to_queue"),
     (R, "_maybe_collect_customized_info"),
@@ -36,11 +37,9 @@ TREE_KEYS = {
 }
 
 
-def tree_keys(release: str, budget: int = 0) -> set:
-    """What FLASHTREE_TREE_N installs: on 0.5.17 also the stop-token fix (finish.py); with a budget, the narrower
-    verify graphs after init_cuda_graphs (verify_widths.py)."""
-    keys = TREE_KEYS | ({(Q, "update_finish_state")} if release == "0.5.17" else set())
-    return keys | ({(W, "init_cuda_graphs")} if budget else set())
+def tree_keys(release: str) -> set:
+    """What FLASHTREE_TREE_N installs: on 0.5.17 also the stop-token fix (finish.py)."""
+    return TREE_KEYS | ({(Q, "update_finish_state")} if release == "0.5.17" else set())
 
 
 def snapshot() -> dict:
@@ -60,7 +59,7 @@ def test_adapter_matches_installed_release(sglang_release):
 
 @pytest.mark.parametrize("budget", [0, 64], ids=["tree", "tree-with-budget"])
 def test_install_replaces_exactly_the_tree_attributes_and_uninstall_restores(sglang_release, budget):
-    expected = tree_keys(sglang_release, budget)
+    expected = tree_keys(sglang_release)  # with or without a budget: init_cuda_graphs is wrapped (startup.py)
     before = snapshot()
     keys = patches.install(TreeToggles(tree_n=4, tree_budget=budget))
     after = snapshot()
@@ -239,10 +238,45 @@ def test_worker_checks_width_depth_and_page_size():
     with pytest.raises(SystemExit, match=r"FLASHTREE_TREE_DEPTH=8 exceeds DSPARK's draft block \(gamma = 7\); allowed: 'auto' or an integer from 1 to 7"):
         create_state(adapter, TreeToggles(tree_n=4, tree_depth=8), worker)
     worker.model_runner.page_size = 16
-    with pytest.raises(SystemExit, match=r"with --page-size 16 the tree path commits by copying the accepted KV, but the target KV pool \(NoneType\) has no move_kv_cache"):
+    worker.model_runner.token_to_kv_pool = object()  # a pool that cannot move KV: refused at once
+    with pytest.raises(SystemExit, match=r"with --page-size 16 the tree path commits by copying the accepted KV, but the target KV pool \(object\) has no move_kv_cache"):
         create_state(adapter, TreeToggles(tree_n=4), worker)
     worker.model_runner.token_to_kv_pool = types.SimpleNamespace(move_kv_cache=lambda tgt, src: None)
     assert create_state(adapter, TreeToggles(tree_n=4), worker).page_size == 16
+
+
+def test_paged_kv_check_waits_for_the_pools(sglang_release):
+    """sglang builds DSparkWorkerV2 before it allocates the KV pools (seen live on 0.5.17 with --page-size 16: the
+    start check found no pool and stopped every paged tree server). The worker then starts, and the installed
+    init_cuda_graphs, which the scheduler calls once the pools exist, checks the pool before DSPARK captures."""
+    from flashtree.patches.decode import make_worker_init
+    from flashtree.patches.startup import make_init_cuda_graphs
+
+    adapter = adapters.select_adapter()
+    toggles = TreeToggles(tree_n=4)
+
+    def build(pool):
+        worker = types.SimpleNamespace(verify_num_draft_tokens=8, device="cpu",
+                                       model_runner=types.SimpleNamespace(page_size=16, token_to_kv_pool=None))
+        make_worker_init(lambda self: None, adapter, toggles)(worker)  # no pool yet: no refusal
+        worker.model_runner.token_to_kv_pool = pool  # then the scheduler's init_memory_pools
+        return worker
+
+    refusal = r"with --page-size 16 the tree path commits by copying the accepted KV, but the target KV pool \(object\) has no move_kv_cache"
+    patches.install(toggles)
+    try:  # the installed wrapper refuses before the release's own init_cuda_graphs runs
+        with pytest.raises(SystemExit, match=refusal):
+            owner(W).init_cuda_graphs(build(object()))
+    finally:
+        patches.uninstall()
+    captured = []
+    init_cuda_graphs = make_init_cuda_graphs(captured.append, narrow=False)
+    with pytest.raises(SystemExit, match=refusal):
+        init_cuda_graphs(build(object()))
+    assert captured == []  # stopped before DSPARK's capture
+    worker = build(types.SimpleNamespace(move_kv_cache=lambda tgt, src: None))
+    init_cuda_graphs(worker)
+    assert captured == [worker] and worker._flashtree.page_size == 16
 
 
 def test_budget_on_a_release_without_its_hooks_is_refused_untouched(monkeypatch):

@@ -75,7 +75,7 @@ class SglangAdapter:
 
     # ---- patches ---------------------------------------------------------------------------------------------
     def patches(self, toggles: TreeToggles) -> list[Patch]:
-        from .. import admission, decode, flashmap_draft
+        from .. import admission, decode, flashmap_draft, startup
 
         worker_cls = resolve(WORKER)
         scheduler_cls = resolve(SCHEDULER)
@@ -87,14 +87,13 @@ class SglangAdapter:
                 return flashmap_draft.make_worker_init(decode.make_worker_init(orig, self, toggles), self, toggles)
 
             out.append(Patch(worker_cls, "__init__", worker_init, "DSparkWorkerV2.__init__"))
-            if toggles.tree_budget or toggles.tree_width:  # trees narrower than the window: verify graphs at their width
-                from .. import verify_widths
-
+            narrow = bool(toggles.tree_budget or toggles.tree_width)  # trees narrower than the window
+            if narrow:  # verify graphs at their width
                 self.require(NARROW_VERIFY_PROBES, "FLASHTREE_TREE_BUDGET / FLASHTREE_TREE_WIDTH", "0 / auto")
-                out.append(
-                    Patch(worker_cls, "init_cuda_graphs", verify_widths.make_init_cuda_graphs,
-                          "DSparkWorkerV2.init_cuda_graphs")
-                )
+            out.append(
+                Patch(worker_cls, "init_cuda_graphs", lambda orig: startup.make_init_cuda_graphs(orig, narrow),
+                      "DSparkWorkerV2.init_cuda_graphs")
+            )
             out.append(
                 Patch(
                     worker_cls,
@@ -426,6 +425,7 @@ class _TaggableFrozenSet(frozenset):
 
 COMMON_PROBES = (
     Sig(f"{WORKER}.__init__", ("self",), prefix=True),
+    Has(f"{WORKER}.init_cuda_graphs"),  # startup.py: the checks and graphs that need the KV pools
     Sig(f"{SCHEDULER}._add_request_to_queue", ("self", "req", "is_retracted")),
     Has("sglang.srt.managers.schedule_batch:Req.set_finish_with_abort", ("error_msg",)),
     Sig(f"{DRAFT}:make_next_draft_input", ("bonus_tokens", "new_seq_lens")),
@@ -445,7 +445,6 @@ COMMON_PROBES = (
 # What the narrower verify graphs of FLASHTREE_TREE_BUDGET / FLASHTREE_TREE_WIDTH need (checked only when one is set;
 # verify_widths.py).
 NARROW_VERIFY_PROBES = (
-    Has(f"{WORKER}.init_cuda_graphs"),
     Has(
         "sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner.__init__",
         ("model_runner", "attn_backend", "speculative_num_draft_tokens"),
