@@ -30,6 +30,8 @@
 #     STAGE_TAGS, default b_tree1gt b_tree8gt b_tree8wt (b_tree1g, b_tree8g, b_tree8w with the timer's events; also
 #     b_tree64wb512t and b_tree64w1t: N = 1 in the same 63-row draft window, budget 512), at concurrency STAGE_CONCS (default 1; e.g. "1 32": where a step's time goes at 32 requests)
 #   sampled (T = 0.7, 600 requests; chi-square of tokens 2-4 against b_plain): SAMPLED_TAGS, default b_plain b_tree8w
+# Draft rows (FLASHTREE_DRAFT_ROWS=$DEPTH: tree steps' draft forward over the window's first 8 rows, not 63):
+#   b_tree64wb512r8 (b_tree64wb512 with it), f_tree64wxr8 (f_tree64wx with it, identity)
 # Paged KV (--page-size 16; the tree step commits by copying the accepted nodes' KV): f_plainp16 f_chainp16
 #   f_tree64wp16 (identity: exact verify needs page size 1, so these compare as f_chain does) b_chainp16 b_tree64wb512p16
 # Runs 3-5 (BENCHMARKS.md section 6) used tags still defined below: f_tree4g f_tree8sg f_tree8m, b_tree4g b_tree8sg
@@ -148,6 +150,8 @@ start f_tree64wx 30041 FLASHTREE_TREE_N=64 $EXACT $WIDE $TREE -- $F32 $SPEC64
 start b_tree64w 30042 FLASHTREE_TREE_N=64 $WIDE $TREE $STEPS -- $B16 $SPEC64
 start b_tree64wb 30043 FLASHTREE_TREE_N=64 FLASHTREE_TREE_BUDGET=$BUDGET64 $WIDE $TREE $STEPS -- $B16 $SPEC64
 start b_tree64wb512 30044 FLASHTREE_TREE_N=64 FLASHTREE_TREE_BUDGET=512 $WIDE $TREE $STEPS -- $B16 $SPEC64
+start b_tree64wb512r8 30055 FLASHTREE_TREE_N=64 FLASHTREE_TREE_BUDGET=512 FLASHTREE_DRAFT_ROWS=$DEPTH $WIDE $TREE $STEPS -- $B16 $SPEC64
+start f_tree64wxr8 30056 FLASHTREE_TREE_N=64 FLASHTREE_DRAFT_ROWS=$DEPTH $EXACT $WIDE $TREE -- $F32 $SPEC64
 start f_plainp16 30050 FLASHTREE_TREE_N= -- $F32P16
 start f_chainp16 30051 FLASHTREE_TREE_N= -- $F32P16 $SPEC
 start f_tree64wp16 30052 FLASHTREE_TREE_N=64 $WIDE $TREE -- $F32P16 $SPEC64

@@ -4,10 +4,10 @@ One step, per running batch of bs requests (W = tree width with the root = DSPAR
 positions each candidate keeps = FLASHTREE_TREE_DEPTH, gamma by default; K < gamma gives trees wider than K + 1, with
 the server's --speculative-num-draft-tokens W reserving and capturing the wider window):
   1. the verify window: W KV slots per request at req_to_token[req, seq_len : seq_len + W] (DSPARK's own window);
-  2. one draft forward over the block, then N draws of the block through the draft's Markov head (flashtree's row
-     sampler, over the block's first K positions; with FLASHTREE_FUSED_SAMPLER=1 and a vanilla head,
-     `flashtree.sampler.markov_draws`: all steps in K launches): candidate 0 is the greedy block, 1..N-1 are
-     independent draws at the draft temperature -> (bs, N, K);
+  2. one draft forward over the block (DSPARK's gamma rows, or the first FLASHTREE_DRAFT_ROWS: draft_rows.py), then N
+     draws of the block through the draft's Markov head (flashtree's row sampler, over the block's first K positions;
+     with FLASHTREE_FUSED_SAMPLER=1 and a vanilla head, `flashtree.sampler.markov_draws`: all steps in K launches):
+     candidate 0 is the greedy block, 1..N-1 are independent draws at the draft temperature -> (bs, N, K);
      with FLASHTREE_GRAPH_DRAWS=1 the draws run in the draft's captured CUDA graph tail (graph_draws.py) and the
      step reads them from its buffer (eager as above when the draft forward ran eagerly);
   3. flashtree's trie-vote builder -> W - 1 nodes; `verify_inputs` -> the verify ids, the node positions, sglang's
@@ -42,6 +42,7 @@ from flashtree.tree.types import VoteTree
 
 from . import graph_draws
 from .adapters.base import Window
+from .draft_rows import DraftRows, drafting
 from .stage_times import NoTimer, StageTimer
 from .toggles import ToggleError, TreeToggles, load_for_toggle
 from .verify_widths import verifying_with
@@ -76,6 +77,7 @@ class TreeState:
     chain_trees: dict = field(default_factory=dict)  # bs -> (chain VoteTree, zero anchors) for stage_chain_mask
     # Trees narrower than the window (budget, fixed width): width -> target verify graph runner (verify_widths.py).
     verify_runners: dict = field(default_factory=dict)
+    draft_rows: DraftRows | None = None  # FLASHTREE_DRAFT_ROWS below gamma: the D-row draft forward (draft_rows.py)
 
     def width_for(self, bs: int) -> int:
         w = self.tree_width
@@ -124,6 +126,13 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeState:
             f"flashtree: FLASHTREE_TREE_DEPTH={toggles.tree_depth} exceeds DSPARK's draft block (gamma = {gamma}); "
             f"allowed: 'auto' or an integer from 1 to {gamma} (a wider window: raise --speculative-num-draft-tokens)"
         )
+    depth = toggles.tree_depth or gamma
+    rows = toggles.draft_rows or gamma
+    if not depth <= rows <= gamma:
+        raise ToggleError(
+            f"flashtree: FLASHTREE_DRAFT_ROWS={rows} is outside the draft rows a tree step can run, from the tree's "
+            f"depth ({depth}) to DSPARK's gamma ({gamma}); allowed: 'auto' or an integer from {depth} to {gamma}"
+        )
     page = adapter.page_size(worker)
     if page != 1 and adapter.target_kv_pool(worker) is not None:
         # sglang builds the workers before it allocates the KV pools (seen live: 0.5.17's scheduler); without a pool
@@ -139,7 +148,7 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeState:
         adapter=adapter,
         toggles=toggles,
         gamma=gamma,
-        depth=toggles.tree_depth or gamma,
+        depth=depth,
         width=window,
         page_size=page,
         tree_width=toggles.tree_width or window,
@@ -147,6 +156,7 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeState:
         sampler=_load_sampler(toggles),
         noise=new_state(toggles.seed, device) if toggles.fused_sampler else None,
         timer=StageTimer(toggles.stage_times, device) if toggles.stage_times else None,
+        draft_rows=DraftRows(rows, adapter.proposer_with_rows(worker, rows)) if rows < gamma else None,
     )
     logger.info("flashtree tree path on (sglang %s): %s, W=%d, gamma=%d, depth=%d", adapter.release, toggles.describe(),
                 window, gamma, state.depth)
@@ -324,7 +334,8 @@ def tree_step(state: TreeState, worker, batch, on_publish):
 
     timer.start()
     window = adapter.alloc_window(worker, batch, bs, draft_input)
-    draft = adapter.draft_forward(worker, batch, draft_input, window, bs)
+    with drafting(state, worker) as proposer:
+        draft = adapter.draft_forward(worker, batch, draft_input, window, bs, proposer)
     anchor = draft.anchor
     timer.mark("draft")
     n, k = state.draws_for(bs), state.depth

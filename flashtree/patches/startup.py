@@ -1,7 +1,8 @@
 """What the tree path does at DSparkWorkerV2.init_cuda_graphs, the first point of a server's start at which sglang has
 allocated the KV pools (its scheduler builds the workers first, then the pools, then every worker's graphs, with CUDA
 graphs or without): the paged-KV commit check that needs the target's pool (before DSPARK captures anything), then,
-with FLASHTREE_TREE_BUDGET or FLASHTREE_TREE_WIDTH, the narrower target-verify graphs (verify_widths.py) and the tree
+after DSPARK's graphs, with FLASHTREE_DRAFT_ROWS below gamma the draft graphs at that many rows (draft_rows.py), and
+with FLASHTREE_TREE_BUDGET or FLASHTREE_TREE_WIDTH the narrower target-verify graphs (verify_widths.py) and the tree
 kernels' warm-up (warmup.py)."""
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ def make_init_cuda_graphs(original, narrow: bool):
         if state is not None and state.page_size != 1:
             refuse_paged_commit(state.adapter, self, state.page_size)
         out = original(self, *args, **kwargs)
+        if state is not None and state.draft_rows is not None:
+            from . import draft_rows
+
+            draft_rows.capture(state, self)
         if state is not None and narrow:
             from . import verify_widths, warmup
 

@@ -48,6 +48,7 @@ class TreeToggles:
     tree_budget: int = 0  # batch-wide verify-token budget; per-request width = clamp(budget // bs, 2, W) (0 = none)
     tree_max_bs: int = 0  # decode batches of more requests run DSPARK's own chain step (0 = no limit)
     draft_temperature: float = 1.0  # temperature of the N independent draft draws
+    draft_rows: int = 0  # rows of DSPARK's window the tree step's draft forward runs (0 = auto: all gamma; draft_rows.py)
     splitkv_verify: bool = False  # split-KV tree-verify attention on the target's Triton backend
     exact_verify: bool = False  # verify attention as decode rows: bitwise equal to no speculation (exact_verify.py)
     fused_sampler: bool = False  # flashtree's fused kernels for the N draft draws (Markov draws / row sampler)
@@ -140,6 +141,12 @@ TOGGLES: dict[str, tuple[str, Callable[[str], object], str]] = {
         _positive_float,
         "temperature of the N independent draft draws (greedy draws would all be the same block)",
     ),
+    "FLASHTREE_DRAFT_ROWS": (
+        "draft_rows",
+        _auto_or_int(1, 256, "DSPARK's gamma: the whole window"),
+        "rows the tree step's draft forward runs per request, the window's first; from FLASHTREE_TREE_DEPTH to "
+        "gamma. Below gamma the forward runs through draft CUDA graphs captured at that many rows (sglang 0.5.17)",
+    ),
     "FLASHTREE_SPLITKV_VERIFY": ("splitkv_verify", _flag, "split-KV tree-verify attention on the target's Triton backend"),
     "FLASHTREE_EXACT_VERIFY": (
         "exact_verify",
@@ -170,7 +177,8 @@ _TOGGLE_FAMILIES = (
 )
 # Set without FLASHTREE_TREE_N they would do nothing; refuse rather than ignore them.
 _NEED_TREE = ("FLASHTREE_TREE_WIDTH", "FLASHTREE_TREE_DEPTH", "FLASHTREE_TREE_BUDGET", "FLASHTREE_TREE_MAX_BS",
-              "FLASHTREE_DRAFT_TEMPERATURE", "FLASHTREE_SEED", "FLASHTREE_STAGE_TIMES", "FLASHTREE_GRAPH_DRAWS")
+              "FLASHTREE_DRAFT_TEMPERATURE", "FLASHTREE_DRAFT_ROWS", "FLASHTREE_SEED", "FLASHTREE_STAGE_TIMES",
+              "FLASHTREE_GRAPH_DRAWS")
 
 
 def read_toggles(environ: Mapping[str, str] | None = None) -> TreeToggles | None:

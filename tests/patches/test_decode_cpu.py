@@ -114,10 +114,10 @@ class StandInAdapter:
         loc = self.world.req_to_token[batch.req_pool_indices.view(-1, 1), cols]
         return Window(cols, loc.reshape(-1), loc, None)
 
-    def draft_forward(self, worker, batch, draft_input, window, bs):
+    def draft_forward(self, worker, batch, draft_input, window, bs, proposer=None):
         if getattr(worker, "_draft_sampler", None) is not None:
-            # FLASHTREE_GRAPH_DRAWS: the real adapter's draft forward over the stand-in proposer (graph_proposer).
-            return self.real.draft_forward(worker, batch, draft_input, window, bs)
+            # FLASHTREE_GRAPH_DRAWS: the real adapter's draft forward over the stand-in proposer (StandInProposer).
+            return self.real.draft_forward(worker, batch, draft_input, window, bs, proposer)
         anchor = draft_input.bonus_tokens.view(-1)
         return DraftOut(anchor, standin_base_logits(self.world, batch, anchor, bs), None)
 
@@ -179,16 +179,16 @@ class StandInGraphRunner:
                                         is model_runner and attn_backend is not model_runner.attn_backend)
 
 
-def standin_base_logits(world: StandIns, batch, anchor, bs: int) -> torch.Tensor:
+def standin_base_logits(world: StandIns, batch, anchor, bs: int, rows: int = GAMMA) -> torch.Tensor:
     """The stand-in draft's base logits (bs, K, V): it knows the target's greedy block from the request's actual
     context but puts only 60% on each greedy token (the rest on a per-depth decoy); at about a third of the positions
     the decoy is the draft's favourite (55%), so the greedy block (candidate 0) is wrong there and the draws must find
     the target's token."""
-    base = torch.full((bs, GAMMA, V), -30.0)
+    base = torch.full((bs, rows, V), -30.0)
     for b in range(bs):
         L = int(batch.seq_lens[b])
         ctx = world.context(world.request(batch, b), L) + [int(anchor[b])]
-        for j in range(GAMMA):
+        for j in range(rows):
             tok = target_next(ctx)
             decoy = (tok + 1 + j) % V
             base[b, j, tok] = 0.0
@@ -199,39 +199,83 @@ def standin_base_logits(world: StandIns, batch, anchor, bs: int) -> torch.Tensor
     return base
 
 
-def graph_proposer(world: StandIns, worker, state, graph_max_bs: int):
-    """FLASHTREE_GRAPH_DRAWS on the stand-in draft: the release's real DsparkDraftSampler (built and wrapped by
-    graph_draws.build, as at init_cuda_graphs) over a draft whose hidden states are its base logits, and a
-    `_run_forward` that replays "captured graphs" for batches up to graph_max_bs (the tail runs) and runs eagerly
-    above (the tail does not run)."""
-    from draft_sampler_cpu import TinyDraft, stock_sampler
+class StandInProposer:
+    """DSPARK's DraftBlockProposer over the stand-in draft (hidden states = its base logits): `_run_forward` runs
+    `gamma` block rows (as 0.5.17's does; FLASHTREE_DRAFT_ROWS runs a copy with fewer) and replays the draft model
+    runner's current graph runner for batches up to graph_max_bs when that runner was captured at its width (the tail
+    runs), eagerly otherwise (the tail does not run)."""
 
-    from flashtree.patches import graph_draws
+    def __init__(self, world: StandIns, worker, graph_max_bs: int):
+        from draft_sampler_cpu import TinyDraft
+        from sglang.srt.speculative.draft_worker_common import make_draft_block_spec_info
 
-    model = TinyDraft(worker._proposer.draft_model.markov_head, V, sample_from_anchor=True)
-    worker._draft_sampler = graph_draws.build(state, worker, stock_sampler(model, gamma=GAMMA, max_bs=graph_max_bs))
-    assert graph_draws.sampler_of(worker) is worker._draft_sampler
+        self.world, self.worker, self.graph_max_bs = world, worker, graph_max_bs
+        self.draft_model = TinyDraft(worker._proposer.draft_model.markov_head, V, sample_from_anchor=True)
+        self.gamma, self.sample_from_anchor = GAMMA, True
+        self._draft_block_spec_info = make_draft_block_spec_info(draft_token_num=GAMMA, device="cpu")
+        self.rows_run = Counter()  # block rows per forward -> forwards
 
-    def _run_forward(*, batch, draft_input, bs, draft_sampler, sampling_info, **kw):
+    def _run_forward(self, *, batch, draft_input, bs, draft_sampler, sampling_info, **kw):
+        rows = self.gamma
+        assert self._draft_block_spec_info.draft_token_num == rows, "the draft attention's spec info has the block's rows"
+        self.rows_run[rows] += 1
         anchor = draft_input.bonus_tokens.view(-1)
-        hidden = standin_base_logits(world, batch, anchor, bs).view(bs * GAMMA, V)
-        ids = torch.zeros((bs, GAMMA), dtype=torch.int64)
+        hidden = standin_base_logits(self.world, batch, anchor, bs, rows).view(bs * rows, V)
+        ids = torch.zeros((bs, rows), dtype=torch.int64)
         ids[:, 0] = anchor
-        graph = bs <= graph_max_bs
+        runner = self.worker.draft_model_runner.decode_cuda_graph_runner
+        graph = bs <= self.graph_max_bs and runner.width == rows  # sglang's replay checks the captured width
         if graph:
-            assert draft_sampler is worker._draft_sampler
+            assert draft_sampler is self.worker._draft_sampler
             draft_sampler.stage_sampling_params(bs=bs, sampling_info=sampling_info)
-            worker._draft_sampler(hidden, ids.view(-1))  # the replay runs the captured tail
-        return types.SimpleNamespace(draft_block_ids=ids, raw_hidden=hidden, draft_hidden_3d=hidden.view(bs, GAMMA, V),
+            runner.replay_tail(hidden, ids.view(-1))
+        return types.SimpleNamespace(draft_block_ids=ids, raw_hidden=hidden, draft_hidden_3d=hidden.view(bs, rows, V),
                                      can_run_graph=graph)
 
-    worker._proposer = types.SimpleNamespace(_run_forward=_run_forward, draft_model=model, gamma=GAMMA,
-                                             sample_from_anchor=True)
+
+class StandInDraftGraphRunner:
+    """sglang's draft decode graph runner: captured at `speculative_num_draft_tokens - 1` rows per request (a DSPARK
+    draft worker's width), its tail the model runner's capture_tail_hooks at construction (what its capture records),
+    run at each replay."""
+
+    def __init__(self, model_runner, *, attn_backend=None, speculative_num_draft_tokens=None):
+        self.width = speculative_num_draft_tokens - 1
+        self.attn_backend = attn_backend
+        self.hooks = list(model_runner.capture_tail_hooks)
+        assert attn_backend is None or attn_backend.model_runner is model_runner
+
+    def replay_tail(self, hidden, input_ids):
+        for hook in self.hooks:
+            hook(self, types.SimpleNamespace(hidden_states=hidden), types.SimpleNamespace(input_ids=input_ids),
+                 hidden.shape[0])
+
+
+def standin_proposer(world: StandIns, worker, graph_max_bs: int) -> None:
+    """What DSparkWorkerV2.__init__ leaves for FLASHTREE_GRAPH_DRAWS on the stand-in draft: the proposer, the draft model
+    runner (no graphs yet) and the target's embeddings."""
+    worker._proposer = StandInProposer(world, worker, graph_max_bs)
     worker._draft_context = contextlib.nullcontext
+    worker.draft_model_runner = types.SimpleNamespace(capture_tail_hooks=[], decode_cuda_graph_runner=None)
+    worker.draft_model_runner.attn_backend = StandInAttnBackend(worker.draft_model_runner)
     embeds = lambda ids: ids  # noqa: E731  (the stand-in forward takes no embeddings)
     worker.target_worker = types.SimpleNamespace(
         model_runner=types.SimpleNamespace(model=types.SimpleNamespace(get_input_embeddings=lambda: embeds)))
-    model.embed_tokens = embeds
+    worker._proposer.draft_model.embed_tokens = embeds
+
+
+def graph_sampler(worker, state, graph_max_bs: int) -> None:
+    """What DSPARK's init_cuda_graphs does with FLASHTREE_GRAPH_DRAWS: the release's real DsparkDraftSampler, built and
+    wrapped by graph_draws.build, as the draft graphs' tail (its capture hook), then the draft graphs' capture."""
+    from draft_sampler_cpu import stock_sampler
+
+    from flashtree.patches import graph_draws
+
+    model = worker._proposer.draft_model
+    worker._draft_sampler = graph_draws.build(state, worker, stock_sampler(model, gamma=GAMMA, max_bs=graph_max_bs))
+    assert graph_draws.sampler_of(worker) is worker._draft_sampler
+    dmr = worker.draft_model_runner
+    dmr.capture_tail_hooks.append(lambda runner, out, fb, n: worker._draft_sampler(out.hidden_states, fb.input_ids))
+    dmr.decode_cuda_graph_runner = StandInDraftGraphRunner(dmr, speculative_num_draft_tokens=GAMMA + 1)
 
 
 def real_markov_head():
@@ -249,7 +293,7 @@ def tree_kernels():
 
 def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1, on_step=None, stage_times: int = 0,
         graph_max_bs: int | None = None, depth: int = 0, budget: int = 0, width: int = 0, capture_bs=None,
-        reserve: int = 0):
+        reserve: int = 0, draft_rows: int = 0):
     """Decode `steps` tree steps. Greedy rows (all rows without sampling_info, else rows with top_k == 1) are checked
     token for token against the stand-in target's sequential greedy decode; every row's commit is checked for the
     req_to_token / KV layout, the draft-context injection and the step's bookkeeping. Returns (accept-length
@@ -258,7 +302,8 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
     FLASHTREE_TREE_DEPTH (0 = gamma). budget / width: FLASHTREE_TREE_BUDGET / FLASHTREE_TREE_WIDTH, with stand-in
     verify graph runners "captured" at the batch sizes capture_bs (verify_widths.capture, as after init_cuda_graphs).
     reserve > 0: as under overlap scheduling, the host has no seq_lens sum, only DSPARK's reserved KV lengths
-    (seq_lens + reserve on each request's draft input)."""
+    (seq_lens + reserve on each request's draft input). draft_rows: FLASHTREE_DRAFT_ROWS (with graph_max_bs: the
+    D-row draft graphs captured as after init_cuda_graphs)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.dspark_components.dspark_draft import make_next_draft_input
 
@@ -277,8 +322,10 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
     if reserve:  # the backend whose max_context_len caps the reserved-length bound
         worker.target_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(
             attn_backend=types.SimpleNamespace(max_context_len=MAX_LEN)))
+    if graph_max_bs is not None:
+        standin_proposer(world, worker, graph_max_bs)
     toggles = TreeToggles(tree_n=n, seed=5, stage_times=stage_times, graph_draws=graph_max_bs is not None,
-                          tree_depth=depth, tree_budget=budget, tree_width=width)
+                          tree_depth=depth, tree_budget=budget, tree_width=width, draft_rows=draft_rows)
     state = create_state(adapter, toggles, worker)
     if capture_bs is not None:
         from flashtree.patches import verify_widths
@@ -291,7 +338,11 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
         # Seeded so the greedy test's coverage holds: accepts at depth 4 are rare here (about 2 in 120 request-steps
         # with either draw path), seed 7 has them.
         torch.manual_seed(7)
-        graph_proposer(world, worker, state, graph_max_bs)
+        graph_sampler(worker, state, graph_max_bs)
+        if state.draft_rows is not None:
+            from flashtree.patches import draft_rows as rows_module
+
+            rows_module.capture(state, worker)
     greedy_rows = [True] * bs if sampling_info is None else (sampling_info.top_ks <= 1).tolist()
     seq_lens = torch.tensor([len(p) for p in prompts])
     bonus = torch.tensor([r[len(p)] for r, p in zip(refs, prompts)])
@@ -847,11 +898,13 @@ def run_routed(limit: int, schedule: list[list[int]], steps: int, graph_max_bs: 
         model_runner=types.SimpleNamespace(page_size=1, token_to_kv_pool=world),
         _proposer=types.SimpleNamespace(draft_model=types.SimpleNamespace(markov_head=real_markov_head())),
     )
+    if graph_max_bs is not None:
+        standin_proposer(world, worker, graph_max_bs)
     toggles = TreeToggles(tree_n=4, seed=5, tree_max_bs=limit, graph_draws=graph_max_bs is not None)
     worker._flashtree = state = create_state(adapter, toggles, worker)
     if graph_max_bs is not None:
         torch.manual_seed(7)
-        graph_proposer(world, worker, state, graph_max_bs)
+        graph_sampler(worker, state, graph_max_bs)
     chain = ChainStep(adapter)
     forward = decode.make_forward_decode(chain, adapter, toggles)
 
@@ -983,3 +1036,40 @@ def test_warmup_covers_every_tree_shape_a_batch_takes(monkeypatch):
     worker = types.SimpleNamespace(device="cpu")
     assert warmup.warm(state, worker, 4, 4) == warmup.shapes(state, 4, 4)
     assert calls == [(n, tree_w) for n, tree_w, _w in warmup.shapes(state, 4, 4)]
+
+
+@pytest.mark.parametrize("graph_max_bs", [8, 2], ids=["graph-draws", "graph-draws-above-captured-bs"])
+def test_draft_rows_run_the_draft_forward_over_fewer_rows(graph_max_bs):
+    """FLASHTREE_DRAFT_ROWS=4 with depth 3 in DSPARK's 5-row window (sglang 0.5.17): every tree step's draft forward
+    runs 4 rows, through draft graphs captured at 4 rows whose tail is flashtree's draws alone (batches above the
+    captured sizes: eagerly, drawing from the 4 rows' base logits); DSPARK's proposer and graphs stay as they were;
+    commits still equal the sequential greedy decode (run's checks). Releases whose proposer sizes its forward by
+    query_token_num (0.5.20, 0.5.23) refuse the toggle at worker start."""
+    if not adapters.select_adapter().draft_rows_release:
+        with pytest.raises(SystemExit, match=r"FLASHTREE_DRAFT_ROWS=4 needs sglang 0\.5\.17's DSPARK draft proposer .*; allowed: 'auto'"):
+            run(n=4, steps=1, depth=3, draft_rows=4, graph_max_bs=graph_max_bs)
+        return
+    accepts, state, _gen, _world = run(n=4, steps=25, depth=3, draft_rows=4, graph_max_bs=graph_max_bs)
+    rows = state.draft_rows
+    worker = rows.proposer.worker
+    assert rows.rows == rows.proposer.gamma == 4 and worker._proposer.gamma == GAMMA
+    assert rows.proposer._draft_block_spec_info.draft_token_num == 4
+    assert rows.proposer.rows_run == {4: state.steps}  # no tree step ran DSPARK's 5 rows
+    assert state.draw_paths == {expected_draw_path(graph_max_bs, BS): state.steps}
+    dmr = worker.draft_model_runner
+    assert rows.runner.width == 4 and rows.runner.attn_backend is not dmr.attn_backend
+    assert len(rows.runner.hooks) == 1 and rows.runner.hooks[0] not in dmr.capture_tail_hooks  # flashtree's tail only
+    assert dmr.decode_cuda_graph_runner.width == GAMMA and len(dmr.capture_tail_hooks) == 1  # DSPARK's, restored
+    assert sum(v for d, v in accepts.items() if d >= 2) > 0, sorted(accepts.items())
+
+
+def test_draft_rows_between_the_depth_and_gamma():
+    worker = types.SimpleNamespace(verify_num_draft_tokens=W, device="cpu",
+                                   model_runner=types.SimpleNamespace(page_size=1, token_to_kv_pool=None),
+                                   _proposer=types.SimpleNamespace(gamma=GAMMA))
+    adapter = adapters.select_adapter()
+    for rows, depth in ((2, 3), (GAMMA + 1, 0)):
+        with pytest.raises(SystemExit, match=rf"FLASHTREE_DRAFT_ROWS={rows} is outside the draft rows a tree step can run, from the tree's depth \({depth or GAMMA}\) to DSPARK's gamma \({GAMMA}\); allowed: 'auto' or an integer from {depth or GAMMA} to {GAMMA}"):
+            create_state(adapter, TreeToggles(tree_n=4, tree_depth=depth, draft_rows=rows), worker)
+    assert create_state(adapter, TreeToggles(tree_n=4, tree_depth=3, draft_rows=GAMMA), worker).draft_rows is None
+

@@ -279,6 +279,31 @@ def test_paged_kv_check_waits_for_the_pools(sglang_release):
     assert captured == [worker] and worker._flashtree.page_size == 16
 
 
+def test_draft_rows_install_on_0_5_17_only(sglang_release, monkeypatch):
+    """FLASHTREE_DRAFT_ROWS: 0.5.17 installs the tree path as usual (the D-row forward is built per worker); releases
+    whose draft proposer sizes its forward by query_token_num refuse it before patching anything, and so does 0.5.17
+    when the calls it builds on are gone."""
+    from flashtree.patches.adapters import base
+    from flashtree.patches.adapters.probe import Has
+    from flashtree.patches.toggles import ToggleError
+
+    before = snapshot()
+    if sglang_release != "0.5.17":
+        with pytest.raises(ToggleError, match=rf"FLASHTREE_DRAFT_ROWS=8 needs sglang 0\.5\.17's DSPARK draft proposer \(sglang {sglang_release}'s sizes its forward by query_token_num\); allowed: 'auto'"):
+            patches.install(TreeToggles(tree_n=4, draft_rows=8))
+        assert diff(before, snapshot()) == set() and installer.installed_keys() == []
+        return
+    try:
+        patches.install(TreeToggles(tree_n=4, draft_rows=8))
+        assert diff(before, snapshot()) == tree_keys(sglang_release)
+    finally:
+        patches.uninstall()
+    monkeypatch.setattr(base, "DRAFT_ROWS_PROBES", (Has(f"{W}.no_such_draft_call"),))
+    with pytest.raises(ToggleError, match="FLASHTREE_DRAFT_ROWS cannot hook sglang 0.5.17: .*no_such_draft_call"):
+        patches.install(TreeToggles(tree_n=4, draft_rows=8))
+    assert diff(before, snapshot()) == set() and installer.installed_keys() == []
+
+
 def test_budget_on_a_release_without_its_hooks_is_refused_untouched(monkeypatch):
     from flashtree.patches.adapters import base
     from flashtree.patches.adapters.probe import Has

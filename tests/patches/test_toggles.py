@@ -26,6 +26,7 @@ def test_values_parse():
             "FLASHTREE_TREE_DEPTH": "4",
             "FLASHTREE_TREE_BUDGET": "64",
             "FLASHTREE_DRAFT_TEMPERATURE": "0.7",
+            "FLASHTREE_DRAFT_ROWS": "5",
             "FLASHTREE_SPLITKV_VERIFY": "off",
             "FLASHTREE_FUSED_SAMPLER": "yes",
             "FLASHTREE_SEED": "3",
@@ -33,6 +34,7 @@ def test_values_parse():
         }
     )
     assert (t.tree_n, t.tree_width, t.tree_depth, t.tree_budget, t.draft_temperature) == (8, 6, 4, 64, 0.7)
+    assert t.draft_rows == 5 and read_toggles({"FLASHTREE_TREE_N": "4", "FLASHTREE_DRAFT_ROWS": "auto"}).draft_rows == 0
     assert (t.splitkv_verify, t.fused_sampler, t.seed, t.stage_times) == (False, True, 3, 100)
     assert read_toggles({"FLASHTREE_TREE_N": "4", "FLASHTREE_TREE_WIDTH": "auto"}).tree_width == 0
     assert read_toggles({"FLASHTREE_TREE_N": "4", "FLASHTREE_TREE_DEPTH": "auto"}).tree_depth == 0
@@ -47,6 +49,7 @@ def test_values_parse():
         ("FLASHTREE_TREE_WIDTH", "1", "'auto'"),
         ("FLASHTREE_TREE_DEPTH", "0", "'auto' (DSPARK's gamma) or an integer from 1 to 256"),
         ("FLASHTREE_DRAFT_TEMPERATURE", "0", "a number > 0"),
+        ("FLASHTREE_DRAFT_ROWS", "0", "'auto' (DSPARK's gamma: the whole window) or an integer from 1 to 256"),
         ("FLASHTREE_SPLITKV_VERIFY", "maybe", "one of 1/0"),
         ("FLASHTREE_STAGE_TIMES", "often", "an integer from 0 to"),
         ("FLASHTREE_TREE_MAX_BS", "-1", "an integer from 0 to 65536"),

@@ -6,6 +6,7 @@ tree step makes); `sglang_0_5_23` overrides what changed there.
 
 from __future__ import annotations
 
+import copy
 import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -25,6 +26,7 @@ SCHEDULER = "sglang.srt.managers.scheduler:Scheduler"
 RESULTS = "sglang.srt.managers.scheduler_components.batch_result_processor:SchedulerBatchResultProcessor"
 TRITON = "sglang.srt.layers.attention.triton_backend"
 DFLASH_UTILS = "sglang.srt.speculative.dflash_utils"
+COMMON_DRAFT = "sglang.srt.speculative.draft_worker_common"
 
 
 
@@ -87,6 +89,8 @@ class SglangAdapter:
                 return flashmap_draft.make_worker_init(decode.make_worker_init(orig, self, toggles), self, toggles)
 
             out.append(Patch(worker_cls, "__init__", worker_init, "DSparkWorkerV2.__init__"))
+            if toggles.draft_rows:
+                self.check_draft_rows(toggles.draft_rows)
             narrow = bool(toggles.tree_budget or toggles.tree_width)  # trees narrower than the window
             if narrow:  # verify graphs at their width
                 self.require(NARROW_VERIFY_PROBES, "FLASHTREE_TREE_BUDGET / FLASHTREE_TREE_WIDTH", "0 / auto")
@@ -174,6 +178,28 @@ class SglangAdapter:
         if gaps:
             raise ToggleError(f"flashtree: {toggle} cannot hook sglang {self.release}: {'; '.join(gaps)}; allowed: {allowed}")
 
+    # ---- FLASHTREE_DRAFT_ROWS (draft_rows.py) -----------------------------------------------------------------
+    draft_rows_release = False  # this release's draft proposer sizes its forward by `gamma` and its spec info only
+
+    def check_draft_rows(self, rows: int) -> None:
+        if not self.draft_rows_release:
+            raise ToggleError(
+                f"flashtree: FLASHTREE_DRAFT_ROWS={rows} needs sglang 0.5.17's DSPARK draft proposer (sglang "
+                f"{self.release}'s sizes its forward by query_token_num); allowed: 'auto' (the whole window)"
+            )
+        self.require(DRAFT_ROWS_PROBES, "FLASHTREE_DRAFT_ROWS", "'auto' (the whole window)")
+
+    def proposer_with_rows(self, worker, rows: int):
+        """A shallow copy of DSPARK's proposer whose draft forward runs the first `rows` rows of the window: 0.5.17's
+        `_run_forward` takes the block's ids, positions and slots (the window's first columns) and the draft
+        attention's spec info from `gamma` and `_draft_block_spec_info` alone (other releases: a ToggleError)."""
+        self.check_draft_rows(rows)
+        make_spec = resolve(f"{COMMON_DRAFT}:make_draft_block_spec_info")
+        proposer = copy.copy(worker._proposer)
+        proposer.gamma = int(rows)
+        proposer._draft_block_spec_info = make_spec(draft_token_num=int(rows), device=worker.device)
+        return proposer
+
     # ---- worker checks (at DSparkWorkerV2 construction) ------------------------------------------------------
     def gamma(self, worker) -> int:
         return int(worker.verify_num_draft_tokens) - 1
@@ -199,13 +225,13 @@ class SglangAdapter:
         )
         return Window(native.positions_2d, native.verify_cache_loc, native.verify_cache_loc_2d, native)
 
-    def draft_forward(self, worker, batch, draft_input, window: Window, bs: int) -> "DraftOut":
+    def draft_forward(self, worker, batch, draft_input, window: Window, bs: int, proposer=None) -> "DraftOut":
         """One draft forward over the block -> anchor (bs,) and either the N candidates the draft graph's tail drew
-        (FLASHTREE_GRAPH_DRAWS, when the graph ran) or base logits (bs, K, V) and draft hidden (bs, K, H) for the
-        eager draws."""
+        (FLASHTREE_GRAPH_DRAWS, when the graph ran) or base logits (bs, rows, V) and draft hidden (bs, rows, H) for
+        the eager draws. proposer: DSPARK's (default) or its copy over fewer rows (FLASHTREE_DRAFT_ROWS)."""
         from .. import graph_draws
 
-        proposer = worker._proposer
+        proposer = proposer or worker._proposer
         embed = self.embed_module(worker)
         sampler = graph_draws.sampler_of(worker)
         with worker._draft_context():
@@ -449,6 +475,13 @@ NARROW_VERIFY_PROBES = (
         "sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner.__init__",
         ("model_runner", "attn_backend", "speculative_num_draft_tokens"),
     ),
+)
+
+# What FLASHTREE_DRAFT_ROWS builds on (checked only when it is set; draft_rows.py): the block's spec info, and the
+# draft proposer's forward, run on a copy with fewer rows.
+DRAFT_ROWS_PROBES = (
+    Sig(f"{COMMON_DRAFT}:make_draft_block_spec_info", ("draft_token_num", "device")),
+    Has(f"{DRAFT}:DraftBlockProposer._run_forward", ("batch", "draft_input", "verify_window", "bs", "draft_sampler")),
 )
 
 # What FLASHTREE_EXACT_VERIFY hooks (checked only when it is set): the deterministic extend path it takes over for

@@ -19,6 +19,7 @@ REQ = "sglang.srt.managers.schedule_batch:Req"
 class Adapter(SglangAdapter):
     release = "0.5.17"
     has_shared_kv = False
+    draft_rows_release = True  # FLASHTREE_DRAFT_ROWS: base.proposer_with_rows
     probes = COMMON_PROBES + CHAIN_ERA_PROBES + (
         Lacks(f"{TRITON}:_should_use_verify_shared_kv"),
         Has(f"{SCHEDULER}._apply_war_barrier"),

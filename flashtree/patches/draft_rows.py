@@ -1,0 +1,86 @@
+"""The tree step's draft forward over the first D rows of DSPARK's window (FLASHTREE_DRAFT_ROWS=D, D < gamma).
+
+Trees wider than the draft block (FLASHTREE_TREE_DEPTH=K below gamma) take DSPARK's wider window W = gamma + 1, and
+DSPARK's draft forward then runs all gamma rows of it per request, of which the tree keeps the first K. At 28-32
+requests on the H200 that forward was 2.44 ms of a 5.35 ms tree step against 1.49 ms for an 8-row block
+(BENCHMARKS.md section 6, run 18). With D rows (K <= D <= gamma) a tree step's draft forward runs the window's first D
+slots only; the target still verifies up to W tokens. The block attends within itself both ways, so rows < D see
+other logits than with gamma rows; lossless either way (the target verifies every token).
+
+How (sglang 0.5.17): `DraftBlockProposer._run_forward` sizes the block (mask-token ids, positions and slots: the
+window's first columns) and the draft attention's spec info by `gamma` and `_draft_block_spec_info` alone, so a shallow
+copy of the worker's proposer with D in both runs the D-row forward (`adapter.proposer_with_rows`). Its CUDA graphs:
+after DSPARK's `init_cuda_graphs`, one more draft decode graph runner of sglang's own class at D tokens per request,
+over an attention backend of its own (verify_widths.py does the same for the target). While it captures, the draft
+model runner's tail hooks are flashtree's draws over the D rows only (GraphDraws.draw, into the same buffers), since
+DSPARK's own tail reshapes by its gamma. A tree step swaps that runner in around its draft forward; DSPARK's own steps
+(the tree path's fallbacks) keep the gamma-row proposer and graphs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import types
+from dataclasses import dataclass
+
+logger = logging.getLogger("flashtree.patches")
+
+
+@dataclass
+class DraftRows:
+    rows: int
+    proposer: object  # DSPARK's proposer, copied, over `rows` rows
+    runner: object | None = None  # the draft graph runner captured at `rows` tokens per request (None: eager)
+
+
+def capture(state, worker) -> None:
+    """The D-row draft graphs (after DSPARK's init_cuda_graphs); without them D-row forwards run eagerly."""
+    path = state.draft_rows
+    dmr = worker.draft_model_runner
+    main = getattr(dmr, "decode_cuda_graph_runner", None)
+    if path is None or main is None:
+        return
+    from . import graph_draws
+
+    sampler = graph_draws.sampler_of(worker)
+    saved = dmr.capture_tail_hooks
+    dmr.capture_tail_hooks = [tail_hook(sampler, path.rows)] if sampler is not None else []
+    try:
+        with worker._draft_context():
+            backend = type(dmr.attn_backend)(dmr)
+            # a DSPARK draft runner captures num_draft_tokens - 1 rows per request
+            path.runner = type(main)(dmr, attn_backend=backend, speculative_num_draft_tokens=path.rows + 1)
+    except Exception as err:  # noqa: BLE001 - the D-row forwards then run eagerly
+        logger.warning("flashtree: capturing the draft graphs at %d rows failed (%s: %s); tree steps run their "
+                       "%d-row draft forward eagerly", path.rows, type(err).__name__, err, path.rows)
+    finally:
+        dmr.capture_tail_hooks = saved
+    logger.info("flashtree: tree steps' draft forward over %d of DSPARK's %d rows (%s)", path.rows, state.gamma,
+                "graphs captured" if path.runner is not None else "eager")
+
+
+def tail_hook(sampler, rows: int):
+    """The D-row graphs' tail: flashtree's N draws over the forward's D rows per request (sglang's capture-hook call)."""
+    view = types.SimpleNamespace(gamma=rows, model=sampler.model, markov_head=sampler.markov_head)
+
+    def hook(runner, out, forward_batch, num_tokens):
+        sampler.flashtree_draws.draw(view, out.hidden_states, forward_batch.input_ids, None)
+
+    return hook
+
+
+@contextlib.contextmanager
+def drafting(state, worker):
+    """The proposer a tree step's draft forward runs: DSPARK's, or the D-row copy with its graph runner swapped in."""
+    path = state.draft_rows
+    if path is None or path.runner is None:  # eager: the gamma-row graphs refuse a D-row batch (width check)
+        yield None if path is None else path.proposer
+        return
+    dmr = worker.draft_model_runner
+    main = dmr.decode_cuda_graph_runner
+    dmr.decode_cuda_graph_runner = path.runner
+    try:
+        yield path.proposer
+    finally:
+        dmr.decode_cuda_graph_runner = main
