@@ -39,7 +39,10 @@ def capture(state, worker) -> None:
     path = state.draft_rows
     dmr = worker.draft_model_runner
     main = getattr(dmr, "decode_cuda_graph_runner", None)
-    if path is None or main is None:
+    if path is None or not hasattr(main, "capture_bs"):  # no draft graphs (sglang's eager runner, or none)
+        if path is not None:
+            logger.info("flashtree: tree steps' draft forward over %d of DSPARK's %d rows (eager: no draft graphs)",
+                        path.rows, state.gamma)
         return
     from . import graph_draws
 

@@ -241,6 +241,7 @@ class StandInDraftGraphRunner:
     def __init__(self, model_runner, *, attn_backend=None, speculative_num_draft_tokens=None):
         self.width = speculative_num_draft_tokens - 1
         self.attn_backend = attn_backend
+        self.capture_bs = [1, 2, 4, 8]  # (which batches replay: StandInProposer's graph_max_bs)
         self.hooks = list(model_runner.capture_tail_hooks)
         assert attn_backend is None or attn_backend.model_runner is model_runner
 
@@ -1072,4 +1073,21 @@ def test_draft_rows_between_the_depth_and_gamma():
         with pytest.raises(SystemExit, match=rf"FLASHTREE_DRAFT_ROWS={rows} is outside the draft rows a tree step can run, from the tree's depth \({depth or GAMMA}\) to DSPARK's gamma \({GAMMA}\); allowed: 'auto' or an integer from {depth or GAMMA} to {GAMMA}"):
             create_state(adapter, TreeToggles(tree_n=4, tree_depth=depth, draft_rows=rows), worker)
     assert create_state(adapter, TreeToggles(tree_n=4, tree_depth=3, draft_rows=GAMMA), worker).draft_rows is None
+
+
+def test_draft_rows_without_draft_graphs_run_eagerly():
+    """A server without draft graphs (sglang's eager runner in their place): no D-row graphs are captured and tree
+    steps run the D-row proposer with the model runner's runner left alone."""
+    from flashtree.patches import draft_rows
+
+    eager = object()
+    path = draft_rows.DraftRows(4, proposer="d-row proposer")
+    state = types.SimpleNamespace(draft_rows=path, gamma=GAMMA)
+    worker = types.SimpleNamespace(draft_model_runner=types.SimpleNamespace(decode_cuda_graph_runner=eager))
+    draft_rows.capture(state, worker)
+    assert path.runner is None
+    with draft_rows.drafting(state, worker) as proposer:
+        assert proposer == "d-row proposer" and worker.draft_model_runner.decode_cuda_graph_runner is eager
+    with draft_rows.drafting(types.SimpleNamespace(draft_rows=None), worker) as proposer:
+        assert proposer is None  # DSPARK's own proposer
 
