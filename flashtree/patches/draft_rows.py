@@ -35,14 +35,14 @@ class DraftRows:
 
 
 def capture(state, worker) -> None:
-    """The D-row draft graphs (after DSPARK's init_cuda_graphs); without them D-row forwards run eagerly."""
+    """The D-row draft graphs of `state.draft_rows` (after DSPARK's init_cuda_graphs); without them (a server without
+    draft graphs, or a failed capture) D-row forwards run eagerly."""
     path = state.draft_rows
     dmr = worker.draft_model_runner
     main = getattr(dmr, "decode_cuda_graph_runner", None)
-    if path is None or not hasattr(main, "capture_bs"):  # no draft graphs (sglang's eager runner, or none)
-        if path is not None:
-            logger.info("flashtree: tree steps' draft forward over %d of DSPARK's %d rows (eager: no draft graphs)",
-                        path.rows, state.gamma)
+    if not hasattr(main, "capture_bs"):  # no draft graphs (sglang's eager runner, or none)
+        logger.info("flashtree: tree steps' draft forward over %d of DSPARK's %d rows (eager: no draft graphs)",
+                    path.rows, state.gamma)
         return
     from . import graph_draws
 
