@@ -133,11 +133,9 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeState:
             f"flashtree: FLASHTREE_DRAFT_ROWS={rows} is outside the draft rows a tree step can run, from the tree's "
             f"depth ({depth}) to DSPARK's gamma ({gamma}); allowed: 'auto' or an integer from {depth} to {gamma}"
         )
+    # (page size > 1: the pool's copy support is checked at init_cuda_graphs, startup.py: sglang builds the workers
+    # before it allocates the KV pools)
     page = adapter.page_size(worker)
-    if page != 1 and adapter.target_kv_pool(worker) is not None:
-        # sglang builds the workers before it allocates the KV pools (seen live: 0.5.17's scheduler); without a pool
-        # yet, startup.py checks at init_cuda_graphs, which every worker gets once the pools exist
-        refuse_paged_commit(adapter, worker, page)
     refuse = getattr(adapter, "unsupported_worker", lambda w: None)(worker)
     if refuse:
         raise ToggleError(f"flashtree: FLASHTREE_TREE_N is set but {refuse}; unset FLASHTREE_TREE_N for this server")
@@ -161,16 +159,6 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeState:
     logger.info("flashtree tree path on (sglang %s): %s, W=%d, gamma=%d, depth=%d", adapter.release, toggles.describe(),
                 window, gamma, state.depth)
     return state
-
-
-def refuse_paged_commit(adapter, worker, page: int) -> None:
-    """Stop the server (ToggleError) if the target KV pool cannot take the paged-KV copy commit."""
-    missing = adapter.copy_commit_unsupported(worker)
-    if missing:
-        raise ToggleError(
-            f"flashtree: with --page-size {page} the tree path commits by copying the accepted KV, but {missing}; "
-            "allowed: start the server with --page-size 1, or unset FLASHTREE_TREE_N"
-        )
 
 
 def make_worker_init(original, adapter, toggles: TreeToggles):

@@ -9,9 +9,19 @@ from __future__ import annotations
 
 import logging
 
-from .decode import refuse_paged_commit
+from .toggles import ToggleError
 
 logger = logging.getLogger("flashtree.patches")
+
+
+def refuse_paged_commit(adapter, worker, page: int) -> None:
+    """Stop the server (ToggleError) if the target KV pool cannot take the paged-KV copy commit."""
+    missing = adapter.copy_commit_unsupported(worker)
+    if missing:
+        raise ToggleError(
+            f"flashtree: with --page-size {page} the tree path commits by copying the accepted KV, but {missing}; "
+            "allowed: start the server with --page-size 1, or unset FLASHTREE_TREE_N"
+        )
 
 
 def make_init_cuda_graphs(original, narrow: bool):

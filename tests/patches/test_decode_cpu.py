@@ -622,12 +622,15 @@ def test_paged_kv_commit_copies_accepted_kv(graph_max_bs):
 
 
 def test_paged_kv_needs_a_pool_that_moves_kv():
+    from flashtree.patches.startup import make_init_cuda_graphs
+
     worker = types.SimpleNamespace(
         verify_num_draft_tokens=W, device="cpu",
         model_runner=types.SimpleNamespace(page_size=16, token_to_kv_pool=object()),
     )
+    worker._flashtree = create_state(adapters.select_adapter(), TreeToggles(tree_n=4), worker)
     with pytest.raises(SystemExit, match=r"with --page-size 16 the tree path commits by copying the accepted KV, but the target KV pool \(object\) has no move_kv_cache"):
-        create_state(adapters.select_adapter(), TreeToggles(tree_n=4), worker)
+        make_init_cuda_graphs(lambda self: None, narrow=False)(worker)  # checked once sglang has the pools
 
 
 def test_budget_narrows_trees_per_batch_size():

@@ -237,11 +237,7 @@ def test_worker_checks_width_depth_and_page_size():
     assert create_state(adapter, TreeToggles(tree_n=4, tree_depth=3), worker).depth == 3
     with pytest.raises(SystemExit, match=r"FLASHTREE_TREE_DEPTH=8 exceeds DSPARK's draft block \(gamma = 7\); allowed: 'auto' or an integer from 1 to 7"):
         create_state(adapter, TreeToggles(tree_n=4, tree_depth=8), worker)
-    worker.model_runner.page_size = 16
-    worker.model_runner.token_to_kv_pool = object()  # a pool that cannot move KV: refused at once
-    with pytest.raises(SystemExit, match=r"with --page-size 16 the tree path commits by copying the accepted KV, but the target KV pool \(object\) has no move_kv_cache"):
-        create_state(adapter, TreeToggles(tree_n=4), worker)
-    worker.model_runner.token_to_kv_pool = types.SimpleNamespace(move_kv_cache=lambda tgt, src: None)
+    worker.model_runner.page_size = 16  # its pool is checked at init_cuda_graphs (test_paged_kv_check_waits_for_the_pools)
     assert create_state(adapter, TreeToggles(tree_n=4), worker).page_size == 16
 
 
