@@ -32,6 +32,10 @@
 #   sampled (T = 0.7, 600 requests; chi-square of tokens 2-4 against b_plain): SAMPLED_TAGS, default b_plain b_tree8w
 # Draft rows (FLASHTREE_DRAFT_ROWS=$DEPTH: tree steps' draft forward over the window's first 8 rows, not 63):
 #   b_tree64wb512r8 (b_tree64wb512 with it), f_tree64wxr8 (f_tree64wx with it, identity)
+# Split-KV verify, float32 identity (deterministic servers: flashtree's decode-order kernel, decode-exact): f_chains
+#   (DSPARK's chain), f_tree4gs (N = 4, W = 9), f_tree8sg (N = 8, W = 9), f_tree64ws (N = 64, W = 64); f_tree4gx is
+#   N = 4, W = 9 with exact verify. PHASES may also hold "check": benchmarks/decode_order_check.py (the decode-order
+#   kernel against sglang's decode kernel, bit for bit, and the three verify kernels' times) before any server starts.
 # Paged KV (--page-size 16; the tree step commits by copying the accepted nodes' KV): f_plainp16 f_chainp16
 #   f_tree64wp16 (identity: exact verify needs page size 1, so these compare as f_chain does) b_chainp16 b_tree64wb512p16
 # Runs 3-5 (BENCHMARKS.md section 6) used tags still defined below: f_tree4g f_tree8sg f_tree8m, b_tree4g b_tree8sg
@@ -112,6 +116,11 @@ STAGE_TAGS=${STAGE_TAGS:-"b_tree1gt b_tree8gt b_tree8wt"}
 SAMPLED_TAGS=${SAMPLED_TAGS:-"b_plain b_tree8w"}
 trap stop_all EXIT
 has() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
+if has check; then
+  el "check phase"
+  timeout 240 python3 benchmarks/decode_order_check.py --out "$OUT/decode_order_check.jsonl"
+  el "check rc=$?"
+fi
 WANT=""
 has identity && WANT="$WANT $ID_TAGS"
 has speed && WANT="$WANT $SPEED_TAGS"
@@ -152,6 +161,12 @@ start b_tree64wb 30043 FLASHTREE_TREE_N=64 FLASHTREE_TREE_BUDGET=$BUDGET64 $WIDE
 start b_tree64wb512 30044 FLASHTREE_TREE_N=64 FLASHTREE_TREE_BUDGET=512 $WIDE $TREE $STEPS -- $B16 $SPEC64
 start b_tree64wb512r8 30055 FLASHTREE_TREE_N=64 FLASHTREE_TREE_BUDGET=512 FLASHTREE_DRAFT_ROWS=$DEPTH $WIDE $TREE $STEPS -- $B16 $SPEC64
 start f_tree64wxr8 30056 FLASHTREE_TREE_N=64 FLASHTREE_DRAFT_ROWS=$DEPTH $EXACT $WIDE $TREE -- $F32 $SPEC64
+# Split-KV verify on a deterministic server is decode-exact (flashtree's decode-order kernel): identity without
+# FLASHTREE_EXACT_VERIFY. f_tree8sg (above) is the N = 8, W = 9 one; f_tree4gx is N = 4 with exact verify.
+start f_chains 30057 FLASHTREE_TREE_N= FLASHTREE_SPLITKV_VERIFY=1 -- $F32 $SPEC
+start f_tree4gs 30058 FLASHTREE_TREE_N=4 FLASHTREE_SPLITKV_VERIFY=1 $TREE -- $F32 $SPEC
+start f_tree64ws 30059 FLASHTREE_TREE_N=64 FLASHTREE_SPLITKV_VERIFY=1 $WIDE $TREE -- $F32 $SPEC64
+start f_tree4gx 30060 FLASHTREE_TREE_N=4 $EXACT $TREE -- $F32 $SPEC
 start f_plainp16 30050 FLASHTREE_TREE_N= -- $F32P16
 start f_chainp16 30051 FLASHTREE_TREE_N= -- $F32P16 $SPEC
 start f_tree64wp16 30052 FLASHTREE_TREE_N=64 $WIDE $TREE -- $F32P16 $SPEC64

@@ -64,3 +64,48 @@ def tree_attention_paged_reference(q, k, v, k_cache, v_cache, page_table, prefix
     indptr, indices = paged_indices(page_table, prefix_lens, page_size)
     return tree_attention_reference(q, k, v, k_cache.reshape(-1, hkv, d), v_cache.reshape(-1, hkv, v_cache.shape[-1]),
                                     indptr, indices, custom_mask, L, sm_scale, mask_indptr)
+
+
+def decode_order_verify_reference(q, k_buffer, v_buffer, kv_indptr, kv_indices, path_slots, path_lens, W, sm_scale,
+                                  split_tile, block=32, min_block_kv=32):
+    """`triton_decode_order.decode_order_verify_triton` in plain torch: each verify token as a decode row (its prefix,
+    then its path), cut into sglang's deterministic splits, each an online softmax over `block`-key blocks, merged in
+    order by log-sum-exp. Same order of operations in fp32; equal to the kernel up to rounding of the dots."""
+    tokens, hq, d = q.shape
+    g = hq // k_buffer.shape[1]
+    out = torch.empty(tokens, hq, v_buffer.shape[2], dtype=torch.float32, device=q.device)
+    for r in range(tokens):
+        b = r // W
+        prefix = kv_indices[int(kv_indptr[b]) : int(kv_indptr[b + 1])].long()
+        slots = torch.cat([prefix, path_slots[r, : int(path_lens[r])].long()])
+        n = len(slots)
+        k = k_buffer[slots].float().repeat_interleave(g, dim=1)  # (n, Hq, D)
+        v = v_buffer[slots].float().repeat_interleave(g, dim=1)
+        qr = q[r].float()  # (Hq, D)
+        splits = -(-n // split_tile)
+        chunk = -(-(-(-n // splits)) // min_block_kv) * min_block_kv
+        e_max = torch.full((hq,), float("-inf"), device=q.device)
+        e_sum = torch.zeros(hq, device=q.device)
+        acc = torch.zeros(hq, v.shape[2], device=q.device)
+        for lo in range(0, n, chunk):
+            m = torch.full((hq,), float("-inf"), device=q.device)
+            s_ = torch.zeros(hq, device=q.device)
+            a = torch.zeros(hq, v.shape[2], device=q.device)
+            for start in range(lo, min(lo + chunk, n), block):
+                end = min(start + block, lo + chunk, n)
+                qk = torch.einsum("hd,nhd->hn", qr, k[start:end]) * sm_scale
+                m_new = torch.maximum(qk.max(1).values, m)
+                scale = torch.exp(m - m_new)
+                p = torch.exp(qk - m_new[:, None])
+                a = a * scale[:, None] + torch.einsum("hn,nhd->hd", p, v[start:end])
+                s_ = s_ * scale + p.sum(1)
+                m = m_new
+            lse = m + torch.log(s_)
+            m_new = torch.maximum(lse, e_max)
+            old = torch.exp(e_max - m_new)
+            w = torch.exp(lse - m_new)
+            acc = acc * old[:, None] + w[:, None] * (a / s_[:, None])
+            e_sum = e_sum * old + w
+            e_max = m_new
+        out[r] = acc / e_sum[:, None]
+    return out.to(q.dtype)

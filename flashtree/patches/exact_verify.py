@@ -17,8 +17,10 @@ that length. A verified token's logits are therefore the decode's logits, and gr
 token for token (chain or tree).
 
 Each verify token reads its request's prefix again, once per row instead of once per request. On SmolLM2-135M in
-float32 that did not show (BENCHMARKS.md section 6, run 8); a long-prefix, large-batch server would pay for it. Only
-shapes are read on the host, so the path is CUDA-graph capturable.
+float32 that did not show (BENCHMARKS.md section 6, run 8); a long-prefix, large-batch server would pay for it.
+FLASHTREE_SPLITKV_VERIFY=1 on a deterministic server avoids that: the same rows, in the same arithmetic, through
+flashtree's decode-order split-KV kernel (`flashtree.attention.triton_decode_order`), which reads each prefix block
+once for the 16 query rows of a tile. Only shapes are read on the host, so both paths are CUDA-graph capturable.
 """
 
 from __future__ import annotations
@@ -42,6 +44,17 @@ def tree_blocks(custom_mask, mask_indptr, prefix_lens: torch.Tensor, bs: int, w:
     return custom_mask[flat].bool()
 
 
+def path_columns(blocks: torch.Tensor):
+    """(bs*W, W + 1) int64: row r's k-th entry is the k-th tree column row r sees, in column order (parents come
+    before children: root-first path order; the entries past its path are 0), and (bs*W,) how many it sees."""
+    bs, w, _ = blocks.shape
+    seen = blocks.reshape(bs * w, w)
+    rank = torch.where(seen, seen.cumsum(-1) - 1, w)  # unseen columns land in the extra last entry
+    cols = torch.zeros(bs * w, w + 1, dtype=torch.int64, device=blocks.device)
+    cols.scatter_(1, rank, torch.arange(w, device=blocks.device).expand(bs * w, w).contiguous())
+    return cols, seen.sum(-1)
+
+
 def path_rows(kv_indptr, kv_indices, out_cache_loc, blocks: torch.Tensor, capacity: int):
     """One decode row per verify token. Returns (row_indptr (bs*W + 1,) int32, row_indices (capacity,) int64, row_lens
     (bs*W,) int32): row b*W + i lists request b's prefix slots, then the slots of the tree columns row i of `blocks`
@@ -51,14 +64,10 @@ def path_rows(kv_indptr, kv_indices, out_cache_loc, blocks: torch.Tensor, capaci
     rows = bs * w
     device = blocks.device
     prefix = (kv_indptr[1 : bs + 1] - kv_indptr[:bs]).to(torch.int64)
-    seen = blocks.reshape(rows, w)
-    row_lens = prefix.repeat_interleave(w) + seen.sum(-1)
+    path_cols, path_lens = path_columns(blocks)
+    row_lens = prefix.repeat_interleave(w) + path_lens
     row_indptr = torch.zeros(rows + 1, dtype=torch.int64, device=device)
     row_indptr[1:] = row_lens.cumsum(0)
-    # path_cols[r, k] = the k-th column row r sees (an extra last column absorbs the unseen ones).
-    rank = torch.where(seen, seen.cumsum(-1) - 1, w)
-    path_cols = torch.zeros(rows, w + 1, dtype=torch.int64, device=device)
-    path_cols.scatter_(1, rank, torch.arange(w, device=device).expand(rows, w).contiguous())
     p = torch.arange(capacity, device=device)
     r = torch.searchsorted(row_indptr[1:], p, right=True).clamp_(max=rows - 1)
     off = p - row_indptr[r]
@@ -69,6 +78,15 @@ def path_rows(kv_indptr, kv_indices, out_cache_loc, blocks: torch.Tensor, capaci
     from_path = out_cache_loc[b * w + col].to(torch.int64)
     row_indices = torch.where(off < pre, from_prefix, from_path)
     return row_indptr.to(torch.int32), row_indices, row_lens.to(torch.int32)
+
+
+def path_slots(out_cache_loc, blocks: torch.Tensor):
+    """The decode-order kernel's view of the same rows: (bs*W, W) int64 slots of each token's path, root first, and
+    (bs*W,) int32 path lengths; the prefix stays in kv_indptr / kv_indices."""
+    bs, w, _ = blocks.shape
+    cols, lens = path_columns(blocks)
+    base = torch.arange(bs, device=blocks.device).repeat_interleave(w).view(-1, 1) * w
+    return out_cache_loc.to(torch.int64)[base + cols[:, :w]], lens.to(torch.int32)
 
 
 def decline_reason(layer, meta, causal, logits_soft_cap, sinks, score_mod, q, bs: int) -> str | None:
@@ -93,10 +111,10 @@ def decline_reason(layer, meta, causal, logits_soft_cap, sinks, score_mod, q, bs
     return None
 
 
-def _decode_rows(backend, layer, forward_batch):
-    """The decode rows of this forward, built once at its first layer and reused by the others. Layers run in
-    increasing id order, so an id that does not increase starts a new forward (graph capture reruns one forward
-    object several times; each run must rebuild so the captured graph holds the build)."""
+def _per_forward(backend, layer, build):
+    """What `build(meta, bs, w, blocks)` makes of this forward, built once at its first layer and reused by the
+    others. Layers run in increasing id order, so an id that does not increase starts a new forward (graph capture
+    reruns one forward object several times; each run must rebuild so the captured graph holds the build)."""
     meta = backend.forward_metadata
     cached = getattr(backend, "_flashtree_exact_rows", None)
     if cached is not None and cached[0] is meta and layer.layer_id > cached[1]:
@@ -105,20 +123,84 @@ def _decode_rows(backend, layer, forward_batch):
     bs = meta.qo_indptr.shape[0] - 1
     w = meta.max_extend_len
     prefix = meta.kv_indptr[1 : bs + 1] - meta.kv_indptr[:bs]
-    blocks = tree_blocks(meta.custom_mask, meta.mask_indptr, prefix, bs, w)
-    capacity = min(bs * w * backend.max_context_len, w * meta.kv_indices.numel() + bs * w * w)
-    row_indptr, row_indices, row_lens = path_rows(
-        meta.kv_indptr, meta.kv_indices, forward_batch.out_cache_loc, blocks, capacity
-    )
-    splits = torch.empty(bs * w, dtype=torch.int32, device=row_lens.device)
-    backend.get_num_kv_splits(splits, row_lens)
-    built = (row_indptr, row_indices, splits)
+    built = build(meta, bs, w, tree_blocks(meta.custom_mask, meta.mask_indptr, prefix, bs, w))
     backend._flashtree_exact_rows = (meta, layer.layer_id, built)
     return built
 
 
-def make_forward_extend_unified(backend, original, declined: dict | None = None):
-    """`_forward_extend_unified` for one target backend: TARGET_VERIFY batches as decode rows, the rest unchanged."""
+def _decode_rows(backend, forward_batch):
+    """build: the rows as sglang's decode kernel reads them, and each row's split count."""
+
+    def build(meta, bs, w, blocks):
+        capacity = min(bs * w * backend.max_context_len, w * meta.kv_indices.numel() + bs * w * w)
+        row_indptr, row_indices, row_lens = path_rows(
+            meta.kv_indptr, meta.kv_indices, forward_batch.out_cache_loc, blocks, capacity
+        )
+        splits = torch.empty(bs * w, dtype=torch.int32, device=row_lens.device)
+        backend.get_num_kv_splits(splits, row_lens)
+        return row_indptr, row_indices, splits
+
+    return build
+
+
+def _decode_order_paths(forward_batch):
+    """build: the tree paths as the decode-order kernel reads them (the prefix stays in kv_indptr / kv_indices)."""
+    return lambda meta, bs, w, blocks: path_slots(forward_batch.out_cache_loc, blocks)
+
+
+def _run_decode_rows(backend, q, o, layer, forward_batch):
+    row_indptr, row_indices, splits = _per_forward(backend, layer, _decode_rows(backend, forward_batch))
+    rows, hq = q.shape[0], layer.tp_q_head_num
+    attn_logits = torch.empty(rows, hq, backend.max_kv_splits, layer.v_head_dim, dtype=torch.float32, device=q.device)
+    attn_lse = torch.empty(rows, hq, backend.max_kv_splits, dtype=torch.float32, device=q.device)
+    backend.decode_attention_fwd(
+        q.view(-1, hq, layer.qk_head_dim),
+        backend.token_to_kv_pool.get_key_buffer(layer.layer_id),
+        backend.token_to_kv_pool.get_value_buffer(layer.layer_id),
+        o.view(-1, hq, layer.v_head_dim),
+        row_indptr,
+        row_indices,
+        attn_logits,
+        attn_lse,
+        splits,
+        backend.max_kv_splits,
+        layer.scaling,
+        1.0,
+        1.0,
+        logit_cap=0.0,
+        sinks=None,
+        xai_temperature_len=layer.xai_temperature_len,
+        has_mla=backend.use_mla,
+        use_pdl=backend.use_pdl,
+        page_size=backend.page_size,
+    )
+
+
+def _run_decode_order(backend, kernel, q, o, layer, forward_batch):
+    slots, lens = _per_forward(backend, layer, _decode_order_paths(forward_batch))
+    meta = backend.forward_metadata
+    bs = meta.qo_indptr.shape[0] - 1
+    hq = layer.tp_q_head_num
+    kernel(
+        q.view(-1, hq, layer.qk_head_dim),
+        backend.token_to_kv_pool.get_key_buffer(layer.layer_id),
+        backend.token_to_kv_pool.get_value_buffer(layer.layer_id),
+        meta.kv_indptr[: bs + 1],
+        meta.kv_indices,
+        slots,
+        lens,
+        meta.max_extend_len,
+        layer.scaling,
+        backend.split_tile_size,
+        backend.max_kv_splits,
+        out=o.view(-1, hq, layer.v_head_dim),
+    )
+
+
+def make_forward_extend_unified(backend, original, declined: dict | None = None, decode_order=None):
+    """`_forward_extend_unified` for one target backend: TARGET_VERIFY batches as decode rows (through
+    `decode_order`, flashtree's split-KV kernel in decode order, where given and the heads are grouped: MHA decodes
+    with another sglang kernel), the rest unchanged."""
 
     def _forward_extend_unified(q, o, layer, forward_batch, causal, logits_soft_cap, sinks, score_mod=None,
                                 aux_tensors=None):
@@ -133,35 +215,25 @@ def make_forward_extend_unified(backend, original, declined: dict | None = None)
                 declined[reason] = declined.get(reason, 0) + 1
             return original(q, o, layer, forward_batch, causal, logits_soft_cap, sinks, score_mod=score_mod,
                             aux_tensors=aux_tensors)
-        row_indptr, row_indices, splits = _decode_rows(backend, layer, forward_batch)
-        rows, hq = q.shape[0], layer.tp_q_head_num
-        attn_logits = torch.empty(rows, hq, backend.max_kv_splits, layer.v_head_dim, dtype=torch.float32,
-                                  device=q.device)
-        attn_lse = torch.empty(rows, hq, backend.max_kv_splits, dtype=torch.float32, device=q.device)
-        backend.decode_attention_fwd(
-            q.view(-1, hq, layer.qk_head_dim),
-            backend.token_to_kv_pool.get_key_buffer(layer.layer_id),
-            backend.token_to_kv_pool.get_value_buffer(layer.layer_id),
-            o.view(-1, hq, layer.v_head_dim),
-            row_indptr,
-            row_indices,
-            attn_logits,
-            attn_lse,
-            splits,
-            backend.max_kv_splits,
-            layer.scaling,
-            1.0,
-            1.0,
-            logit_cap=0.0,
-            sinks=None,
-            xai_temperature_len=layer.xai_temperature_len,
-            has_mla=backend.use_mla,
-            use_pdl=backend.use_pdl,
-            page_size=backend.page_size,
-        )
+        if decode_order is not None and layer.tp_q_head_num > layer.tp_k_head_num:
+            _run_decode_order(backend, decode_order, q, o, layer, forward_batch)
+        else:
+            _run_decode_rows(backend, q, o, layer, forward_batch)
         return o
 
     return _forward_extend_unified
+
+
+def take_over(backend, declined: dict | None, toggle: str, decode_order=None) -> None:
+    """Put the exact verify path on one deterministic target backend, or stop the server where it cannot be exact."""
+    if int(getattr(backend, "page_size", 1) or 1) != 1:
+        raise ToggleError(
+            f"flashtree: {toggle}=1 on a {DETERMINISTIC_FLAG} server gives decode-exact verify attention, which "
+            f"supports --page-size 1 only (got {backend.page_size}); allowed: --page-size 1, or set {toggle}=0"
+        )
+    backend._forward_extend_unified = make_forward_extend_unified(
+        backend, backend._forward_extend_unified, declined, decode_order
+    )
 
 
 def make_triton_init(original, declined: dict | None = None):
@@ -178,11 +250,6 @@ def make_triton_init(original, declined: dict | None = None):
                 "fixed decode splits: without them verify and decode logits differ whatever the attention does); "
                 f"allowed: start the server with {DETERMINISTIC_FLAG}, or set FLASHTREE_EXACT_VERIFY=0"
             )
-        if int(getattr(self, "page_size", 1) or 1) != 1:
-            raise ToggleError(
-                f"flashtree: FLASHTREE_EXACT_VERIFY=1 supports --page-size 1 only (got {self.page_size}); allowed: "
-                "--page-size 1, or set FLASHTREE_EXACT_VERIFY=0"
-            )
-        self._forward_extend_unified = make_forward_extend_unified(self, self._forward_extend_unified, declined)
+        take_over(self, declined, "FLASHTREE_EXACT_VERIFY")
 
     return __init__

@@ -35,13 +35,15 @@ import torch
 from .toggles import load_for_toggle
 
 KERNEL = "flashtree.attention.triton_verify:tree_attention_triton"
+DECODE_ORDER_KERNEL = "flashtree.attention.triton_decode_order:decode_order_verify_triton"  # deterministic servers
 
 _SERVED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def load_kernel() -> Callable:
-    """flashtree's tree-verify attention kernel, or a ToggleError (SystemExit) naming what is missing."""
-    return load_for_toggle(KERNEL, "FLASHTREE_SPLITKV_VERIFY", "sglang's own verify attention")
+def load_kernel(path: str = KERNEL) -> Callable:
+    """flashtree's tree-verify attention kernel (or DECODE_ORDER_KERNEL), or a ToggleError (SystemExit) naming what is
+    missing."""
+    return load_for_toggle(path, "FLASHTREE_SPLITKV_VERIFY", "sglang's own verify attention")
 
 
 def causal_qlen_mask(bs: int, w: int, device) -> torch.Tensor:
@@ -103,14 +105,23 @@ def make_verify_fwd(kernel: Callable, declined: dict | None = None) -> Callable:
     return verify_splitkv_fwd
 
 
-def make_triton_init(original, kernel, has_shared_kv: bool, declined: dict | None = None):
-    """TritonAttnBackend.__init__ that turns flashtree's verify attention on for target (not draft) backends."""
+def make_triton_init(original, kernel, has_shared_kv: bool, declined: dict | None = None,
+                     decode_order: Callable | None = None):
+    """TritonAttnBackend.__init__ that turns flashtree's verify attention on for target (not draft) backends. A
+    deterministic backend sends verify batches to its one-stage unified path before it looks at `use_verify_splitkv`;
+    there the decode-order kernel (exact_verify.py) takes that path over, so split-KV verify is decode-exact."""
     verify_fwd = torch.compiler.disable(make_verify_fwd(kernel, declined))
 
     def __init__(self, model_runner, *args, **kwargs):
         original(self, model_runner, *args, **kwargs)
         if getattr(model_runner, "is_draft_worker", False):
             return  # the draft's block forward keeps sglang's attention
+        if getattr(self, "enable_deterministic", False):
+            from .exact_verify import take_over
+
+            take_over(self, declined, "FLASHTREE_SPLITKV_VERIFY",
+                      decode_order and torch.compiler.disable(decode_order))
+            return
         self.use_verify_splitkv = True
         if has_shared_kv:
             self.use_verify_shared_kv = False  # 0.5.20+: the grouped-head kernel would take precedence

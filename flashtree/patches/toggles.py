@@ -215,7 +215,8 @@ def read_toggles(environ: Mapping[str, str] | None = None) -> TreeToggles | None
     if toggles.splitkv_verify and toggles.exact_verify:
         raise ToggleError(
             "flashtree: FLASHTREE_SPLITKV_VERIFY=1 and FLASHTREE_EXACT_VERIFY=1 both replace the target's verify "
-            "attention; allowed: set at most one of them to 1"
+            "attention (on an --enable-deterministic-inference server split-KV verify alone is already decode-exact); "
+            "allowed: set at most one of them to 1"
         )
     if toggles.fused_sampler and not toggles.tree_enabled:
         raise ToggleError(

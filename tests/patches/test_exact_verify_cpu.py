@@ -1,10 +1,17 @@
-"""FLASHTREE_EXACT_VERIFY on the real TritonAttnBackend (Triton interpreter on CPU).
+"""FLASHTREE_EXACT_VERIFY, and FLASHTREE_SPLITKV_VERIFY on deterministic servers, on the real TritonAttnBackend
+(Triton interpreter on CPU).
 
 The claim: with the patch, every verify token's attention output equals, bit for bit, what sglang's own
 `forward_decode` computes for that token once its path is committed (prefix + path as the sequence, the backend's
 deterministic split rule). The test runs the verify batch through the real `forward_extend` (deterministic mode, so it
 reaches `_forward_extend_unified`, which the patch takes over), then decodes every verify token on its own through the
 real `forward_decode`, and compares with torch.equal. The split tile is 4 keys, so rows span several splits.
+
+Split-KV verify on a deterministic server runs the same rows through flashtree's decode-order kernel. Its tiles pack
+several tokens' heads into one dot; on the GPU a dot's output row depends on its own input row only, so the numbers are
+the decode's bit for bit (`benchmarks/decode_order_check.py` checks that on the H200 against sglang's decode kernel).
+The interpreter's dots are numpy matmuls, whose BLAS sums a row differently depending on the rows beside it, so here
+those paths are compared to 1e-6 and the MHA fallback (sglang's decode kernel, no packing) bit for bit.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import torch
 from attention_cpu import attention_layer
 
 import flashtree.patches as patches
-from flashtree.patches import exact_verify
+from flashtree.patches import exact_verify, splitkv
 from flashtree.patches.toggles import ToggleError, TreeToggles, read_toggles
 
 HQ, HKV, D, W, TILE = 4, 2, 16, 4, 4
@@ -36,7 +43,7 @@ def block_of(parents):
     return torch.ones(W, W, dtype=torch.bool).tril() if parents is None else ancestors(parents)
 
 
-def make_case(parents, seed=0):
+def make_case(parents, seed=0, hq=HQ):
     """A verify batch whose W fresh keys are already in the pool (forward_extend saves them first when serving)."""
     g = torch.Generator().manual_seed(seed)
     bs, pool = len(PREFIX), 64
@@ -51,7 +58,7 @@ def make_case(parents, seed=0):
         block = ancestors(parents)
         custom_mask = torch.cat([torch.cat([torch.ones(W, L, dtype=torch.bool), block], 1).flatten() for L in PREFIX])
         mask_indptr = torch.tensor([0] + torch.tensor([W * (L + W) for L in PREFIX]).cumsum(0).tolist())
-    q = torch.randn(bs * W, HQ * D, generator=g)
+    q = torch.randn(bs * W, hq * D, generator=g)
     meta = types.SimpleNamespace(
         qo_indptr=torch.arange(0, (bs + 1) * W, W, dtype=torch.int32), kv_indptr=kv_indptr, kv_indices=kv_indices,
         custom_mask=custom_mask, mask_indptr=mask_indptr, max_extend_len=W, swa_out_cache_loc=None,
@@ -82,8 +89,8 @@ def real_backend(k_buffer, v_buffer, meta):
     return backend
 
 
-def layer(logit_cap=0.0):
-    return attention_layer(HQ, HKV, D, logit_cap)
+def layer(logit_cap=0.0, hq=HQ):
+    return attention_layer(hq, HKV, D, logit_cap)
 
 
 def batch(mode_name, out_cache_loc):
@@ -104,29 +111,29 @@ def hooked_backend(kb, vb, meta, declined=None):
     return backend
 
 
-def decode_one(kb, vb, q_row, slots):
+def decode_one(kb, vb, q_row, slots, hq=HQ):
     """sglang's own forward_decode for one token whose sequence is `slots` (its own slot last)."""
     n = len(slots)
     splits = torch.empty(1, dtype=torch.int32)
     meta = types.SimpleNamespace(
         kv_indptr=torch.tensor([0, n], dtype=torch.int32), kv_indices=torch.tensor(slots, dtype=torch.int64),
-        attn_logits=torch.empty(1, HQ, MAX_CTX // TILE, D), attn_lse=torch.empty(1, HQ, MAX_CTX // TILE),
+        attn_logits=torch.empty(1, hq, MAX_CTX // TILE, D), attn_lse=torch.empty(1, hq, MAX_CTX // TILE),
         num_kv_splits=splits, swa_attn_logits=None, swa_out_cache_loc=None, out_cache_loc_full_physical=None,
         window_kv_indptr=None, window_kv_indices=None,
         lean_Mp=None, lean_Lp=None, lean_Op=None, lean_locks=None, uneven_batch=None,  # 0.5.20+ (ROCm only)
     )
     backend = real_backend(kb, vb, meta)
     backend.get_num_kv_splits(splits, torch.tensor([n]))
-    return backend.forward_decode(q_row, None, None, layer(), batch("DECODE", None), save_kv_cache=False)
+    return backend.forward_decode(q_row, None, None, layer(hq=hq), batch("DECODE", None), save_kv_cache=False)
 
 
-def expected_rows(q, kb, vb, loc, meta, parents):
+def expected_rows(q, kb, vb, loc, meta, parents, hq=HQ):
     block, rows = block_of(parents), []
     for b, L in enumerate(PREFIX):
         prefix = meta.kv_indices[int(meta.kv_indptr[b]) : int(meta.kv_indptr[b + 1])].tolist()
         for i in range(W):
             path = [int(loc[b * W + j]) for j in range(W) if block[i, j]]
-            rows.append(decode_one(kb, vb, q[b * W + i : b * W + i + 1], prefix + path))
+            rows.append(decode_one(kb, vb, q[b * W + i : b * W + i + 1], prefix + path, hq))
     return torch.cat(rows)
 
 
@@ -217,6 +224,53 @@ def test_toggle_installs_on_the_real_class_and_uninstalls():
     assert TritonAttnBackend.__init__.__wrapped__ is original
     patches.uninstall()
     assert TritonAttnBackend.__dict__["__init__"] is original
+
+
+def splitkv_backend(kb, vb, meta, calls, declined=None):
+    """A deterministic target backend with FLASHTREE_SPLITKV_VERIFY's init: the decode-order kernel, counted."""
+    kernel = splitkv.load_kernel(splitkv.DECODE_ORDER_KERNEL)
+
+    def counted(*args, **kwargs):
+        calls.append(args[5].clone())  # the path slots it was handed
+        return kernel(*args, **kwargs)
+
+    backend = real_backend(kb, vb, meta)
+    init = splitkv.make_triton_init(lambda self, mr: None, None, True, declined, counted)
+    init(backend, types.SimpleNamespace(is_draft_worker=False))
+    assert backend.use_verify_splitkv is False  # sglang's deterministic path never reads it: the unified hook serves
+    return backend
+
+
+@pytest.mark.parametrize("shape", list(TREES))
+def test_splitkv_on_a_deterministic_server_is_the_decode_rows(shape):
+    q, kb, vb, loc, meta = make_case(TREES[shape], seed=1)
+    calls, declined = [], {}
+    got = splitkv_backend(kb, vb, meta, calls, declined).forward_extend(
+        q, kb[loc], vb[loc], layer(), batch("TARGET_VERIFY", loc), save_kv_cache=False
+    )
+    assert declined == {} and len(calls) == 1, "the verify batch did not reach the decode-order kernel once"
+    block = block_of(TREES[shape])
+    paths = [[int(loc[b * W + j]) for j in range(W) if block[i, j]] for b in range(len(PREFIX)) for i in range(W)]
+    assert [row[: len(p)] for row, p in zip(calls[0].tolist(), paths)] == paths
+    torch.testing.assert_close(got, expected_rows(q, kb, vb, loc, meta, TREES[shape]), atol=1e-6, rtol=1e-6)
+
+
+def test_splitkv_mha_runs_sglang_decode_rows_bit_for_bit():
+    """MHA decodes through sglang's other (ungrouped) kernel, which the decode-order kernel does not mirror."""
+    q, kb, vb, loc, meta = make_case(TREES["tree"], hq=HKV)
+    calls = []
+    got = splitkv_backend(kb, vb, meta, calls).forward_extend(
+        q, kb[loc], vb[loc], layer(hq=HKV), batch("TARGET_VERIFY", loc), save_kv_cache=False
+    )
+    assert calls == [] and torch.equal(got, expected_rows(q, kb, vb, loc, meta, TREES["tree"], hq=HKV))
+
+
+def test_splitkv_on_a_deterministic_paged_server_is_refused():
+    backend = real_backend(torch.zeros(1), torch.zeros(1), None)
+    backend.page_size = 16
+    init = splitkv.make_triton_init(lambda self, mr: None, None, True, None, None)
+    with pytest.raises(ToggleError, match="FLASHTREE_SPLITKV_VERIFY=1 .*--page-size 1 only"):
+        init(backend, types.SimpleNamespace(is_draft_worker=False))
 
 
 def test_exact_and_splitkv_verify_are_exclusive():

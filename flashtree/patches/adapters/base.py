@@ -135,13 +135,17 @@ class SglangAdapter:
         if toggles.splitkv_verify:
             from .. import splitkv
 
+            # on --enable-deterministic-inference servers split-KV verify takes exact verify's hook (splitkv.py)
+            self.require(EXACT_VERIFY_PROBES, "FLASHTREE_SPLITKV_VERIFY=1", "0 (sglang's own verify attention)")
             backend_cls = resolve(f"{TRITON}:TritonAttnBackend")
             kernel = splitkv.load_kernel()
+            decode_order = splitkv.load_kernel(splitkv.DECODE_ORDER_KERNEL)
             out.append(
                 Patch(
                     backend_cls,
                     "__init__",
-                    lambda orig: splitkv.make_triton_init(orig, kernel, self.has_shared_kv, self.splitkv_declined),
+                    lambda orig: splitkv.make_triton_init(orig, kernel, self.has_shared_kv, self.splitkv_declined,
+                                                          decode_order),
                     "TritonAttnBackend.__init__",
                 )
             )
