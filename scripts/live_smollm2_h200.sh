@@ -34,7 +34,8 @@
 #   b_tree64wb512r8 (b_tree64wb512 with it), f_tree64wxr8 (f_tree64wx with it, identity)
 # Split-KV verify, float32 identity (deterministic servers: flashtree's decode-order kernel, decode-exact): f_chains
 #   (DSPARK's chain), f_tree4gs (N = 4, W = 9), f_tree8sg (N = 8, W = 9), f_tree64ws (N = 64, W = 64); f_tree4gx is
-#   N = 4, W = 9 with exact verify. PHASES may also hold "check": benchmarks/decode_order_check.py (the decode-order
+#   N = 4, W = 9 with exact verify; b_tree64wb512sr8 / f_tree64wsr8: b_tree64wb512r8 / f_tree64wxr8 with split-KV
+#   verify instead (bf16: flashtree's fast split-KV kernel; float32: the decode-order one). PHASES may also hold "check": benchmarks/decode_order_check.py (the decode-order
 #   kernel against sglang's decode kernel, bit for bit, and the three verify kernels' times) before any server starts.
 # Paged KV (--page-size 16; the tree step commits by copying the accepted nodes' KV): f_plainp16 f_chainp16
 #   f_tree64wp16 (identity: exact verify needs page size 1, so these compare as f_chain does) b_chainp16 b_tree64wb512p16
@@ -167,6 +168,8 @@ start f_chains 30057 FLASHTREE_TREE_N= FLASHTREE_SPLITKV_VERIFY=1 -- $F32 $SPEC
 start f_tree4gs 30058 FLASHTREE_TREE_N=4 FLASHTREE_SPLITKV_VERIFY=1 $TREE -- $F32 $SPEC
 start f_tree64ws 30059 FLASHTREE_TREE_N=64 FLASHTREE_SPLITKV_VERIFY=1 $WIDE $TREE -- $F32 $SPEC64
 start f_tree4gx 30060 FLASHTREE_TREE_N=4 $EXACT $TREE -- $F32 $SPEC
+start b_tree64wb512sr8 30061 FLASHTREE_TREE_N=64 FLASHTREE_TREE_BUDGET=512 FLASHTREE_SPLITKV_VERIFY=1 FLASHTREE_DRAFT_ROWS=$DEPTH $WIDE $TREE $STEPS -- $B16 $SPEC64
+start f_tree64wsr8 30062 FLASHTREE_TREE_N=64 FLASHTREE_SPLITKV_VERIFY=1 FLASHTREE_DRAFT_ROWS=$DEPTH $WIDE $TREE -- $F32 $SPEC64
 start f_plainp16 30050 FLASHTREE_TREE_N= -- $F32P16
 start f_chainp16 30051 FLASHTREE_TREE_N= -- $F32P16 $SPEC
 start f_tree64wp16 30052 FLASHTREE_TREE_N=64 $WIDE $TREE -- $F32P16 $SPEC64

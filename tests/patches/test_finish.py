@@ -12,6 +12,8 @@ import random
 import types
 from array import array
 
+import pytest
+
 import flashtree.patches as patches
 from flashtree.patches.toggles import TreeToggles
 
@@ -57,8 +59,9 @@ def cases():
             yield tokens, steps
 
 
-def test_multi_token_steps_stop_like_one_token_steps(sglang_release):
-    toggles = TreeToggles(exact_verify=True)
+@pytest.mark.parametrize("toggles", [TreeToggles(exact_verify=True), TreeToggles(splitkv_verify=True),
+                                     TreeToggles(tree_n=4)], ids=["exact", "splitkv", "tree"])
+def test_multi_token_steps_stop_like_one_token_steps(sglang_release, toggles):
     patches.install(toggles)
     from sglang.srt.managers.schedule_batch import Req
 

@@ -32,10 +32,11 @@ class Adapter(SglangAdapter):
 
     def patches(self, toggles: TreeToggles) -> list[Patch]:
         out = super().patches(toggles)
-        if toggles.tree_enabled or toggles.exact_verify:
+        if toggles.tree_enabled or toggles.exact_verify or toggles.splitkv_verify:
             from .. import finish
 
-            # A tree step that reaches max_new_tokens stops at an accepted stop token, as plain decoding does.
+            # A speculative step (tree or chain) that reaches max_new_tokens stops at an accepted stop token, as plain
+            # decoding does: every flashtree server's greedy output is plain decoding's.
             out.append(Patch(resolve(REQ), "update_finish_state", finish.make_update_finish_state, "Req.update_finish_state"))
         return out
 
