@@ -306,15 +306,16 @@ def part_sampler(bw):
         flashtree_graph_us=try_graph(fn), floor_us=960 * 151936 * 2 / bw * 1e6)
 
 
-def tree_mask(bs, L):
+def tree_mask(bs, L, generator=None, device="cuda"):
+    """(bs, L, L) ancestor-or-self masks of random trees (node i's parent drawn below i)."""
     allowed = torch.zeros(bs, L, L, dtype=torch.bool)
     idx = torch.arange(bs)
     for i in range(L):
         allowed[:, i, i] = True
         if i:
-            p = torch.randint(0, i, (bs,))
+            p = torch.randint(0, i, (bs,), generator=generator)
             allowed[idx, i] |= allowed[idx, p]
-    return allowed.cuda()
+    return allowed.to(device)
 
 
 def sglang_extend_attention():

@@ -21,6 +21,8 @@ import sys
 
 import torch
 
+from bench_kernels import graphed, tree_mask  # benchmarks/ is on sys.path when this runs as a script
+
 from flashtree.attention.triton_decode_order import decode_order_verify_triton
 from flashtree.attention.triton_verify import tree_attention_triton
 from flashtree.patches.exact_verify import path_rows, path_slots
@@ -41,17 +43,6 @@ CASES = [
 QUICK = [(2, 6, 2, 16, 5, 70, torch.float32)]
 
 
-def random_blocks(bs, w, g):
-    """(bs, W, W) ancestor-or-self masks of random trees (node i's parent drawn below i)."""
-    blocks = torch.zeros(bs, w, w, dtype=torch.bool)
-    idx = torch.arange(bs)
-    for i in range(w):
-        blocks[:, i, i] = True
-        if i:
-            blocks[idx, i] |= blocks[idx, torch.randint(0, i, (bs,), generator=g)]
-    return blocks
-
-
 def make_case(bs, hq, hkv, d, w, max_prefix, dtype, device, seed):
     g = torch.Generator().manual_seed(seed)
     prefix = torch.randint(1, max_prefix + 1, (bs,), generator=g)
@@ -64,7 +55,7 @@ def make_case(bs, hq, hkv, d, w, max_prefix, dtype, device, seed):
     kv_indptr = torch.zeros(bs + 1, dtype=torch.int32)
     kv_indptr[1:] = prefix.cumsum(0)
     q = torch.randn(bs * w, hq, d, generator=g).to(dtype)
-    blocks = random_blocks(bs, w, g)
+    blocks = tree_mask(bs, w, g, "cpu")
     t = [x.to(device) for x in (q, kb, vb, kv_indptr, kv_indices, loc, blocks)]
     return t, prefix
 
@@ -91,21 +82,13 @@ def timed(fn, device) -> float:
     if device.type != "cuda":
         fn()
         return 0.0
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    replay = graphed(fn)
     for _ in range(10):
-        graph.replay()
+        replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(100):
-        graph.replay()
+        replay()
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) * 10.0  # ms per 100 -> µs per replay

@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .triton_verify import gqa_program
+
 BLOCK_N = 32  # sglang's BLOCK for Lk < 576 on CUDA
 BLOCK_H = 16  # sglang's BLOCK_H: rows per tile
 MIN_BLOCK_KV = 32  # sglang's _MIN_BLOCK_KV: split lengths are multiples of it
@@ -45,15 +47,8 @@ def _stage1(
     G: tl.constexpr, W: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr,
     BM: tl.constexpr, RB: tl.constexpr, BN: tl.constexpr, MIN_KV: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    h = tl.program_id(1) // RB
-    rb = tl.program_id(1) % RB
-    s = tl.program_id(2)
-    rows = rb * BM + tl.arange(0, BM)
-    row_ok = rows < G * W
-    t = rows // G
+    b, h, rb, s, rows, row_ok, t, hq = gqa_program(RB, BM, G, W)
     tok = (b * W + t).to(tl.int64)
-    hq = h * G + rows % G
     kv_start = tl.load(kv_indptr + b).to(tl.int64)
     prefix = (tl.load(kv_indptr + b + 1) - kv_start).to(tl.int32)
     plen = tl.load(path_lens + tok, mask=row_ok, other=0)

@@ -22,6 +22,17 @@ from ..gpu import sm_count
 
 
 @triton.jit
+def gqa_program(RB: tl.constexpr, BM: tl.constexpr, G: tl.constexpr, L: tl.constexpr):
+    """This program's (request b, KV head h, row block rb, split s) and its BM rows: row r = token r // G, query head
+    h * G + r % G (GQA packing; row_ok marks the rows of the G * L that exist)."""
+    b = tl.program_id(0)
+    h = tl.program_id(1) // RB
+    rb = tl.program_id(1) % RB
+    rows = rb * BM + tl.arange(0, BM)
+    return b, h, rb, tl.program_id(2), rows, rows < G * L, rows // G, h * G + rows % G
+
+
+@triton.jit
 def _verify_kernel(
     q_ptr, k_ptr, v_ptr, kb_ptr, vb_ptr,
     kv_indptr, kv_indices, page_table, prefix_lens, pt_stride,
@@ -35,14 +46,7 @@ def _verify_kernel(
     PAGED: tl.constexpr, PAGE: tl.constexpr, MASK_FULL: tl.constexpr, DIRECT: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    h = tl.program_id(1) // RB
-    rb = tl.program_id(1) % RB
-    s = tl.program_id(2)
-    rows = rb * BM + tl.arange(0, BM)
-    row_ok = rows < G * L
-    t = rows // G
-    hq = h * G + rows % G
+    b, h, rb, s, rows, row_ok, t, hq = gqa_program(RB, BM, G, L)
     d = tl.arange(0, BD)
     dv = tl.arange(0, BDV)
     q = tl.load(q_ptr + (b * L + t).to(tl.int64)[:, None] * s_qt + hq[:, None] * s_qh + d[None, :],
