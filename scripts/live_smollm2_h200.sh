@@ -39,6 +39,7 @@
 #   kernel against sglang's decode kernel, bit for bit, and the three verify kernels' times) before any server starts.
 # Paged KV (--page-size 16; the tree step commits by copying the accepted nodes' KV): f_plainp16 f_chainp16
 #   f_tree64wp16 (identity: exact verify needs page size 1, so these compare as f_chain does) b_chainp16 b_tree64wb512p16
+# b_tree4sg: N = 4, W = 9 with split-KV verify.
 # Runs 3-5 (BENCHMARKS.md section 6) used tags still defined below: f_tree4g f_tree8sg f_tree8m, b_tree4g b_tree8sg
 # b_tree8sgm (FLASHTREE_TREE_MAX_BS=$MAX_BS) b_tree8sgt b_tree8sgu (torch draws); pass them in the *_TAGS lists.
 # Every bf16 server except the stage-timed ones records host and device time per decode step (steps 50-399, c = 1:
@@ -145,6 +146,7 @@ start b_tree1g 30022 FLASHTREE_TREE_N=1 $TREE $STEPS -- $B16 $SPEC
 start b_tree4g 30023 FLASHTREE_TREE_N=4 $TREE $STEPS -- $B16 $SPEC
 start b_tree8g 30024 FLASHTREE_TREE_N=8 $TREE $STEPS -- $B16 $SPEC
 start b_tree8sg 30025 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TREE $STEPS -- $B16 $SPEC
+start b_tree4sg 30063 FLASHTREE_TREE_N=4 FLASHTREE_SPLITKV_VERIFY=1 $TREE $STEPS -- $B16 $SPEC
 start b_tree8sgm 30026 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 FLASHTREE_TREE_MAX_BS=$MAX_BS $TREE $STEPS -- $B16 $SPEC
 start b_tree8sgt 30027 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TREE $TIMES -- $B16 $SPEC
 start b_tree8sgu 30028 FLASHTREE_TREE_N=8 FLASHTREE_SPLITKV_VERIFY=1 $TORCH_DRAWS $STEPS -- $B16 $SPEC
