@@ -11,8 +11,9 @@ of a tile need not be one token's heads: the tile packs W tokens x G heads of on
 r % G), and a block of keys that lies wholly in the prefix is read once for all of them (the split-KV saving). Blocks
 that reach a path differ per token: each token in the tile gets its own dot there, and keeps only its rows.
 
-The constants mirror sglang's grouped decode kernel (`_fwd_grouped_kernel_stage1` / `_fwd_kernel_stage2`, the same in
-0.5.17, 0.5.20 and 0.5.23 on CUDA): BLOCK_N 32, BLOCK_H 16, MIN_BLOCK_KV 32, 4 warps, and the split tile of the
+The constants mirror sglang's grouped decode kernel (`_fwd_grouped_kernel_stage1` / `_fwd_kernel_stage2`; 0.5.20 and
+0.5.23 keep the same constants and operations on the deterministic, non-MLA CUDA path; bit equality was measured on
+0.5.17, BENCHMARKS.md section 6 run 21): BLOCK_N 32, BLOCK_H 16, MIN_BLOCK_KV 32, 4 warps, and the split tile of the
 backend (`SGLANG_TRITON_DECODE_SPLIT_TILE_SIZE`). MHA (G = 1) runs sglang's other decode kernel, which this one does
 not mirror. `decode_order_verify_reference` in reference.py is the plain torch statement of the same arithmetic.
 """
