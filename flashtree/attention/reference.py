@@ -66,6 +66,10 @@ def tree_attention_paged_reference(q, k, v, k_cache, v_cache, page_table, prefix
                                     indptr, indices, custom_mask, L, sm_scale, mask_indptr)
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def decode_order_verify_reference(q, k_buffer, v_buffer, kv_indptr, kv_indices, path_slots, path_lens, W, sm_scale,
                                   split_tile, block=32, min_block_kv=32):
     """`triton_decode_order.decode_order_verify_triton` in plain torch: each verify token as a decode row (its prefix,
@@ -82,8 +86,8 @@ def decode_order_verify_reference(q, k_buffer, v_buffer, kv_indptr, kv_indices, 
         k = k_buffer[slots].float().repeat_interleave(g, dim=1)  # (n, Hq, D)
         v = v_buffer[slots].float().repeat_interleave(g, dim=1)
         qr = q[r].float()  # (Hq, D)
-        splits = -(-n // split_tile)
-        chunk = -(-(-(-n // splits)) // min_block_kv) * min_block_kv
+        splits = _cdiv(n, split_tile)
+        chunk = _cdiv(_cdiv(n, splits), min_block_kv) * min_block_kv
         e_max = torch.full((hq,), float("-inf"), device=q.device)
         e_sum = torch.zeros(hq, device=q.device)
         acc = torch.zeros(hq, v.shape[2], device=q.device)
