@@ -8,7 +8,7 @@ tensors and the torch references (modules `build`, `verify`, `commit`, `encode`)
 from .commit import apply_copies, apply_permutation
 from .dispatch import build_vote_tree, commit_plan, verify_greedy, verify_inputs, walk_and_commit
 from .encode import ancestor_mask, chain_tree, child_links, to_eagle, tree_positions
-from .policies import DEFAULT_POLICY, POLICIES, UnknownPolicy, build_tree, get_policy, policy_names, register_policy
+from .policies import DEFAULT_POLICY, POLICIES, DraftScores, UnknownPolicy, build_tree, get_policy, policy_names, register_policy
 from .rejection import verify_rejection
 from .types import CommitPlan, EagleEncoding, VerifyInputs, VerifyResult, VoteTree
 from .verify import verify_sampled
@@ -16,6 +16,7 @@ from .verify import verify_sampled
 __all__ = [
     "DEFAULT_POLICY",
     "POLICIES",
+    "DraftScores",
     "UnknownPolicy",
     "build_tree",
     "get_policy",

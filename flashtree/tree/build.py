@@ -26,15 +26,8 @@ def build_vote_tree(candidates: torch.Tensor, width: int) -> VoteTree:
     device = candidates.device
     keep = width - 1
     slots = n * k
-
-    # same[b, i, j, d]: candidates i and j share their first d+1 tokens.
-    eq = candidates.unsqueeze(2) == candidates.unsqueeze(1)
-    same = torch.cumprod(eq.to(torch.int32), dim=3).bool()
-    # rep[b, i, d]: first candidate sharing candidate i's length-(d+1) prefix (argmax takes the first True).
-    rep = same.to(torch.int8).argmax(dim=2)
+    rep, is_node, votes = _trie(candidates)
     cand_idx = torch.arange(n, device=device).view(1, n, 1)
-    is_node = rep == cand_idx  # (bs, N, K): (d+1, m) is a trie node with m its first candidate
-    votes = same.sum(dim=1)  # (bs, N, K) [m, d]: candidates sharing m's prefix (valid where is_node)
 
     depth0 = torch.arange(k, device=device).view(1, 1, k).expand(bs, n, k)
     cand = cand_idx.expand(bs, n, k)
@@ -56,6 +49,26 @@ def build_vote_tree(candidates: torch.Tensor, width: int) -> VoteTree:
     valid = kept.gather(1, order)
     slot = torch.where(valid, top_slot.gather(1, order), 0)
 
+    return _assemble(candidates, rep, valid, slot, node_votes, keep)
+
+
+def _trie(candidates: torch.Tensor):
+    """rep (bs, N, K): the first candidate sharing candidate i's length-(d+1) prefix; is_node: (d+1, m) is a trie node
+    with m its first candidate; votes [m, d]: candidates sharing m's prefix (valid where is_node)."""
+    n = candidates.shape[1]
+    # same[b, i, j, d]: candidates i and j share their first d+1 tokens.
+    eq = candidates.unsqueeze(2) == candidates.unsqueeze(1)
+    same = torch.cumprod(eq.to(torch.int32), dim=3).bool()
+    rep = same.to(torch.int8).argmax(dim=2)  # argmax takes the first True
+    is_node = rep == torch.arange(n, device=candidates.device).view(1, n, 1)
+    return rep, is_node, same.sum(dim=1)
+
+
+def _assemble(candidates, rep, valid, slot, node_votes, keep: int) -> VoteTree:
+    """The VoteTree of the kept slots `slot` (bs, W-1), listed parents-first with padding (valid False) last."""
+    bs, n, k = candidates.shape
+    device = candidates.device
+    slots = n * k
     m = slot % n
     d0 = slot // n  # 0-based depth
     tokens = candidates.reshape(bs, slots).gather(1, m * k + d0)
@@ -79,3 +92,30 @@ def build_vote_tree(candidates: torch.Tensor, width: int) -> VoteTree:
         first_candidate=torch.where(valid, m, n),
         k=k,
     )
+
+
+def build_scored_tree(candidates: torch.Tensor, width: int, node_scores: torch.Tensor) -> VoteTree:
+    """The trie of `candidates` (bs, N, K), keeping its `width - 1` best-scored nodes.
+
+    `node_scores` (bs, N, K) [m, d] scores node (d + 1, m) (read where m is the node's first candidate); larger is
+    better. Ranking: score desc, depth asc, first candidate asc, as trie-vote ranks votes: a score that never rises
+    along a path (a path log-probability, a vote count) keeps every top set prefix-closed. Listed like trie-vote.
+    """
+    bs, n, k = candidates.shape
+    keep = width - 1
+    slots = n * k
+    rep, is_node, votes = _trie(candidates)
+    node = is_node.permute(0, 2, 1).reshape(bs, slots)  # slots [depth, candidate]: slot order is (depth, first cand)
+    score = node_scores.float().permute(0, 2, 1).reshape(bs, slots).nan_to_num(nan=float("-inf"))
+    order = torch.argsort(-score, dim=1, stable=True)
+    order = order.gather(1, torch.argsort((~node.gather(1, order)).to(torch.int8), dim=1, stable=True))
+    if keep > slots:
+        order = torch.cat([order, order[:, :1].expand(bs, keep - slots)], dim=1)
+    top = order[:, :keep]
+    kept = node.gather(1, top)
+    if keep > slots:
+        kept[:, slots:] = False
+    listed = torch.argsort(torch.where(kept, top, slots), dim=1, stable=True)
+    valid = kept.gather(1, listed)
+    slot = torch.where(valid, top.gather(1, listed), 0)
+    return _assemble(candidates, rep, valid, slot, votes.permute(0, 2, 1).reshape(bs, slots), keep)

@@ -1,0 +1,57 @@
+"""`best-first`: no candidates; the tree grows from the root by the draft's path probability (DDTree's construction).
+
+Each step adds the frontier node with the highest path log-probability and puts its best children on the frontier,
+their distribution from `DraftScores.step_logprobs` (conditioned on the node's token where the draft has a Markov
+head), until W - 1 nodes or depth K. With W - 1 children per node the result is exactly the W - 1 most probable
+nodes of the draft's whole tree (no tree of W - 1 nodes uses more children of one node), prefix-closed and listed
+parents-first (a child reaches the frontier only after its parent is kept). Ties: the earlier frontier entry.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..types import VoteTree
+from .registry import register_policy
+
+
+@register_policy("best-first", needs_scores=("anchor", "step_logprobs"),
+                 doc="no sampling: the most probable nodes of the draft's tree, grown from the root")
+def best_first(candidates: torch.Tensor, width: int, scores) -> VoteTree:
+    bs, n, k = candidates.shape
+    device = candidates.device
+    keep = width - 1
+    rows = torch.arange(bs, device=device)
+    neg = torch.tensor(float("-inf"), device=device)
+    size = keep * (keep + 1)  # the root's children, then each kept node's
+    f_score = torch.full((bs, size), float("-inf"), device=device)
+    f_token = torch.zeros(bs, size, dtype=torch.long, device=device)
+    f_parent = torch.zeros(bs, size, dtype=torch.long, device=device)
+    f_depth = torch.zeros(bs, size, dtype=torch.long, device=device)
+    tokens, parents, depth, valid = (torch.zeros(bs, keep, dtype=t, device=device)
+                                     for t in (torch.long, torch.long, torch.long, torch.bool))
+
+    def push(at: int, parent: int, prev: torch.Tensor, pos: torch.Tensor, base: torch.Tensor) -> None:
+        logp = scores.step_logprobs(rows, pos, prev).float()
+        top, tok = logp.topk(min(keep, logp.shape[-1]), dim=-1)
+        cols = slice(at, at + top.shape[1])
+        f_score[:, cols] = torch.where((pos < k).unsqueeze(1), base.unsqueeze(1) + top, neg)
+        f_token[:, cols] = tok
+        f_parent[:, cols] = parent
+        f_depth[:, cols] = (pos + 1).unsqueeze(1)
+
+    push(0, 0, scores.anchor.long(), torch.zeros(bs, dtype=torch.long, device=device), torch.zeros(bs, device=device))
+    for i in range(keep):
+        best, j = f_score.max(dim=1)  # the first maximum: the earlier frontier entry wins ties
+        ok = best > float("-inf")
+        tokens[:, i] = f_token.gather(1, j[:, None])[:, 0]
+        parents[:, i] = torch.where(ok, f_parent.gather(1, j[:, None])[:, 0], 0)
+        depth[:, i] = torch.where(ok, f_depth.gather(1, j[:, None])[:, 0], 1)
+        valid[:, i] = ok
+        f_score.scatter_(1, j[:, None], float("-inf"))
+        if i + 1 < keep:
+            push(keep * (i + 1), i + 1, tokens[:, i], depth[:, i], torch.where(ok, best, neg))
+    first = tokens[:, :1].expand_as(tokens)
+    return VoteTree(tokens=torch.where(valid, tokens, first), parents=parents, depth=depth,
+                    votes=torch.zeros_like(tokens), valid=valid,
+                    first_candidate=torch.full_like(tokens, n), k=k)
