@@ -309,3 +309,4 @@ def test_flashmap_loads_a_saved_drafter_folder(tiny, tmp_path):
     other.resize_token_embeddings(300)
     with pytest.raises(ValueError, match="vocabulary 259 != the target's 300"):
         load_drafter("flashmap", other, model=str(tmp_path / "drafter"))
+

@@ -458,3 +458,29 @@ def test_time_limits_must_be_positive(key):
 
     with pytest.raises(ValueError, match=f"optim.{key}"):
         TrainOptimConfig(**{key: 0})
+
+
+def test_scores_are_the_drafts_own_log_probabilities_and_feed_every_policy(tiny):
+    """DraftScores.logp of each candidate token equals step_logprobs after its parent (prob reads the first,
+    best-first the second), and every registered policy builds a tree from one proposal."""
+    from flashtree.tree import build_tree, policy_names
+
+    cfg = small_config(tiny)
+    model = random_model(cfg, std=0.05)
+    tokens = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    drafter = load_drafter("dspark", tiny, model=model, temperature=1.0)
+    drafter.start(state_for(tiny, tokens, cfg.target_layer_ids))
+    prop = drafter.propose(6, torch.Generator().manual_seed(3))
+    scores, cands = prop.scores, prop.candidates
+    bs, n, k = cands.shape
+    assert int(scores.anchor[0]) == 6
+    for m in range(n):
+        prev = scores.anchor
+        for j in range(k):
+            lp = scores.step_logprobs(torch.tensor([0]), torch.tensor([j]), prev)
+            assert torch.allclose(lp.exp().sum(-1), torch.ones(1))
+            assert torch.allclose(scores.logp[0, m, j], lp[0, cands[0, m, j]], atol=1e-5)
+            prev = cands[0, m, j : j + 1]
+    for policy in policy_names():
+        tree = build_tree(cands, 8, policy, scores)
+        assert bool(tree.valid[:, 0].all())

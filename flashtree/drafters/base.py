@@ -13,6 +13,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from ..tree import DraftScores
+
 
 @dataclass
 class DraftState:
@@ -35,10 +37,12 @@ class DraftState:
 
 @dataclass
 class Proposal:
-    """N candidate blocks per request. `probs` (bs, N, K, V), optional: the draft distribution at each slot."""
+    """N candidate blocks per request. `probs` (bs, N, K, V), optional: the draft distribution at each slot;
+    `scores`, optional: what the probability tree policies read (`flashtree.tree.DraftScores`)."""
 
     candidates: torch.Tensor  # (bs, N, K) int64
     probs: torch.Tensor | None = None
+    scores: DraftScores | None = None
 
 
 @runtime_checkable

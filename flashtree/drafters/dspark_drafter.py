@@ -22,6 +22,7 @@ import torch
 
 from ..dspark.checkpoint import load_checkpoint
 from ..dspark.model import DSparkDraftModel, block_ids
+from ..tree import DraftScores
 from .base import DraftState, Proposal
 
 
@@ -164,7 +165,7 @@ class DSparkDrafter:
             ]).to(self._device)
         rows = n if sampled else 1
         prev = anchors[:, None].expand(bs, rows).reshape(-1)
-        out, dists = [], []
+        out, dists, logp = [], [], []
         for j in range(k):
             step = base[:, j, None, :] + self.model.markov_bias(prev).float().view(bs, rows, -1)
             choice = step.argmax(dim=-1)  # (bs, rows)
@@ -180,12 +181,19 @@ class DSparkDrafter:
                     draw[:, 0] = choice[:, 0]
                 choice = draw
             out.append(choice)
+            logp.append(step.log_softmax(dim=-1).gather(-1, choice.unsqueeze(-1)).squeeze(-1))  # T = 1: the draft's q
             prev = choice.reshape(-1)
         blocks = torch.stack(out, dim=-1)  # (bs, rows, k)
+        logp = torch.stack(logp, dim=-1)
         if not sampled:
-            blocks = blocks.expand(bs, n, k)
+            blocks, logp = blocks.expand(bs, n, k), logp.expand(bs, n, k)
         probs = torch.stack(dists, dim=2) if self.return_probs else None  # (bs, n, k, V)
-        return Proposal(candidates=blocks.contiguous(), probs=probs)
+
+        def step_logprobs(rows, pos, prev):  # the probability policies: the draft's q after any node
+            return (base[rows, pos.clamp(max=k - 1)] + self.model.markov_bias(prev).float()).log_softmax(dim=-1)
+
+        scores = DraftScores(logp=logp.contiguous(), anchor=anchors, step_logprobs=step_logprobs)
+        return Proposal(candidates=blocks.contiguous(), probs=probs, scores=scores)
 
 
 def build_dspark_drafter(target, *, path=None, model=None, temperature: float = 0.0, greedy_first: bool = True,
