@@ -59,8 +59,13 @@ def load_target(
         return _from_pretrained(str(path), dtype)
     if name in TINY_MODELS:
         return tiny_target(name, dtype=dtype, seed=seed)
-    if os.path.isdir(os.path.expanduser(name)) or "/" in name:
-        return _from_pretrained(os.path.expanduser(name), dtype)
+    folder = os.path.expanduser(name)
+    if os.path.isdir(folder):
+        return _from_pretrained(folder, dtype)
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1:
+        raise FileNotFoundError(f"target {name!r}: no such local checkpoint folder")
+    if "/" in name:
+        return _from_pretrained(name, dtype)
     raise ValueError(
         f"unknown target {name!r}: use {SMOLLM2!r}, one of {', '.join(map(repr, TINY_MODELS))}, "
         "a Hugging Face hub id (org/name) or a local checkpoint folder"

@@ -484,3 +484,37 @@ def test_scores_are_the_drafts_own_log_probabilities_and_feed_every_policy(tiny)
     for policy in policy_names():
         tree = build_tree(cands, 8, policy, scores)
         assert bool(tree.valid[:, 0].all())
+
+
+def test_a_damaged_checkpoint_or_data_file_is_set_aside_and_redone(tiny, tmp_path, capsys):
+    from hydra import compose, initialize_config_dir
+
+    from flashtree.dspark.train import train
+    from flashtree.dspark.train_config import register, to_train_config
+
+    register()
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = to_train_config(compose(config_name="tiny", overrides=[f"out_dir={tmp_path}"]))
+    train(cfg, log=lambda *a: None)
+    for name in ("state.pt", "data.pt"):
+        blob = (tmp_path / name).read_bytes()
+        (tmp_path / name).write_bytes(blob[: len(blob) // 2])  # truncated, as by a full disk or a killed copy
+    lines = []
+    summary = train(cfg, log=lines.append)
+    out = capsys.readouterr().out
+    assert f"the training checkpoint {tmp_path / 'state.pt'} is damaged" in out and "starts from step 0" in out
+    assert f"the training data {tmp_path / 'data.pt'} is damaged" in out and "generated again" in out
+    assert (tmp_path / "state.pt.damaged").is_file() and (tmp_path / "data.pt.damaged").is_file()
+    assert summary["steps"] == 6 and not any("resumed" in line for line in lines)
+
+
+def test_the_held_out_filter_never_runs_without_the_gsm8k_set(monkeypatch):
+    import flashtree.datasets as datasets
+    from flashtree.dspark.data import heldout_texts
+
+    def missing(*args, **kwargs):
+        raise ModuleNotFoundError("No module named 'gsm8k_package'")
+
+    monkeypatch.setattr(datasets, "load_prompts", missing)
+    with pytest.raises(ModuleNotFoundError, match="must exclude the held-out GSM8K half"):
+        heldout_texts()

@@ -97,3 +97,13 @@ def test_smollm2_converts_once_and_answers_paris():
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=12, do_sample=False)
     assert tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True) == "The capital of France is Paris."
+
+
+def test_a_missing_checkpoint_folder_is_named_as_such():
+    import pytest
+
+    from flashtree.models import load_target
+
+    for name in ("/missing/dir", "./missing", "~/missing/model", "a/b/c"):
+        with pytest.raises(FileNotFoundError, match=f"target '{name}': no such local checkpoint folder"):
+            load_target(name)

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from ..files import DamagedFile, load_torch
+
 HELD_OUT = ("gsm8k", "second_half")
 SOURCES = ("sharegpt", "mt-bench", "humaneval", "gsm8k-first-half", "builtin")
 
@@ -47,12 +49,17 @@ def canonical_source(name: str) -> str:
 
 
 def heldout_texts() -> set[str]:
+    """The held-out GSM8K questions, which no training prompt may be. Without the GSM8K package the filter cannot
+    run, and training on unfiltered prompts could put held-out questions in the data: that stops with the fix."""
     from flashtree.datasets import load_prompts
 
     try:
         return set(load_prompts("gsm8k", split="second_half"))
-    except (ModuleNotFoundError, FileNotFoundError):
-        return set()
+    except (ModuleNotFoundError, FileNotFoundError) as err:
+        raise ModuleNotFoundError(
+            f"the drafter's training data must exclude the held-out GSM8K half, and the GSM8K prompt set cannot be "
+            f"loaded to check it ({err}); install it (see requirements/data.txt) on this machine"
+        ) from None
 
 
 def select_prompts(sources: dict, tokenizer, *, max_prompt_tokens: int, seed: int) -> tuple[list[dict], dict]:
@@ -104,8 +111,11 @@ def write_prompts_file(path, prompts: list[dict], counts: dict, extra: dict | No
 
 
 def read_prompts_file(path) -> tuple[list[dict], dict]:
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        d = json.load(f)
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            d = json.load(f)
+    except (OSError, EOFError, ValueError) as err:
+        raise DamagedFile(path, "the prompts file (data.prompts_file)", err) from None
     heldout = heldout_texts()
     bad = [p for p in d["prompts"] if p["text"] in heldout]
     if bad:
@@ -200,7 +210,7 @@ def save_sequences(path, seqs: list[Sequence], meta: dict) -> None:
 
 
 def load_sequences(path) -> tuple[list[Sequence], dict]:
-    d = torch.load(path, weights_only=False)
+    d = load_torch(path, "the training data")
     # older data.pt files hold (source, ids, prompt_len): greedy responses only
     return [Sequence(src, ids, int(p), bool(s and s[0])) for src, ids, p, *s in d["sequences"]], d["meta"]
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from ..files import DamagedFile, load_torch, set_aside
 from .checkpoint import save_checkpoint
 from .config import DSparkConfig, spread_layers
 from .data import (build_sequences, data_summary, expand_samples, generate_responses, load_sequences,
@@ -81,9 +82,12 @@ def prepare_data(cfg: TrainConfig, target, tokenizer, out: Path, log=print):
 
     data_path = out / "data.pt"
     if cfg.resume and data_path.is_file():
-        seqs, meta = load_sequences(data_path)
-        log(f"[dspark] reusing {data_path}: {len(seqs)} sequences")
-        return seqs, meta
+        try:
+            seqs, meta = load_sequences(data_path)
+            log(f"[dspark] reusing {data_path}: {len(seqs)} sequences")
+            return seqs, meta
+        except DamagedFile as err:
+            set_aside(err, "the training data is generated again")
     d = cfg.data
     t0 = time.perf_counter()
     if d.prompts_file:
@@ -142,6 +146,15 @@ def _set_rng_state(state) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _load_state(path: Path) -> dict | None:
+    """The resume point, or None (training starts over) when the file is damaged: it is set aside, not deleted."""
+    try:
+        return load_torch(path, "the training checkpoint")
+    except DamagedFile as err:
+        set_aside(err, "training starts from step 0")
+        return None
 
 
 def _save_state(path: Path, model, opt, step: int, gen: torch.Generator, elapsed: float) -> None:
@@ -219,8 +232,8 @@ def train(cfg: TrainConfig, log=print) -> dict:
                              {"params": no_decay, "weight_decay": 0.0}], lr=o.lr, betas=(0.9, 0.95))
     step, train_time_before = 0, 0.0
     state_path = out / "state.pt"
-    if cfg.resume and state_path.is_file():
-        state = torch.load(state_path, weights_only=False, map_location=device)
+    state = _load_state(state_path) if cfg.resume and state_path.is_file() else None
+    if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optim"])
         step, train_time_before = int(state["step"]), float(state.get("train_time_s", 0.0))
