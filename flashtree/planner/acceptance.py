@@ -1,0 +1,85 @@
+"""Expected committed tokens per step, per shape: a prior, then online estimates with counterfactual credit.
+
+Every greedy step commits the target's own tokens g (accepted drafts, then the bonus). Any other tree built from the
+same candidates would have committed the longest prefix of g that is a root path in it, plus its own bonus: so one
+step's candidates and commit update every shape's estimate, not only the one that ran (the replay's exact argument).
+When the other tree holds all of g, it would have gone further than the step can tell: that credit is a lower bound.
+The chain (DSPARK's step) is credited as the single candidate 0 (the draft's greedy block) over its whole depth.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..tree import build_tree
+from .shapes import Shape
+
+# Committed tokens per step before any step is seen, by tree width: flashtree's trained SmolLM2-135M drafter on held-out
+# GSM8K as BENCHMARKS.md records it (replay: the chain 2.7, N = W = 32 3.66, N = W = 64 3.94; live trees of 16 tokens
+# 3.24-3.41), rounded down; narrower widths interpolate. A server's own steps replace it within tens of steps.
+PRIOR_TAU = {"chain": 2.7, 9: 2.9, 16: 3.2, 32: 3.6, 64: 3.9}
+
+
+def prior_tau(shape: Shape) -> float:
+    if shape.is_chain:
+        return PRIOR_TAU["chain"]
+    widths = sorted(k for k in PRIOR_TAU if k != "chain")
+    w = min(widths, key=lambda x: abs(x - shape.width))
+    scale = min(1.0, shape.n / max(shape.width - 1, 1)) ** 0.5  # fewer candidates fill less of the width
+    return 1.0 + (PRIOR_TAU[w] - 1.0) * scale
+
+
+def counterfactual_commits(candidates: torch.Tensor, committed: torch.Tensor, shapes: list[Shape],
+                           policy: str = "vote") -> dict[Shape, torch.Tensor]:
+    """(bs,) committed tokens each shape's tree would have given on this step. `committed` (bs, L): the step's
+    committed tokens (accepted drafts then the bonus), -1 past each row's end."""
+    bs, n, k = candidates.shape
+    valid = committed >= 0
+    length = valid.sum(dim=1)
+    out = {}
+    for shape in shapes:
+        if shape.is_chain:
+            chain = candidates[:, 0, :]
+            m = min(k, committed.shape[1])
+            match = (chain[:, :m] == committed[:, :m]) & valid[:, :m]
+            out[shape] = match.long().cumprod(dim=1).sum(dim=1) + 1
+            continue
+        tree = build_tree(candidates[:, : min(shape.n, n)], shape.width, policy)
+        out[shape] = _matched_path(tree, committed, length) + 1
+    return out
+
+
+def _matched_path(tree, committed: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
+    """(bs,) how many leading committed tokens form a root path of `tree`."""
+    bs, m = tree.tokens.shape
+    cur = torch.zeros(bs, dtype=torch.long, device=tree.tokens.device)
+    depth = torch.zeros(bs, dtype=torch.long, device=tree.tokens.device)
+    alive = torch.ones(bs, dtype=torch.bool, device=tree.tokens.device)
+    index = torch.arange(1, m + 1, device=tree.tokens.device).expand(bs, m)
+    for d in range(min(tree.k, committed.shape[1])):
+        want = committed[:, d].view(bs, 1)
+        child = tree.valid & (tree.parents == cur.view(bs, 1)) & (tree.tokens == want)
+        ok = child.any(dim=1) & alive & (d < length)
+        cur = torch.where(ok, torch.where(child, index, m + 1).min(dim=1).values, cur)
+        depth = depth + ok.long()
+        alive = ok
+    return depth
+
+
+class AcceptanceModel:
+    """Mean committed tokens per step for each shape: the prior counts as `prior_weight` steps, then every credited
+    step counts once, so estimates follow the workload and settle as steps accumulate."""
+
+    def __init__(self, shapes: list[Shape], prior_weight: float = 32.0):
+        self.shapes = list(shapes)
+        self.prior_weight = float(prior_weight)
+        self.total = {s: prior_tau(s) * prior_weight for s in self.shapes}
+        self.count = {s: prior_weight for s in self.shapes}
+
+    def update(self, credits: dict[Shape, torch.Tensor]) -> None:
+        for shape, commits in credits.items():
+            self.total[shape] += float(commits.sum())
+            self.count[shape] += commits.numel()
+
+    def tau(self, shape: Shape) -> float:
+        return self.total[shape] / self.count[shape]

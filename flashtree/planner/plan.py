@@ -1,0 +1,54 @@
+"""The per-batch choice: the shape with the most expected committed tokens per second of step time."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from .acceptance import AcceptanceModel
+from .costs import CostTable
+from .shapes import Shape
+
+
+@dataclass(frozen=True)
+class Choice:
+    shape: Shape
+    tau: float  # expected committed tokens per step and request
+    step_s: float  # measured step time at this batch size
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tau / self.step_s
+
+
+class Planner:
+    """Holds the cost table and the acceptance estimates; `choose(bs)` reads host numbers only (no device sync)."""
+
+    def __init__(self, costs: CostTable, acceptance: AcceptanceModel):
+        self.costs = costs
+        self.acceptance = acceptance
+        self.chosen: Counter = Counter()  # (bs, shape label) -> steps, for the periodic summary
+
+    def options(self, bs: int) -> list[Choice]:
+        out = []
+        for shape in self.acceptance.shapes:
+            t = self.costs.time(shape, bs)
+            if t is not None:
+                out.append(Choice(shape, self.acceptance.tau(shape), t))
+        return out
+
+    def choose(self, bs: int) -> Choice:
+        options = self.options(bs)
+        if not options:
+            raise ValueError(f"the planner has no measured step time for a batch of {bs}: measure the shapes first")
+        # ties: the cheaper step (fewer verify tokens) first
+        best = max(options, key=lambda c: (c.tokens_per_s, -c.step_s))
+        self.chosen[(bs, best.shape.label())] += 1
+        return best
+
+    def summary(self) -> list[dict]:
+        """The choices so far, per batch size and shape, with the current estimates (what the server logs)."""
+        rows = []
+        for (bs, label), steps in sorted(self.chosen.items()):
+            rows.append({"bs": bs, "shape": label, "steps": steps})
+        return rows

@@ -1,0 +1,36 @@
+"""What the planner chooses among: tree shapes that fit the server's window, and DSPARK's chain step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, order=True)
+class Shape:
+    """n candidates, a tree of `width` tokens (root included); n = 0 is DSPARK's own chain step over its window."""
+
+    n: int
+    width: int
+    rows: int = 0  # draft rows the step's forward runs (0: DSPARK's whole window)
+
+    @property
+    def is_chain(self) -> bool:
+        return self.n == 0
+
+    def label(self) -> str:
+        if self.is_chain:
+            return f"chain(W={self.width})"
+        return f"N={self.n},W={self.width}" + (f",rows={self.rows}" if self.rows else "")
+
+
+CHAIN = "chain"
+
+
+def default_shapes(window: int, depth: int, max_n: int = 64) -> list[Shape]:
+    """The planner's menu for a server whose DSPARK window is `window` tokens (--speculative-num-draft-tokens) and
+    whose draft keeps `depth` positions: the chain, and trees of N in {1, 4, 8, 16, 32, 64} candidates (at most
+    `max_n` and the width) at widths {depth + 1, 16, 32, 64} up to the window, and the window itself."""
+    shapes = [Shape(0, window)]
+    for w in sorted({w for w in (depth + 1, 16, 32, 64, window) if 2 <= w <= window}):
+        shapes += [Shape(n, w) for n in (1, 4, 8, 16, 32, 64) if n <= min(w, max_n)]
+    return shapes
