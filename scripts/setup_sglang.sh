@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv-sglang-VERSION (repo root): one sglang release installed the CPU way, with flashtree editable in it.
-#   bash scripts/setup_sglang.sh 0.5.20        (supported: 0.5.17 0.5.20 0.5.23)
+#   bash scripts/setup_sglang.sh VERSION       a release listed in flashtree/patches/adapters/RELEASES
+#   bash scripts/setup_sglang.sh --list        prints those releases, one per line
 # Idempotent: an existing, complete venv (marker file) is left as is; FLASHTREE_SGLANG_REBUILD=1 rebuilds it.
 #
 # How (see README / flashtree/patches/README.md): torch 2.13.0 CPU pinned for every release (whatever sglang's own torch
@@ -9,11 +10,12 @@
 # by requirements/sglang-VERSION.txt (a pip constraints file) so the install is reproducible from PyPI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VERSION=${1:?usage: scripts/setup_sglang.sh VERSION (0.5.17, 0.5.20 or 0.5.23)}
-case "$VERSION" in
-  0.5.17|0.5.20|0.5.23) ;;
-  *) echo "setup_sglang.sh: unsupported sglang release '$VERSION'; supported: 0.5.17 0.5.20 0.5.23" >&2; exit 2 ;;
-esac
+RELEASES=$(sed -e 's/#.*//' -e 's/[[:space:]]//g' -e '/^$/d' flashtree/patches/adapters/RELEASES)
+if [ "${1:-}" = --list ]; then echo "$RELEASES"; exit 0; fi
+VERSION=${1:?usage: scripts/setup_sglang.sh VERSION (one of: $(echo $RELEASES)) or --list}
+if ! grep -qxF -- "$VERSION" <<<"$RELEASES"; then
+  echo "setup_sglang.sh: unsupported sglang release '$VERSION'; supported: $(echo $RELEASES)" >&2; exit 2
+fi
 CONSTRAINTS=requirements/sglang-$VERSION.txt
 VENV=.venv-sglang-$VERSION
 MARK=$VENV/.flashtree-ready
@@ -30,7 +32,7 @@ C=(-c "$CONSTRAINTS")
 # 1. torch: the CPU build (2.13.0) the constraints pin.
 "${PIP[@]}" install "${C[@]}" torch
 # 2. packages whose declared deps must not come in (CUDA builds, triton pulled twice, ...). flashmap where the
-#    constraints pin it (0.5.20, the release its sglang draft model targets; tests/patches/test_flashmap_draft.py).
+#    constraints pin it (the release its sglang draft model targets; tests/patches/test_flashmap_draft.py).
 FLASHMAP=(); grep -q '^flashmap==' "$CONSTRAINTS" && FLASHMAP=(flashmap)
 "${PIP[@]}" install "${C[@]}" --no-deps "sglang==$VERSION" xgrammar torchvision triton "${FLASHMAP[@]}"
 # 3. what sglang's server, scheduler and speculative modules import, plus the test runner. Versions: the constraints.

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Runs tests/patches under each supported sglang release's own venv (.venv-sglang-VERSION, created by
 # scripts/setup_sglang.sh when missing). Usage: bash scripts/test_patches.sh [VERSION ...] [-- pytest args]
-# Default: 0.5.17 0.5.20 0.5.23. Exit status: non-zero if any release's tests fail (all releases still run).
+# Default: every release of flashtree/patches/adapters/RELEASES. Exit status: non-zero if any release's tests fail (all releases still run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 versions=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do versions+=("$1"); shift; done
 [ "${1:-}" = "--" ] && shift
-[ ${#versions[@]} -eq 0 ] && versions=(0.5.17 0.5.20 0.5.23)
+[ ${#versions[@]} -eq 0 ] && mapfile -t versions < <(bash scripts/setup_sglang.sh --list)
 export TRITON_INTERPRET=1 PYTHONDONTWRITEBYTECODE=1
 status=0
 for v in "${versions[@]}"; do

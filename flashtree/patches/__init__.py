@@ -29,8 +29,16 @@ def register() -> None:
     install(toggles)
 
 
+# The toggles the patches in place were made for (their replacements close over them); None = nothing installed.
+_installed_for: TreeToggles | None = None
+
+
 def install(toggles: TreeToggles | None = None, environ: Mapping[str, str] | None = None) -> list[str]:
-    """Install what `toggles` (or the environment) asks for; idempotent. Returns the patch keys in place."""
+    """Install what `toggles` (or the environment) asks for. Returns the patch keys in place.
+
+    Installing the same toggles again changes nothing; other toggles than those installed reinstall (uninstall, then
+    install, logged), since the replacements in place were made for the first ones."""
+    global _installed_for
     if toggles is None:
         toggles = read_toggles(environ)
         if toggles is None:
@@ -38,6 +46,10 @@ def install(toggles: TreeToggles | None = None, environ: Mapping[str, str] | Non
     from . import installer
     from .adapters import select_adapter
 
+    if installer.installed_keys() and toggles != _installed_for:
+        logger.info("flashtree: reinstalling for %s (installed for %s)", toggles.describe(),
+                    _installed_for.describe() if _installed_for else "toggles this module did not record")
+        uninstall()
     adapter = select_adapter()  # UnsupportedRelease (SystemExit) before anything is touched
     try:
         patches = adapter.patches(toggles)
@@ -49,21 +61,26 @@ def install(toggles: TreeToggles | None = None, environ: Mapping[str, str] | Non
     try:
         installer.install(patches)
     except Exception as err:  # noqa: BLE001
-        installer.uninstall()
+        uninstall()
         raise SystemExit(f"flashtree: installing the tree patches on sglang {adapter.release} failed: {err}") from None
     problems = installer.verify(keys)
     if problems:
-        installer.uninstall()
+        uninstall()
         raise SystemExit(f"flashtree: tree patches not in place after install on sglang {adapter.release}: {'; '.join(problems)}")
+    _installed_for = toggles
     logger.info("flashtree: installed %s on sglang %s (%s)", ", ".join(keys), adapter.release, toggles.describe())
     return keys
 
 
 def uninstall() -> list[str]:
-    """Restore every sglang attribute flashtree replaced in this process."""
+    """Restore every sglang attribute flashtree replaced in this process. Raises RuntimeError, restoring nothing,
+    while another plugin's wrapper sits over one of flashtree's replacements (installer.uninstall)."""
+    global _installed_for
     from . import installer
 
-    return installer.uninstall()
+    restored = installer.uninstall()
+    _installed_for = None
+    return restored
 
 
 def installed() -> list[str]:

@@ -3,7 +3,7 @@
 A `Patch` names one attribute of one class (or module) and the replacement to put there. `install` records the exact
 object found in the owner's `__dict__` (so a staticmethod/classmethod or an inherited attribute is restored as it was),
 installs the replacement, and tags it so a second install recognises its own work and changes nothing. `uninstall`
-puts every original back. `verify` checks that every patch this process installed is still in place.
+puts every original back, and refuses while another plugin's wrapper sits over a replacement. `verify` checks that every patch this process installed is still in place.
 
 flashtree does not go through sglang's HookRegistry: the registry cannot undo a hook (its `reset` forgets hooks but
 leaves the patched attributes in place), and installs must be reversible so tests can prove they touch exactly what
@@ -13,11 +13,13 @@ they claim.
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
 _MISSING = object()
 TAG = "__flashtree_patch__"
+logger = logging.getLogger("flashtree.patches")
 
 
 @dataclass(frozen=True)
@@ -44,9 +46,13 @@ def _label(patch: Patch) -> str:
     return f"{getattr(patch.owner, '__module__', '')}.{owner}.{patch.name}".lstrip(".")
 
 
+def _function(obj: Any) -> Any:
+    """The function inside a staticmethod / classmethod wrapper (anything else as it is)."""
+    return obj.__func__ if isinstance(obj, (staticmethod, classmethod)) else obj
+
+
 def is_flashtree(obj: Any) -> bool:
-    fn = obj.__func__ if isinstance(obj, (staticmethod, classmethod)) else obj
-    return getattr(fn, TAG, None) is not None
+    return getattr(_function(obj), TAG, None) is not None
 
 
 def install(patches: list[Patch]) -> list[str]:
@@ -76,14 +82,49 @@ def install(patches: list[Patch]) -> list[str]:
     return done
 
 
+def _wraps_ours(current: Any, installed: Any) -> bool:
+    """Whether `current`, found where flashtree installed `installed`, is someone else's wrapper around it: reaches it
+    through `__wrapped__` (functools.wraps) or holds it in its closure."""
+    ours, seen = _function(installed), _function(current)
+    while seen is not None:
+        cells = getattr(seen, "__closure__", None) or ()
+        if seen is ours or any(_cell(c) is ours or _cell(c) is installed for c in cells):
+            return True
+        seen = getattr(seen, "__wrapped__", None)
+    return False
+
+
+def _cell(cell) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return None
+
+
 def uninstall() -> list[str]:
-    """Restore every original this process replaced. Returns the keys restored."""
+    """Restore every original this process replaced. Returns the keys restored.
+
+    Refuses (RuntimeError, nothing restored) while another plugin's wrapper sits over one of flashtree's replacements:
+    restoring under it would leave flashtree's code running inside that wrapper. A replacement someone else swapped
+    out without wrapping it is theirs to keep: its record is dropped with a warning, and it is not among the keys."""
+    wrapped = [
+        _label(rec.patch)
+        for rec in _records.values()
+        if (current := rec.patch.owner.__dict__.get(rec.patch.name)) is not rec.installed and _wraps_ours(current, rec.installed)
+    ]
+    if wrapped:
+        raise RuntimeError(
+            f"flashtree: cannot uninstall: another wrapper sits over flashtree's replacement of {', '.join(wrapped)}, "
+            "so flashtree's code would keep running inside it; remove that wrapper first (restore the attribute to "
+            "what it wrapped), then call flashtree.patches.uninstall() again"
+        )
     restored = []
     for key in reversed(list(_records)):
         rec = _records.pop(key)
         owner, name = rec.patch.owner, rec.patch.name
         if owner.__dict__.get(name) is not rec.installed:
-            continue  # someone else replaced it since; leave theirs
+            logger.warning("flashtree: %s was replaced by someone else after flashtree patched it; left as it is", _label(rec.patch))
+            continue
         if rec.raw_original is _MISSING:
             delattr(owner, name)
         else:
@@ -116,4 +157,4 @@ def original_of(key: str) -> Any:
     raw = rec.raw_original
     if raw is _MISSING:
         return getattr(rec.patch.owner.__mro__[1], rec.patch.name)
-    return raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+    return _function(raw)

@@ -1,18 +1,40 @@
-"""The FLASHTREE_* server toggles: read and validated here, and nowhere else.
+"""The FLASHTREE_* server toggles: declared, read and validated here, and nowhere else.
+
+Each toggle is one field of `TreeToggles`, declared with `toggle(...)`: its variable, its parser (which also says what
+it allows and how a value is written), its default, what it needs, and one doc line. The parser of `read_toggles`, the
+list of toggles that need FLASHTREE_TREE_N and the README's toggle table (`markdown_table()`, written into the README
+by `write_readme_table()`) all come from those fields.
 
 `read_toggles(environ)` returns None when no toggle is set (then flashtree leaves sglang alone), a `TreeToggles`
-otherwise. Any bad value raises `ToggleError` (a SystemExit: sglang's plugin loader swallows ordinary exceptions, and a
-server asked for trees must never come up silently as a chain) with one message naming the variable and what it
-accepts.
+otherwise. Any bad value, and any FLASHTREE_* variable that is neither a toggle nor one of `OTHER_VARIABLES`, raises
+`ToggleError` (a SystemExit: sglang's plugin loader swallows ordinary exceptions, and a server asked for trees must
+never come up silently as a chain) with one message naming the variable and what it accepts.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from typing import Callable, Mapping
 
 PREFIX = "FLASHTREE_"
+
+# FLASHTREE_* variables that flashtree reads outside the server toggles: never refused as misspelt toggles.
+OTHER_VARIABLES = {
+    "FLASHTREE_CACHE": "flashtree's model cache (flashtree/models.py, scripts/*_h200.sh)",
+    "FLASHTREE_TORCH": "scripts/setup.sh: skip = keep the venv's torch",
+    "FLASHTREE_SGLANG_REBUILD": "scripts/setup_sglang.sh: 1 = rebuild the release's venv",
+    "FLASHTREE_RESULTS": "notebooks/acceptance.ipynb: the results it reads",
+    "FLASHTREE_FIGURES": "notebooks/acceptance.ipynb: where it writes figures",
+}
+
+README = Path(__file__).with_name("README.md")
+REWRITE_TABLE = "python -c 'from flashtree.patches.toggles import write_readme_table; write_readme_table()'"
+TABLE_BEGIN = f"<!-- toggle table: generated from flashtree/patches/toggles.py; rewrite it with {REWRITE_TABLE} -->"
+TABLE_END = "<!-- end of toggle table -->"
 
 
 class ToggleError(SystemExit):
@@ -40,21 +62,188 @@ def load_for_toggle(path: str, toggle: str, off_means: str):
         ) from None
 
 
+# ---- parsers: text -> value (ValueError when invalid); `allowed` for messages and the README; `show` a value as text
+
+
+_DIGITS = re.compile(r"[0-9]+")  # plain ASCII decimal digits: int() would also take "8_0", "+8" and other scripts' digits
+_DECIMAL = re.compile(r"[0-9]+(\.[0-9]*)?|\.[0-9]+")
+
+
+@dataclass(frozen=True)
+class Ints:
+    """An integer in [lo, hi] in plain decimal digits; with `auto`, also the word 'auto' (read as 0), whose meaning
+    (derived at worker start) `auto` says."""
+
+    lo: int
+    hi: int
+    auto: str = ""
+
+    @property
+    def allowed(self) -> str:
+        ints = f"an integer from {self.lo} to {self.hi}"
+        return f"'auto' ({self.auto}) or {ints}" if self.auto else ints
+
+    def __call__(self, raw: str) -> int:
+        text = raw.strip()
+        if self.auto and text.lower() == "auto":
+            return 0
+        if not _DIGITS.fullmatch(text) or not self.lo <= int(text) <= self.hi:
+            raise ValueError
+        return int(text)
+
+    def show(self, value: int) -> str:
+        return "auto" if self.auto and value == 0 else str(value)
+
+
+@dataclass(frozen=True)
+class Number:
+    """A decimal number in (0, hi]."""
+
+    hi: float
+
+    @property
+    def allowed(self) -> str:
+        return f"a number > 0 and <= {self.hi:g} in decimal digits (e.g. 0.7)"
+
+    def __call__(self, raw: str) -> float:
+        text = raw.strip()
+        if not _DECIMAL.fullmatch(text) or not 0.0 < float(text) <= self.hi:
+            raise ValueError
+        return float(text)
+
+    def show(self, value: float) -> str:
+        return str(value)
+
+
+@dataclass(frozen=True)
+class Flag:
+    words = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+    allowed = "one of 1/0, true/false, yes/no, on/off"
+
+    def __call__(self, raw: str) -> bool:
+        try:
+            return self.words[raw.strip().lower()]
+        except KeyError:
+            raise ValueError from None
+
+    def show(self, value: bool) -> str:
+        return "1" if value else "0"
+
+
+@dataclass(frozen=True)
+class Name:
+    """One of the names `names()` returns (read when a value is checked, so the registry behind it loads lazily)."""
+
+    names: Callable[[], tuple[str, ...]]
+    what: str
+
+    @property
+    def allowed(self) -> str:
+        return f"one of the {self.what}: {', '.join(self.names())}"
+
+    def __call__(self, raw: str) -> str:
+        if raw.strip() not in self.names():
+            raise ValueError
+        return raw.strip()
+
+    def show(self, value: str) -> str:
+        return value
+
+
+def _policy_names() -> tuple[str, ...]:
+    from flashtree.tree import policy_names
+
+    return policy_names()
+
+
+# ---- the declaration
+
+
+@dataclass(frozen=True)
+class Toggle:
+    name: str  # the variable
+    parse: Ints | Number | Flag | Name
+    doc: str  # one line: what it does (the README table's last column)
+    # "set": refused without FLASHTREE_TREE_N whatever its value; "on": refused without it when not the default
+    needs_tree: str = ""
+    field: str = ""  # the TreeToggles field (filled in from the dataclass)
+    default: object = None  # ditto
+
+    @property
+    def needs(self) -> str:
+        if not self.needs_tree:
+            return ""
+        return f"`{TREE_N}`" if self.needs_tree == "set" else f"`{TREE_N}` unless {self.parse.show(self.default)}"
+
+
+TREE_N = "FLASHTREE_TREE_N"
+
+
+def toggle(name: str, parse, default, doc: str, needs_tree: str = ""):
+    """A TreeToggles field read from the variable `name`."""
+    return field(default=default, metadata={"toggle": Toggle(name, parse, doc, needs_tree)})
+
+
 @dataclass(frozen=True)
 class TreeToggles:
-    tree_n: int = 0  # max candidate blocks per request (0 = tree path off)
-    tree_width: int = 0  # W: verify tokens per request, root included (0 = auto: DSPARK's window, gamma + 1)
-    tree_depth: int = 0  # D: draft positions per candidate, the tree's max depth (0 = auto: gamma)
-    tree_budget: int = 0  # batch-wide verify-token budget; per-request width = clamp(budget // bs, 2, W) (0 = none)
-    tree_max_bs: int = 0  # decode batches of more requests run DSPARK's own chain step (0 = no limit)
-    draft_temperature: float = 1.0  # temperature of the N independent draft draws
-    draft_rows: int = 0  # rows of DSPARK's window the tree step's draft forward runs (0 = auto: all gamma; draft_rows.py)
-    splitkv_verify: bool = False  # split-KV tree-verify attention on the target's Triton backend
-    exact_verify: bool = False  # verify attention as decode rows: bitwise equal to no speculation (exact_verify.py)
-    fused_sampler: bool = False  # flashtree's fused kernels for the N draft draws (Markov draws / row sampler)
-    seed: int = 0  # seed of the draft-draw generator (per worker process)
-    stage_times: int = 0  # log the tree step's per-stage time every N steps (0 = off)
-    graph_draws: bool = True  # the N draft draws in DSPARK's captured draft graph tail (graph_draws.py); eager without graphs
+    tree_n: int = toggle(TREE_N, Ints(0, 256), 0, "candidate blocks drawn per request; 0 or unset = tree path off")
+    tree_width: int = toggle(
+        "FLASHTREE_TREE_WIDTH", Ints(2, 256, "DSPARK's verify window, gamma + 1"), 0,
+        "tree width W (root included), at most gamma + 1; a narrower tree is verified by a target graph captured at "
+        "its width (see \"Verify-token budget\")", "set")
+    tree_depth: int = toggle(
+        "FLASHTREE_TREE_DEPTH", Ints(1, 256, "DSPARK's gamma"), 0,
+        "draft positions each candidate keeps, the tree's max depth, at most gamma; below gamma the tree is wider "
+        "than its depth + 1: see \"Trees wider than the draft block\" below", "set")
+    tree_policy: str = toggle(
+        "FLASHTREE_TREE_POLICY", Name(_policy_names, "registered tree policies (flashtree.tree.policy_names())"),
+        "vote", "the tree policy that picks the W - 1 nodes of the candidates' trie (flashtree/tree/policies.py)",
+        "set")
+    tree_budget: int = toggle(
+        "FLASHTREE_TREE_BUDGET", Ints(0, 1 << 20), 0,
+        "batch-wide verify-token budget (0 = none): each request's tree gets `W_eff = clamp(budget // bs, 2, W)` "
+        "tokens from `ceil(N · W_eff / W)` candidates, verified by target graphs captured at those widths; see "
+        "\"Verify-token budget\" below", "set")
+    tree_max_bs: int = toggle(
+        "FLASHTREE_TREE_MAX_BS", Ints(0, 1 << 16), 0,
+        "decode batches of more running requests than this run DSPARK's own chain step unchanged, smaller ones the "
+        "tree step (0 = no limit); see \"Batch-size limit\" below", "set")
+    draft_rows: int = toggle(
+        "FLASHTREE_DRAFT_ROWS", Ints(1, 256, "DSPARK's gamma: the whole window"), 0,
+        "rows of DSPARK's window the tree step's draft forward runs, the first ones, from the tree depth to gamma; "
+        "below gamma through draft graphs captured at that many rows (sglang 0.5.17 only): see \"Draft rows\" below",
+        "set")
+    draft_temperature: float = toggle(
+        "FLASHTREE_DRAFT_TEMPERATURE", Number(100.0), 1.0,
+        "temperature of draws 1 … N−1 (candidate 0 is always the draft's greedy block, i.e. DSPARK's chain block)",
+        "set")
+    seed: int = toggle(
+        "FLASHTREE_SEED", Ints(0, (1 << 63) - 1), 0,
+        "seed of the draft-draw / sampled-walk generator (per worker process)", "set")
+    splitkv_verify: bool = toggle(
+        "FLASHTREE_SPLITKV_VERIFY", Flag(), False,
+        "flashtree's split-KV verify attention on the target's Triton backend; under "
+        "`--enable-deterministic-inference` its decode-order kernel, bit-equal to decode (see \"Split-KV verify "
+        "attention\")")
+    exact_verify: bool = toggle(
+        "FLASHTREE_EXACT_VERIFY", Flag(), False,
+        "verify attention as one decode row per verify token through sglang's decode kernel: under "
+        "`--enable-deterministic-inference` greedy outputs equal no speculation bit for bit (chain or tree); see "
+        "\"Exact verify\" below; not with `FLASHTREE_SPLITKV_VERIFY` (which is already exact there)")
+    fused_sampler: bool = toggle(
+        "FLASHTREE_FUSED_SAMPLER", Flag(), False,
+        "flashtree's fused kernels for the N draft draws: with sglang's vanilla Markov head, "
+        "`flashtree.sampler.markov_draws` (all K steps in K Triton launches, in the draft graph and eagerly; 2.9–5x "
+        "faster than the head's torch steps on the H200, BENCHMARKS.md section 3); other heads: the fused row sampler "
+        "per step", "on")
+    stage_times: int = toggle(
+        "FLASHTREE_STAGE_TIMES", Ints(0, 1 << 20), 0,
+        "every N tree steps (0 = off), log the mean time per stage of those steps (draft, draws, tree, verify, walk, "
+        "commit, output; CUDA events read once per N steps) and where the draws ran (graph / eager)", "set")
+    graph_draws: bool = toggle(
+        "FLASHTREE_GRAPH_DRAWS", Flag(), True,
+        "draw the N candidate blocks inside DSPARK's captured draft CUDA graph (its draft-sampler tail hook) instead "
+        "of eagerly; batches the graphs do not cover draw eagerly; see \"Graph draws\" below", "set")
 
     @property
     def tree_enabled(self) -> bool:
@@ -64,153 +253,73 @@ class TreeToggles:
         return ", ".join(f"{name}={getattr(self, name)}" for name in self.__dataclass_fields__)
 
 
-def _int_in(lo: int, hi: int) -> Callable[[str], int]:
-    def parse(raw: str) -> int:
-        value = int(raw.strip(), 10)
-        if not lo <= value <= hi:
-            raise ValueError
-        return value
-
-    parse.allowed = f"an integer from {lo} to {hi}"  # type: ignore[attr-defined]
-    return parse
-
-
-def _auto_or_int(lo: int, hi: int, auto: str) -> Callable[[str], int]:
-    """'auto' (0: derived from DSPARK's window at worker start) or an integer in [lo, hi]."""
-    ints = _int_in(lo, hi)
-
-    def parse(raw: str) -> int:
-        return 0 if raw.strip().lower() == "auto" else ints(raw)
-
-    parse.allowed = f"'auto' ({auto}) or {ints.allowed}"  # type: ignore[attr-defined]
-    return parse
-
-
-def _positive_float(raw: str) -> float:
-    value = float(raw.strip())
-    if not (0.0 < value <= 100.0) or value != value:
-        raise ValueError
-    return value
-
-
-_positive_float.allowed = "a number > 0 and <= 100 (e.g. 1.0)"  # type: ignore[attr-defined]
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
-
-def _flag(raw: str) -> bool:
-    low = raw.strip().lower()
-    if low in _TRUE:
-        return True
-    if low in _FALSE:
-        return False
-    raise ValueError
-
-
-_flag.allowed = "one of 1/0, true/false, yes/no, on/off"  # type: ignore[attr-defined]
-
-# variable -> (field, parser, help). Order is the README's order.
-TOGGLES: dict[str, tuple[str, Callable[[str], object], str]] = {
-    "FLASHTREE_TREE_N": ("tree_n", _int_in(0, 256), "max candidate blocks drawn per request; 0 or unset = tree path off"),
-    "FLASHTREE_TREE_WIDTH": (
-        "tree_width",
-        _auto_or_int(2, 256, "DSPARK's verify window, gamma + 1"),
-        "W, verify tokens per request (root included); must be <= gamma + 1",
-    ),
-    "FLASHTREE_TREE_DEPTH": (
-        "tree_depth",
-        _auto_or_int(1, 256, "DSPARK's gamma"),
-        "D, draft positions per candidate (the tree's max depth); must be <= gamma. Below gamma, trees are wider "
-        "than their depth + 1: start the server with --speculative-num-draft-tokens W --speculative-dspark-block-size "
-        "W-1 and set the draft's own block length here",
-    ),
-    "FLASHTREE_TREE_BUDGET": (
-        "tree_budget",
-        _int_in(0, 1 << 20),
-        "batch-wide verify-token budget: each request gets W_eff = clamp(budget // bs, 2, W) tree nodes and "
-        "ceil(N * W_eff / W) candidates; 0 = no budget",
-    ),
-    "FLASHTREE_TREE_MAX_BS": (
-        "tree_max_bs",
-        _int_in(0, 1 << 16),
-        "decode batches of more running requests than this run DSPARK's own chain step; 0 = no limit",
-    ),
-    "FLASHTREE_DRAFT_TEMPERATURE": (
-        "draft_temperature",
-        _positive_float,
-        "temperature of the N independent draft draws (greedy draws would all be the same block)",
-    ),
-    "FLASHTREE_DRAFT_ROWS": (
-        "draft_rows",
-        _auto_or_int(1, 256, "DSPARK's gamma: the whole window"),
-        "rows the tree step's draft forward runs per request, the window's first; from FLASHTREE_TREE_DEPTH to "
-        "gamma. Below gamma the forward runs through draft CUDA graphs captured at that many rows (sglang 0.5.17)",
-    ),
-    "FLASHTREE_SPLITKV_VERIFY": ("splitkv_verify", _flag, "split-KV tree-verify attention on the target's Triton backend"),
-    "FLASHTREE_EXACT_VERIFY": (
-        "exact_verify",
-        _flag,
-        "verify attention as one decode row per verify token, so that under --enable-deterministic-inference greedy "
-        "outputs equal no speculation bit for bit (slower; a losslessness check, not a speed mode)",
-    ),
-    "FLASHTREE_FUSED_SAMPLER": ("fused_sampler", _flag, "flashtree's fused kernels for the N draft draws"),
-    "FLASHTREE_SEED": ("seed", _int_in(0, (1 << 63) - 1), "seed of the draft-draw generator"),
-    "FLASHTREE_STAGE_TIMES": (
-        "stage_times",
-        _int_in(0, 1 << 20),
-        "log the tree step's mean per-stage time every N tree steps (0 = off)",
-    ),
-    "FLASHTREE_GRAPH_DRAWS": (
-        "graph_draws",
-        _flag,
-        "draw the N candidate blocks in DSPARK's captured draft CUDA graph tail instead of eagerly",
-    ),
+# variable -> its declaration, in TreeToggles' order (the README's order)
+TOGGLES: dict[str, Toggle] = {
+    t.name: replace(t, field=f.name, default=f.default)
+    for f in fields(TreeToggles)
+    for t in [f.metadata["toggle"]]
 }
 
-# Variables other parts of flashtree read (not server toggles); never reported as unknown.
-_NOT_TOGGLES = {"FLASHTREE_TORCH", "FLASHTREE_SGLANG_REBUILD"}
-# Families a typo would come from: FLASHTREE_TREE_NN, FLASHTREE_SPLIT_KV_VERIFY, ...
-_TOGGLE_FAMILIES = (
-    "FLASHTREE_TREE", "FLASHTREE_SPLIT", "FLASHTREE_FUSED", "FLASHTREE_DRAFT", "FLASHTREE_SEED", "FLASHTREE_STAGE",
-    "FLASHTREE_GRAPH", "FLASHTREE_EXACT",
-)
-# Set without FLASHTREE_TREE_N they would do nothing; refuse rather than ignore them.
-_NEED_TREE = ("FLASHTREE_TREE_WIDTH", "FLASHTREE_TREE_DEPTH", "FLASHTREE_TREE_BUDGET", "FLASHTREE_TREE_MAX_BS",
-              "FLASHTREE_DRAFT_TEMPERATURE", "FLASHTREE_DRAFT_ROWS", "FLASHTREE_SEED", "FLASHTREE_STAGE_TIMES",
-              "FLASHTREE_GRAPH_DRAWS")
+
+def _closest(name: str) -> str:
+    """The declared toggle nearest to `name`, comparing the words after FLASHTREE_ in order and as a set (so
+    FLASHTREE_VERIFY_SPLITKV finds FLASHTREE_SPLITKV_VERIFY)."""
+    words = name[len(PREFIX):].split("_")
+
+    def score(candidate: str) -> float:
+        theirs = candidate[len(PREFIX):].split("_")
+        in_order = difflib.SequenceMatcher(None, "_".join(words), "_".join(theirs)).ratio()
+        as_set = difflib.SequenceMatcher(None, "_".join(sorted(words)), "_".join(sorted(theirs))).ratio()
+        return max(in_order, as_set)
+
+    return max(TOGGLES, key=score)
+
+
+def _refuse_unknown(env: Mapping[str, str]) -> None:
+    for name in env:
+        if name.startswith(PREFIX) and name not in TOGGLES and name not in OTHER_VARIABLES:
+            raise ToggleError(
+                f"flashtree: unknown toggle {name} (did you mean {_closest(name)}?); allowed: the server toggles "
+                f"{', '.join(TOGGLES)} (flashtree/patches/README.md), or unset {name}"
+            )
+
+
+def _refuse_orphan(name: str, raw: str, tree_n_set: bool) -> None:
+    """`name` needs FLASHTREE_TREE_N, which is unset or 0."""
+    t, hi = TOGGLES[name], TOGGLES[TREE_N].parse.hi
+    turn_on = f"set {TREE_N} to an integer from 1 to {hi}"
+    if t.needs_tree == "set":
+        raise ToggleError(
+            f"flashtree: {name} is set but {TREE_N} is {'0' if tree_n_set else 'unset'}; allowed: {turn_on} to turn "
+            f"the tree path on, or unset {name}"
+        )
+    raise ToggleError(
+        f"flashtree: {name}={raw} only changes the tree path; allowed: {turn_on} as well, or set "
+        f"{name}={t.parse.show(t.default)}"
+    )
 
 
 def read_toggles(environ: Mapping[str, str] | None = None) -> TreeToggles | None:
     """Parse every FLASHTREE_* server toggle. None = nothing set (leave sglang alone). Raises ToggleError."""
     env = os.environ if environ is None else environ
-    present = {k: v for k, v in env.items() if k.startswith(PREFIX) and k not in _NOT_TOGGLES}
-    for name in present:
-        if name not in TOGGLES and name.startswith(_TOGGLE_FAMILIES):
-            raise ToggleError(
-                f"flashtree: unknown toggle {name}; the server toggles are {', '.join(TOGGLES)} "
-                "(see flashtree/patches/README.md)"
-            )
-    set_ = {k: v for k, v in present.items() if k in TOGGLES and v.strip() != ""}
+    _refuse_unknown(env)
+    set_ = {name: env[name] for name in TOGGLES if env.get(name, "").strip() != ""}
     if not set_:
         return None
     values: dict[str, object] = {}
     for name, raw in set_.items():
-        field, parse, _help = TOGGLES[name]
+        t = TOGGLES[name]
         try:
-            values[field] = parse(raw)
+            values[t.field] = t.parse(raw)
         except ValueError:
-            raise ToggleError(f"flashtree: {name}={raw!r} is invalid; allowed: {parse.allowed}") from None  # type: ignore[attr-defined]
+            raise ToggleError(f"flashtree: {name}={raw!r} is invalid; allowed: {t.parse.allowed}") from None
     toggles = TreeToggles(**values)  # type: ignore[arg-type]
     if not toggles.tree_enabled:
-        orphans = [name for name in _NEED_TREE if name in set_]
-        if orphans:
-            raise ToggleError(
-                f"flashtree: {orphans[0]} is set but FLASHTREE_TREE_N is {'0' if 'FLASHTREE_TREE_N' in set_ else 'unset'}; "
-                "allowed: set FLASHTREE_TREE_N to an integer from 1 to 256 to turn the tree path on, or unset "
-                f"{orphans[0]}"
-            )
-    if not (toggles.tree_enabled or toggles.splitkv_verify or toggles.exact_verify or toggles.fused_sampler):
+        for name, raw in set_.items():
+            t = TOGGLES[name]
+            if t.needs_tree == "set" or (t.needs_tree == "on" and values[t.field] != t.default):
+                _refuse_orphan(name, raw, TREE_N in set_)
+    if all(getattr(toggles, t.field) == t.default for t in TOGGLES.values() if not t.needs_tree):
         return None  # only explicit "off" values: nothing to install
     if toggles.splitkv_verify and toggles.exact_verify:
         raise ToggleError(
@@ -218,9 +327,36 @@ def read_toggles(environ: Mapping[str, str] | None = None) -> TreeToggles | None
             "attention (on an --enable-deterministic-inference server split-KV verify alone is already decode-exact); "
             "allowed: set at most one of them to 1"
         )
-    if toggles.fused_sampler and not toggles.tree_enabled:
-        raise ToggleError(
-            "flashtree: FLASHTREE_FUSED_SAMPLER=1 only changes the tree path's draft draws; allowed: set "
-            "FLASHTREE_TREE_N to an integer from 1 to 256 as well, or set FLASHTREE_FUSED_SAMPLER=0"
-        )
     return toggles
+
+
+# ---- the README's toggle table
+
+
+def markdown_table() -> str:
+    """The README's toggle table, from the declaration."""
+    rows = ["| variable | values | default | needs | what it does |", "| --- | --- | --- | --- | --- |"]
+    for t in TOGGLES.values():
+        rows.append(f"| `{t.name}` | {t.parse.allowed} | `{t.parse.show(t.default)}` | {t.needs or '–'} | {t.doc} |")
+    return "\n".join(rows)
+
+
+def _table_span(text: str) -> tuple[int, int]:
+    """Where the generated table lies in the README's text: between the two markers."""
+    return text.index(TABLE_BEGIN) + len(TABLE_BEGIN), text.index(TABLE_END)
+
+
+def readme_table(text: str) -> str:
+    begin, end = _table_span(text)
+    return text[begin:end].strip("\n")
+
+
+def write_readme_table(path: Path = README) -> bool:
+    """Rewrite the table in `path` from the declaration. Returns whether it changed."""
+    text = path.read_text()
+    begin, end = _table_span(text)
+    new = f"{text[:begin]}\n{markdown_table()}\n{text[end:]}"
+    if new != text:
+        path.write_text(new)
+    return new != text
+

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import types
 
@@ -81,6 +82,83 @@ def test_install_replaces_exactly_the_tree_attributes_and_uninstall_restores(sgl
     assert diff(before, snapshot()) == set()
 
 
+def test_install_with_other_toggles_reinstalls(monkeypatch, sglang_release, caplog):
+    """A second install with other toggles replaces the first one's patches (their replacements close over the
+    toggles they were made for) instead of keeping them silently; the same toggles again change nothing."""
+    monkeypatch.setattr("flashtree.attention.triton_verify.tree_attention_triton", lambda *a, **k: None)
+    before = snapshot()
+    patches.install(TreeToggles(splitkv_verify=True))
+    assert (T, "__init__") in diff(before, snapshot())
+    with caplog.at_level("INFO", logger="flashtree.patches"):
+        keys = patches.install(TreeToggles(tree_n=4))
+        assert "flashtree: reinstalling for tree_n=4" in caplog.text
+        assert diff(before, snapshot()) == tree_keys(sglang_release)  # split-KV's patch gone, the tree's in place
+        assert sorted(installer.installed_keys()) == sorted(keys)
+        first = snapshot()
+        assert patches.install(TreeToggles(tree_n=4, tree_max_bs=2)) == keys
+        assert diff(before, snapshot()) == tree_keys(sglang_release)
+        assert diff(first, snapshot()) == tree_keys(sglang_release), "kept the replacements made for the first toggles"
+        again = snapshot()
+        assert patches.install(TreeToggles(tree_n=4, tree_max_bs=2)) == keys and diff(again, snapshot()) == set()
+    assert caplog.text.count("reinstalling") == 2
+    patches.uninstall()
+    assert diff(before, snapshot()) == set()
+
+
+def _foreign_wrappers():
+    def with_wraps(ours):
+        @functools.wraps(ours)
+        def wrapper(*args, **kwargs):
+            return ours(*args, **kwargs)
+
+        return wrapper
+
+    def with_closure(ours):
+        def wrapper(*args, **kwargs):
+            return ours(*args, **kwargs)
+
+        return wrapper
+
+    return {"functools.wraps": with_wraps, "closure": with_closure}
+
+
+@pytest.mark.parametrize("wrap", _foreign_wrappers().values(), ids=_foreign_wrappers().keys())
+def test_uninstall_refuses_while_another_wrapper_sits_over_ours(sglang_release, wrap):
+    before = snapshot()
+    keys = patches.install(TreeToggles(tree_n=4))
+    ours = vars(owner(W))["_forward_decode"]
+    setattr(owner(W), "_forward_decode", wrap(ours))  # another plugin, after flashtree
+    installed = snapshot()
+    try:
+        with pytest.raises(RuntimeError, match=r"another wrapper sits over flashtree's replacement of "
+                           r"sglang\.srt\.speculative\.dspark_components\.dspark_worker_v2\.DSparkWorkerV2\._forward_decode"):
+            patches.uninstall()
+        assert diff(installed, snapshot()) == set() and installer.installed_keys() == keys  # nothing restored
+    finally:
+        setattr(owner(W), "_forward_decode", ours)  # that plugin removes its wrapper
+    assert sorted(patches.uninstall()) == sorted(keys)
+    assert diff(before, snapshot()) == set()
+
+
+def test_uninstall_leaves_a_foreign_replacement_and_says_so(sglang_release, caplog):
+    before = snapshot()
+    keys = patches.install(TreeToggles(tree_n=4))
+
+    def theirs(self, batch, on_publish, *args, **kwargs):  # replaces flashtree's step without calling it
+        raise AssertionError("never called")
+
+    setattr(owner(W), "_forward_decode", theirs)
+    try:
+        with caplog.at_level("WARNING", logger="flashtree.patches"):
+            restored = patches.uninstall()
+        assert sorted(restored) == sorted(set(keys) - {"DSparkWorkerV2._forward_decode"})
+        assert "DSparkWorkerV2._forward_decode was replaced by someone else after flashtree patched it" in caplog.text
+        assert vars(owner(W))["_forward_decode"] is theirs and installer.installed_keys() == []
+    finally:
+        setattr(owner(W), "_forward_decode", before[(W, "_forward_decode")])
+    assert diff(before, snapshot()) == set()
+
+
 def test_unset_toggles_change_nothing():
     before = snapshot()
     patches.register()
@@ -157,7 +235,7 @@ def test_unsupported_version_is_refused_untouched(monkeypatch):
     with pytest.raises(SystemExit) as exc:
         patches.register()
     msg = str(exc.value)
-    assert "sglang 0.5.99 is not a supported release; supported releases: 0.5.17, 0.5.20, 0.5.23" in msg
+    assert f"sglang 0.5.99 is not a supported release; supported releases: {', '.join(adapters.SUPPORTED)}" in msg
     assert diff(before, snapshot()) == set()
 
 
@@ -194,9 +272,7 @@ def test_splitkv_with_kernel_patches_triton_backend(monkeypatch, sglang_release)
         calls.append(sm_scale)
         return out
 
-    monkeypatch.setitem(
-        __import__("sys").modules, "flashtree.attention.triton_verify", types.SimpleNamespace(tree_attention_triton=tree_verify_attention)
-    )
+    monkeypatch.setattr("flashtree.attention.triton_verify.tree_attention_triton", tree_verify_attention)
     before = snapshot()
     patches.install(TreeToggles(splitkv_verify=True))
     finish = {(Q, "update_finish_state")} if sglang_release == "0.5.17" else set()  # finish.py

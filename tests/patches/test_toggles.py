@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+import typing
+from dataclasses import fields
+from pathlib import Path
 
 import pytest
 
-from flashtree.patches import ToggleError, read_toggles
+from flashtree.patches import ToggleError, TreeToggles, read_toggles, toggles
+from flashtree.patches.toggles import OTHER_VARIABLES, TOGGLES
 
 
 def test_unset_means_off():
@@ -87,10 +92,160 @@ def test_typo_and_orphans_are_refused():
         read_toggles({"FLASHTREE_TREE_WIDTH": "4"})
     with pytest.raises(SystemExit, match="FLASHTREE_TREE_MAX_BS is set but FLASHTREE_TREE_N is unset"):
         read_toggles({"FLASHTREE_TREE_MAX_BS": "8"})
+    with pytest.raises(SystemExit, match="FLASHTREE_SEED is set but FLASHTREE_TREE_N is 0"):
+        read_toggles({"FLASHTREE_TREE_N": "0", "FLASHTREE_SEED": "0"})
     with pytest.raises(SystemExit, match="unknown toggle FLASHTREE_TREE_MAXBS"):
         read_toggles({"FLASHTREE_TREE_N": "4", "FLASHTREE_TREE_MAXBS": "8"})
     with pytest.raises(SystemExit, match="FLASHTREE_FUSED_SAMPLER=1 only changes"):
         read_toggles({"FLASHTREE_FUSED_SAMPLER": "1"})
+    assert read_toggles({"FLASHTREE_FUSED_SAMPLER": "0"}) is None  # its default: nothing to refuse, nothing to do
+    with pytest.raises(SystemExit, match="FLASHTREE_SPLITKV_VERIFY=1 and FLASHTREE_EXACT_VERIFY=1 both"):
+        read_toggles({"FLASHTREE_SPLITKV_VERIFY": "1", "FLASHTREE_EXACT_VERIFY": "1"})
+    chain = read_toggles({"FLASHTREE_SPLITKV_VERIFY": "1"})  # works on DSPARK's chain, without trees
+    assert chain.splitkv_verify and not chain.tree_enabled
+
+
+@pytest.mark.parametrize(
+    "name,closest",
+    [
+        ("FLASHTREE_N", "FLASHTREE_TREE_N"),
+        ("FLASHTREE_WIDTH", "FLASHTREE_TREE_WIDTH"),
+        ("FLASHTREE_BUDGET", "FLASHTREE_TREE_BUDGET"),
+        ("FLASHTREE_MAX_BS", "FLASHTREE_TREE_MAX_BS"),
+        ("FLASHTREE_VERIFY_SPLITKV", "FLASHTREE_SPLITKV_VERIFY"),
+        ("FLASHTREE_SPLIT_KV_VERIFY", "FLASHTREE_SPLITKV_VERIFY"),
+        ("FLASHTREE_TEMPERATURE", "FLASHTREE_DRAFT_TEMPERATURE"),
+        ("FLASHTREE_POLICY", "FLASHTREE_TREE_POLICY"),
+        ("FLASHTREE_GRAPH_DRAW", "FLASHTREE_GRAPH_DRAWS"),
+        ("FLASHTREE_TREE_NN", "FLASHTREE_TREE_N"),
+    ],
+)
+def test_misspelt_names_of_any_shape_are_refused_with_the_closest_toggle(name, closest):
+    for env in ({name: "8"}, {"FLASHTREE_TREE_N": "4", name: "8"}, {name: ""}):
+        with pytest.raises(ToggleError) as exc:
+            read_toggles(env)
+        assert str(exc.value).startswith(f"flashtree: unknown toggle {name} (did you mean {closest}?); allowed: ")
+        assert "FLASHTREE_TREE_N, FLASHTREE_TREE_WIDTH" in str(exc.value)
+
+
+def test_flashtree_variables_that_are_not_toggles_are_left_alone():
+    others = {name: "x" for name in OTHER_VARIABLES}
+    assert read_toggles(others) is None
+    assert read_toggles({**others, "FLASHTREE_TREE_N": "4"}).tree_n == 4
+
+
+def test_every_flashtree_variable_the_repository_reads_is_declared():
+    """Every FLASHTREE_* name in flashtree's code, scripts, notebooks and configs is a toggle or one of
+    OTHER_VARIABLES (else a server started from those scripts would be refused), and every OTHER_VARIABLES entry is
+    still read somewhere."""
+    root = Path(__file__).resolve().parents[2]
+    found: dict[str, set[str]] = {}
+    for folder in ("flashtree", "scripts", "benchmarks", "experiments", "notebooks", "configs"):
+        for path in (root / folder).rglob("*"):
+            if path.suffix in (".py", ".sh", ".ipynb", ".yaml") and path.name != "toggles.py":
+                for name in re.findall(r"FLASHTREE_[A-Z][A-Z0-9_]*", path.read_text(errors="replace")):
+                    found.setdefault(name, set()).add(str(path.relative_to(root)))
+    undeclared = {name: sorted(where) for name, where in found.items() if name not in TOGGLES and name not in OTHER_VARIABLES}
+    assert undeclared == {}
+    assert set(OTHER_VARIABLES) <= set(found)
+
+
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("FLASHTREE_TREE_N", "8_0"),
+        ("FLASHTREE_TREE_N", "+8"),
+        ("FLASHTREE_TREE_N", "\u0668"),  # ARABIC-INDIC DIGIT EIGHT: int() reads it as 8
+        ("FLASHTREE_TREE_N", "0x8"),
+        ("FLASHTREE_TREE_N", "8 0"),
+        ("FLASHTREE_TREE_MAX_BS", "1_000"),
+        ("FLASHTREE_SEED", "1_2"),
+        ("FLASHTREE_DRAFT_TEMPERATURE", "0_7"),
+        ("FLASHTREE_DRAFT_TEMPERATURE", "nan"),
+        ("FLASHTREE_DRAFT_TEMPERATURE", "inf"),
+    ],
+)
+def test_numbers_are_plain_decimal(name, value):
+    env = {"FLASHTREE_TREE_N": "4", name: value}
+    with pytest.raises(ToggleError) as exc:
+        read_toggles(env)
+    assert str(exc.value) == f"flashtree: {name}={value!r} is invalid; allowed: {TOGGLES[name].parse.allowed}"
+
+
+@pytest.mark.parametrize(
+    "env,field,want",
+    [
+        ({"FLASHTREE_TREE_N": " 8 "}, "tree_n", 8),
+        ({"FLASHTREE_TREE_N": "008"}, "tree_n", 8),
+        ({"FLASHTREE_TREE_N": "8", "FLASHTREE_TREE_WIDTH": "AUTO"}, "tree_width", 0),
+        ({"FLASHTREE_TREE_N": "8", "FLASHTREE_DRAFT_TEMPERATURE": "0.7"}, "draft_temperature", 0.7),
+        ({"FLASHTREE_TREE_N": "8", "FLASHTREE_DRAFT_TEMPERATURE": "2"}, "draft_temperature", 2.0),
+        ({"FLASHTREE_TREE_N": "8", "FLASHTREE_DRAFT_TEMPERATURE": ".5"}, "draft_temperature", 0.5),
+        ({"FLASHTREE_TREE_N": "8", "FLASHTREE_GRAPH_DRAWS": "Off"}, "graph_draws", False),
+    ],
+)
+def test_valid_values_still_parse(env, field, want):
+    assert getattr(read_toggles(env), field) == want
+
+
+def test_every_toggle_is_one_field_and_every_field_one_toggle():
+    declared = [f for f in fields(TreeToggles) if "toggle" in f.metadata]
+    assert [f.name for f in declared] == [f.name for f in fields(TreeToggles)], "a TreeToggles field no variable sets"
+    assert [t.field for t in TOGGLES.values()] == [f.name for f in declared]
+    assert len({t.name for t in TOGGLES.values()}) == len(declared) and all(n.startswith("FLASHTREE_") for n in TOGGLES)
+    hints = typing.get_type_hints(TreeToggles)
+    for t in TOGGLES.values():
+        assert type(t.default) is hints[t.field], t.name
+        assert t.parse(t.parse.show(t.default)) == t.default, t.name  # the default, written as the README shows it
+        assert t.needs_tree in ("", "set", "on"), t.name
+        if t.name != "FLASHTREE_TREE_N":  # setting a toggle to its default changes nothing
+            assert read_toggles({"FLASHTREE_TREE_N": "4", t.name: t.parse.show(t.default)}) == TreeToggles(tree_n=4)
+    assert TreeToggles() == TreeToggles(**{t.field: t.default for t in TOGGLES.values()})
+
+
+def test_tree_policy():
+    from flashtree.tree import DEFAULT_POLICY, policy_names
+
+    assert TreeToggles().tree_policy == DEFAULT_POLICY == "vote"
+    assert read_toggles({"FLASHTREE_TREE_N": "4"}).tree_policy == DEFAULT_POLICY
+    for name in policy_names():
+        t = read_toggles({"FLASHTREE_TREE_N": "4", "FLASHTREE_TREE_POLICY": name})
+        assert t.tree_policy == name and f"tree_policy={name}" in t.describe()
+    with pytest.raises(ToggleError) as exc:
+        read_toggles({"FLASHTREE_TREE_N": "4", "FLASHTREE_TREE_POLICY": "widest"})
+    assert str(exc.value) == (
+        "flashtree: FLASHTREE_TREE_POLICY='widest' is invalid; allowed: one of the registered tree policies "
+        f"(flashtree.tree.policy_names()): {', '.join(policy_names())}"
+    )
+    with pytest.raises(ToggleError, match="FLASHTREE_TREE_POLICY is set but FLASHTREE_TREE_N is unset"):
+        read_toggles({"FLASHTREE_TREE_POLICY": "vote"})
+
+
+def test_tree_policy_reads_the_registry(monkeypatch):
+    from flashtree.tree import policies
+
+    monkeypatch.setitem(policies.POLICIES, "widest", policies.POLICIES["vote"])
+    assert read_toggles({"FLASHTREE_TREE_N": "4", "FLASHTREE_TREE_POLICY": "widest"}).tree_policy == "widest"
+    assert "vote, widest" in toggles.markdown_table()
+
+
+def test_readme_toggle_table_is_the_declaration():
+    readme = toggles.README.read_text()
+    assert toggles.readme_table(readme) == toggles.markdown_table(), (
+        f"flashtree/patches/README.md's toggle table differs from flashtree/patches/toggles.py; rewrite it with "
+        f"{toggles.REWRITE_TABLE}"
+    )
+    for t in TOGGLES.values():
+        assert f"| `{t.name}` |" in toggles.readme_table(readme)
+
+
+def test_write_readme_table_rewrites_only_the_table(tmp_path):
+    stale = toggles.README.read_text().replace("| `FLASHTREE_SEED` |", "| `FLASHTREE_OLD_SEED` |")
+    path = tmp_path / "README.md"
+    path.write_text(stale)
+    assert toggles.write_readme_table(path) is True
+    assert path.read_text() == toggles.README.read_text()
+    assert toggles.write_readme_table(path) is False
 
 
 def _run(code: str, **env) -> subprocess.CompletedProcess:

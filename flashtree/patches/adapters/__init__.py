@@ -1,18 +1,33 @@
 """Version adapters, one per supported sglang release, chosen by probing signatures (and checked against the
-installed version: signatures that match one release inside another release's wheel are not trusted)."""
+installed version: signatures that match one release inside another release's wheel are not trusted).
+
+The supported releases are the lines of RELEASES (this folder; scripts/setup_sglang.sh reads the same file); release
+X.Y.Z is adapted by the `Adapter` of module `sglang_X_Y_Z` here."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
+from pathlib import Path
 
 from ..toggles import ToggleError
 from .base import SglangAdapter
-from .sglang_0_5_17 import Adapter as Adapter0517
-from .sglang_0_5_20 import Adapter as Adapter0520
-from .sglang_0_5_23 import Adapter as Adapter0523
 
-ADAPTERS: tuple[type[SglangAdapter], ...] = (Adapter0517, Adapter0520, Adapter0523)
-SUPPORTED = tuple(a.release for a in ADAPTERS)
+RELEASES = Path(__file__).with_name("RELEASES")
+
+
+def read_releases(path: Path = RELEASES) -> tuple[str, ...]:
+    """The releases listed in `path`: one per line; '#' starts a comment."""
+    lines = (line.partition("#")[0].strip() for line in path.read_text().splitlines())
+    return tuple(line for line in lines if line)
+
+
+def adapter_module(release: str) -> str:
+    return f"{__name__}.sglang_{release.replace('.', '_')}"
+
+
+SUPPORTED = read_releases()
+ADAPTERS: tuple[type[SglangAdapter], ...] = tuple(importlib.import_module(adapter_module(r)).Adapter for r in SUPPORTED)
 
 
 class UnsupportedRelease(ToggleError):
