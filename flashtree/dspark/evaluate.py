@@ -66,7 +66,7 @@ def engine_identity(target, drafter, prompts: list[list[int]], *, n: int, width:
 def grid_markdown(run_dir) -> str:
     """The collected replay table of `run_dir` (experiments/replay.py output) as Markdown: τ over N x W, and the
     per-depth acceptance of each configuration."""
-    from flashtree.experiments.collect import collect
+    from flashtree.results.collect import collect
 
     df = collect(Path(run_dir))
     ns = sorted(df["tree.n"].unique())
