@@ -25,7 +25,7 @@ def engine_identity(target, drafter, prompts: list[list[int]], *, n: int, width:
     from tqdm.auto import tqdm
 
     from flashtree.engine import tree_generate
-    from flashtree.experiments.run import greedy_reference
+    from flashtree.engine.target import greedy_reference
 
     device = next(target.parameters()).device
     rows, steps, committed = [], 0, 0
@@ -111,7 +111,7 @@ def main(argv=None) -> int:
 
     from flashtree.datasets import encode_prompts, load_prompts
     from flashtree.drafters import load_drafter
-    from flashtree.experiments.run import stop_ids
+    from flashtree.engine.stopping import stop_ids
     from flashtree.models import load_target
 
     if args.device.startswith("cuda"):

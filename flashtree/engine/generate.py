@@ -171,6 +171,9 @@ def tree_generate(
                 f"walk='rejection' needs draft probabilities, but {type(drafter).__name__} proposed no probs (for "
                 "DSPARK: load_drafter('dspark', ..., temperature=T > 0, greedy_first=False, return_probs=True))"
             )
+        if get_policy(policy).needs_scores and proposal.probs is None:
+            raise ValueError(f"tree policy {policy!r} reads the draft's scores, but {type(drafter).__name__} "
+                             "proposed no probs; use a drafter that returns them (e.g. dspark with return_probs=True)")
         with watch("build"):
             tree = build_tree(cands, width, policy, scores=proposal.probs)
         shared = watch.take()

@@ -1,4 +1,4 @@
-"""The stop rule of a request, shared by the engine and replay: where it stops committing tokens."""
+"""The stop rule of a request, shared by the engine and replay: which tokens stop it, and where it stops committing."""
 
 from __future__ import annotations
 
@@ -17,3 +17,14 @@ def stop_end(tokens: torch.Tensor, *, prompt_len: int, max_new_tokens: int, stop
         if hit.numel():
             end = start + int(hit[0]) + 1
     return end
+
+
+def stop_ids(model, tokenizer) -> list[int]:
+    """The stop tokens of a target: its tokenizer's end-of-sequence token and its generation config's."""
+    ids = set()
+    for source in (getattr(tokenizer, "eos_token_id", None), getattr(model.generation_config, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source:
+            ids.update(int(i) for i in source)
+    return sorted(ids)

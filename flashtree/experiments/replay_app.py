@@ -30,7 +30,8 @@ def load_or_record(rc, out: Path):
 
     from flashtree.datasets import encode_prompts, load_prompts
     from flashtree.engine.replay import RECORDING_VERSION, Recording, record
-    from flashtree.experiments.run import load, make_drafter, measured_config, stop_ids
+    from flashtree.engine.stopping import stop_ids
+    from flashtree.experiments.run import load, make_drafter, measured_config
 
     key = {**measured_config(rc), "tree": None, "replay": None, "n_max": rc.replay.n_max, "v": RECORDING_VERSION}
     digest = store.config_hash(key)

@@ -9,6 +9,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from flashtree import metrics
+from flashtree.engine.stopping import stop_ids
+from flashtree.engine.target import greedy_reference
 from flashtree.experiments.config import NOT_MEASURED, RunConfig
 from flashtree.results import store
 
@@ -38,32 +40,6 @@ def _load_target(name: str, dtype: str, device: str, cache_dir: str | None, seed
 def load(cfg: RunConfig):
     t = cfg.target
     return _load_target(t.name, t.dtype, t.device, t.cache_dir, t.seed)
-
-
-def stop_ids(model, tokenizer) -> list[int]:
-    ids = set()
-    for source in (getattr(tokenizer, "eos_token_id", None), getattr(model.generation_config, "eos_token_id", None)):
-        if isinstance(source, int):
-            ids.add(source)
-        elif source:
-            ids.update(int(i) for i in source)
-    return sorted(ids)
-
-
-def greedy_reference(model, input_ids, max_new_tokens: int, stop: list[int] | None):
-    """The target's own greedy decoding (prompt included), as plain `generate` returns it."""
-    import torch
-
-    with torch.no_grad():
-        out = model.generate(
-            input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            eos_token_id=stop or None,
-            pad_token_id=(stop or [0])[0],
-        )
-    return out
 
 
 def make_drafter(cfg: RunConfig, model, reference=None):

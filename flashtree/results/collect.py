@@ -3,8 +3,8 @@
 The table is derived from the runs' summary.json files, so it can be rebuilt at any time:
     python -m flashtree.results.collect multirun/<name>
 
-Sweeps, replay and live runs land in it alike (column `mode`: absent for direct sweeps, "replay", "live"); rows are
-grouped by dataset, target, drafter, tree policy, N, W and seed. `load_results` reads one or more such tables for the
+Sweeps, replay and live runs land in it alike (column `mode`: direct, replay, live); rows are sorted by dataset,
+target, drafter, tree policy, N, W and seed. `load_results` reads one or more such tables for the
 notebook.
 """
 

@@ -12,9 +12,10 @@ with None entries up to the request's token count; sglang adds `completion_token
      "wall_time_s": 0.61}
 Each request is one unit of the table (column `prompt` = its index in the list), as one prompt is in a sweep.
 
-`config`: the run's parameters, flat (`{"tree.n": 8, "tree.width": 16}`) or nested (`{"tree": {"n": 8}}`), with the
-keys a sweep's table shows: `dataset.name`, `target.name`, `drafter.name`, `tree.n`, `tree.width`, `tree.policy`
-(default: the trie vote) and whatever else the live app varies (concurrency, toggles).
+`config`: the run's parameters, flat (`{"tree.n": 8, "tree.width": 16}`), nested (`{"tree": {"n": 8}}`) or a config
+dataclass (nested as `dataclasses.asdict` does), with the keys a sweep's table shows: `dataset.name`, `target.name`,
+`drafter.name`, `tree.n`, `tree.width`, `tree.policy` (default: the trie vote) and whatever else the live app varies
+(concurrency, toggles).
 
 What the server does not report is left unknown in the steps table: `oracle_len` NaN (so `tau_oracle` is NaN),
 `accepted_path` and `accepted_depth_votes` None, every `time_<stage>_s` NaN (the server's stage timer logs per step,
@@ -27,6 +28,7 @@ wall time; at concurrency c the server's aggregate is about c times it), plus `v
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -47,12 +49,16 @@ def _stats_rows(request: dict) -> list[list[int]]:
     return [[int(v) for v in row] for row in rows if row is not None]
 
 
-def _params(config: dict) -> dict:
+def _as_dict(config) -> dict:
+    return dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
+
+
+def _params(config) -> dict:
     """Flat `group.key` parameters of a live run, the tree policy always among them."""
-    return {"tree.policy": DEFAULT_POLICY, **store.flatten(dict(config))}
+    return {"tree.policy": DEFAULT_POLICY, **store.flatten(_as_dict(config))}
 
 
-def live_steps(requests: list[dict], config: dict) -> pd.DataFrame:
+def live_steps(requests: list[dict], config) -> pd.DataFrame:
     """The steps table (flashtree.metrics.STEP_COLUMNS, as a sweep's steps.parquet) of a live run's requests."""
     policy = _params(config)["tree.policy"]
     unknown_times = {f"time_{s}_s": math.nan for s in metrics.STAGES}
@@ -81,7 +87,7 @@ def live_prompts(requests: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(metrics.PROMPT_COLUMNS))
 
 
-def live_summary(requests: list[dict], config: dict, *, k: int) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+def live_tables(requests: list[dict], config, *, k: int) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """(steps, prompts, summary) of a live run; `k`: the deepest a tree can accept (the draft block the trees are
     built from), the length of the per-depth lists."""
     steps, prompts = live_steps(requests, config), live_prompts(requests)
@@ -95,10 +101,10 @@ def live_summary(requests: list[dict], config: dict, *, k: int) -> tuple[pd.Data
     return steps, prompts, summary
 
 
-def write_live_run(run_dir, requests: list[dict], config: dict, *, k: int, label: str) -> dict:
+def write_live_run(run_dir, requests: list[dict], config, *, k: int, label: str) -> dict:
     """Store a live run in `run_dir` as a sweep run is stored (steps.parquet, prompts.parquet, summary.json), so
     `flashtree.results.collect` gathers it with sweeps; returns its summary."""
-    steps, prompts, summary = live_summary(requests, config, k=k)
+    steps, prompts, summary = live_tables(requests, config, k=k)
     params = _params(config)
     head = {"label": label, "config_hash": store.config_hash({**params, "mode": "live"}), **summary}
-    return store.write_run(Path(run_dir), steps, prompts, head, params=params, config=dict(config))
+    return store.write_run(Path(run_dir), steps, prompts, head, params=params, config=_as_dict(config))

@@ -86,3 +86,18 @@ def test_replay_refuses_a_policy_that_reads_draft_scores(monkeypatch):
     check_replayable("vote")
     with pytest.raises(ValueError, match="policy 'scored' reads the draft's scores"):
         check_replayable("scored")
+
+
+def test_a_policy_that_reads_scores_needs_a_drafter_that_proposes_them(tiny, monkeypatch):
+    model, prompt, ref = tiny
+    seen = []
+
+    def build(candidates, width, scores):
+        seen.append(scores)
+        return build_vote_tree(candidates, width)
+
+    monkeypatch.setitem(POLICIES, "scored", Policy("scored", build, True, "reads scores"))
+    drafter = OracleDrafter([ref.tolist()], model.config.vocab_size, k=4)  # proposes tokens only
+    with pytest.raises(ValueError, match="'scored' reads the draft's scores, but OracleDrafter proposed no probs"):
+        tree_generate(model, drafter, prompt, n=4, width=8, max_new_tokens=NEW, policy="scored")
+    assert seen == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pandas as pd
@@ -75,3 +76,21 @@ def test_a_request_without_tree_rows_counts_as_a_prompt_with_no_steps(tmp_path):
     summary = write_live_run(tmp_path / "r", [REQUESTS[0], chain_only], CONFIG, k=8, label="r")
     assert summary["prompts"] == 2 and summary["steps"] == 3
     assert pd.read_parquet(tmp_path / "r" / store.PROMPTS)["steps"].tolist() == [3, 0]
+
+
+def test_config_may_be_the_live_apps_dataclass(tmp_path):
+    @dataclasses.dataclass
+    class Tree:
+        n: int = 8
+        width: int = 16
+        policy: str = "vote"
+
+    @dataclasses.dataclass
+    class Live:
+        tree: Tree = dataclasses.field(default_factory=Tree)
+        concurrency: int = 8
+
+    summary = write_live_run(tmp_path / "d", REQUESTS, Live(), k=8, label="d")
+    assert {k: summary["params"][k] for k in ("tree.n", "tree.width", "tree.policy", "concurrency")} == {
+        "tree.n": 8, "tree.width": 16, "tree.policy": "vote", "concurrency": 8}
+    assert summary["config"] == {"tree": {"n": 8, "width": 16, "policy": "vote"}, "concurrency": 8}
