@@ -7,7 +7,9 @@ acceptance per depth
                     conditional: P(depth d accepted | depth d-1 accepted) = #(accept_len >= d) / #(accept_len >= d-1).
 oracle τ            1 + mean oracle_len: τ had the tree kept every node of the N candidates (W unbounded).
 tokens/s            new tokens / generation wall time, summed over prompts (the untimed warm-up excluded).
-stage time          mean seconds per verify step spent in each engine stage (draft, build, verify, walk, commit).
+stage time          mean seconds per verify step spent in each stage of STAGES, the one stage vocabulary of the engine
+                    and the live server's timer (the engine times draft, build, verify, walk, commit; a stage a run
+                    does not time is NaN).
 CIs                 95% confidence intervals across prompts: every pooled figure above is a ratio Σ_i a_i / Σ_i b_i
                     over prompts i; its interval is the ratio ± t(0.975, n-1) · SE, SE from the linearised
                     (cluster) ratio estimator, so prompts, not steps, are the independent units.
@@ -24,13 +26,14 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-STEPS_SCHEMA_VERSION = 1
-STAGES = ("draft", "build", "verify", "walk", "commit")
+STEPS_SCHEMA_VERSION = 2
+STAGES = ("draft", "draws", "build", "verify", "walk", "commit", "output")
 STEP_COLUMNS = (
     "prompt",  # prompt index within the dataset slice
     "request",  # row in the engine batch
     "step",  # verify step within the prompt's generation
     "position",  # committed tokens before the step
+    "policy",  # the tree policy that built the step's tree (flashtree.tree.policies)
     "candidates",  # N drawn
     "distinct_candidates",
     "tree_size",  # valid non-root nodes (<= W - 1)
@@ -41,6 +44,8 @@ STEP_COLUMNS = (
     "accepted_depth_votes",  # list[int] votes of the accepted nodes
     *(f"time_{s}_s" for s in STAGES),
 )
+INT_COLUMNS = ("prompt", "request", "step", "position", "candidates", "distinct_candidates", "tree_size", "accept_len",
+               "committed", "oracle_len")
 PROMPT_COLUMNS = ("prompt", "prompt_tokens", "new_tokens", "steps", "wall_time_s")
 SCHEMA_KEY = b"flashtree.steps_schema_version"
 
@@ -54,6 +59,7 @@ def step_rows(records: Iterable, prompt: int) -> list[dict]:
             "request": r.request,
             "step": r.step,
             "position": r.position,
+            "policy": r.policy,
             "candidates": r.candidates,
             "distinct_candidates": r.distinct_candidates,
             "tree_size": r.tree_size,
@@ -70,10 +76,10 @@ def step_rows(records: Iterable, prompt: int) -> list[dict]:
 
 
 def steps_frame(rows: list[dict]) -> pd.DataFrame:
-    """The steps table with its fixed column order and dtypes (an empty run still has every column)."""
+    """The steps table with its fixed column order and dtypes (an empty run still has every column). An integer
+    column a source cannot fill (NaN: e.g. oracle_len of a live server) stays float."""
     df = pd.DataFrame(rows, columns=list(STEP_COLUMNS))
-    ints = [c for c in STEP_COLUMNS[:10]]
-    return df.astype({c: "int64" for c in ints})
+    return df.astype({c: "int64" for c in INT_COLUMNS if df[c].notna().all()})
 
 
 def write_steps(df: pd.DataFrame, path) -> None:
@@ -126,7 +132,8 @@ def summarize(steps: pd.DataFrame, prompts: pd.DataFrame, k: int) -> dict:
     """Every scalar and per-depth metric of one run (one configuration over its prompts)."""
     n_steps = _per_prompt(steps, prompts, pd.Series(1, index=steps.index))
     tau, tau_lo, tau_hi = ratio_ci(_per_prompt(steps, prompts, steps["committed"]), n_steps)
-    oracle = ratio_ci(_per_prompt(steps, prompts, steps["oracle_len"] + 1), n_steps)[0]
+    known_oracle = steps["oracle_len"].notna().all()
+    oracle = ratio_ci(_per_prompt(steps, prompts, steps["oracle_len"] + 1), n_steps)[0] if known_oracle else math.nan
     tps, tps_lo, tps_hi = ratio_ci(prompts["new_tokens"].to_numpy(), prompts["wall_time_s"].to_numpy())
 
     accept, accept_lo, accept_hi, reach = [], [], [], []
@@ -165,7 +172,3 @@ def summarize(steps: pd.DataFrame, prompts: pd.DataFrame, k: int) -> dict:
         out[f"time_{s}_s"] = float(col.mean()) if total_steps and col.notna().any() else math.nan
     return out
 
-
-def tau_of(steps: pd.DataFrame) -> float:
-    """τ of a steps table (pooled), for quick checks."""
-    return float(steps["committed"].sum() / len(steps)) if len(steps) else math.nan

@@ -18,7 +18,7 @@ export WANDB_SILENT=${WANDB_SILENT:-true}
 SWEEP=multirun/$NAME
 echo
 echo "figures:"
-MPLBACKEND=Agg "$PY" -m flashtree.experiments.plots "$SWEEP"
+MPLBACKEND=Agg "$PY" -m flashtree.results.plots "$SWEEP"
 echo
 echo "W&B offline runs (wandb sync <dir> uploads one):"
 find "$SWEEP" -maxdepth 3 -type d -name 'offline-run-*' | sort

@@ -25,7 +25,7 @@ def engine_identity(target, drafter, prompts: list[list[int]], *, n: int, width:
     from tqdm.auto import tqdm
 
     from flashtree.engine import tree_generate
-    from flashtree.experiments.run import greedy_reference
+    from flashtree.engine.target import greedy_reference
 
     device = next(target.parameters()).device
     rows, steps, committed = [], 0, 0
@@ -66,7 +66,7 @@ def engine_identity(target, drafter, prompts: list[list[int]], *, n: int, width:
 def grid_markdown(run_dir) -> str:
     """The collected replay table of `run_dir` (experiments/replay.py output) as Markdown: τ over N x W, and the
     per-depth acceptance of each configuration."""
-    from flashtree.experiments.collect import collect
+    from flashtree.results.collect import collect
 
     df = collect(Path(run_dir))
     ns = sorted(df["tree.n"].unique())
@@ -111,7 +111,7 @@ def main(argv=None) -> int:
 
     from flashtree.datasets import encode_prompts, load_prompts
     from flashtree.drafters import load_drafter
-    from flashtree.experiments.run import stop_ids
+    from flashtree.engine.stopping import stop_ids
     from flashtree.models import load_target
 
     if args.device.startswith("cuda"):

@@ -44,7 +44,7 @@ def default_mask_token(tokenizer, vocab_size: int) -> int:
 
 
 def stop_token_ids(target, tokenizer) -> list[int]:
-    from flashtree.experiments.run import stop_ids
+    from flashtree.engine.stopping import stop_ids
 
     return stop_ids(target, tokenizer)
 

@@ -1,6 +1,6 @@
 """`tree_generate`: tree speculative decoding with a Hugging Face target and a flashtree drafter.
 
-Each step: the drafter proposes N blocks of K tokens per request -> the vote tree keeps W - 1 nodes -> one target
+Each step: the drafter proposes N blocks of K tokens per request -> the tree policy keeps W - 1 nodes -> one target
 forward verifies root + nodes under the tree mask -> the walk accepts a path -> the cache keeps exactly the committed
 tokens' KV (crop and reorder; the prefix is never recomputed). Drafting is batched over requests; the target runs
 one request per forward, each with its own cache, so requests of different lengths need no padding.
@@ -14,9 +14,10 @@ from contextlib import contextmanager
 import torch
 
 from ..drafters.base import DraftState, Drafter
-from ..tree import (VoteTree, ancestor_mask, build_vote_tree, tree_positions, verify_greedy, verify_rejection,
-                    verify_sampled)
-from .records import GenerateResult, StepRecord
+from ..tree import (DEFAULT_POLICY, VerifyResult, VoteTree, ancestor_mask, build_tree, get_policy, tree_positions,
+                    verify_greedy, verify_rejection, verify_sampled)
+from .records import GenerateResult, step_record
+from .stopping import stop_end
 from .target import context_limit, keep_in_cache, prefill, verify_forward
 
 
@@ -71,7 +72,8 @@ def _as_rows(input_ids) -> list[torch.Tensor]:
 WALKS = ("target", "rejection")
 
 
-def _check(target, drafter: Drafter, rows, n, width, max_new_tokens, temperature, walk) -> None:
+def _check(target, drafter: Drafter, rows, n, width, max_new_tokens, temperature, walk, policy) -> None:
+    get_policy(policy)  # UnknownPolicy (a ValueError) lists the registered names
     if walk not in WALKS:
         raise ValueError(f"walk must be one of {WALKS}, got {walk!r}")
     if walk == "rejection" and (n != 1 or temperature <= 0):
@@ -132,16 +134,18 @@ def tree_generate(
     stop_token_ids=None,
     pad_token_id: int | None = None,
     walk: str = "target",
+    policy: str = DEFAULT_POLICY,
 ) -> GenerateResult:
     """Generate up to `max_new_tokens` per prompt. `input_ids`: (L,), (bs, L) or a list of token lists.
 
     Greedy (temperature 0) output equals the target's own greedy decoding token for token; sampled output is
     distributed as the target's own sampling with the same temperature / top-k / top-p. `walk` picks the sampled
     walk: "target" (the target-only tree walk, any N) or "rejection" (chain speculative sampling against the draft's
-    probabilities: n == 1, temperature > 0, and a drafter whose proposals carry `probs`).
+    probabilities: n == 1, temperature > 0, and a drafter whose proposals carry `probs`). `policy` names the tree
+    policy (flashtree.tree.policies) that builds each step's tree; it reads the proposal's `probs` as its scores.
     """
     rows = _as_rows(input_ids)
-    _check(target, drafter, rows, n, width, max_new_tokens, temperature, walk)
+    _check(target, drafter, rows, n, width, max_new_tokens, temperature, walk, policy)
     device = next(target.parameters()).device
     stops = torch.tensor(sorted(set(stop_token_ids or ())), dtype=torch.long, device=device)
     layers = tuple(drafter.hidden_layers)
@@ -155,8 +159,7 @@ def tree_generate(
         r.hidden = {i: (out.hidden[i][0] if out else torch.empty(0, hidden_size, device=device)) for i in layers}
     drafter.start(_draft_state(reqs, layers, device))
 
-    steps: list[StepRecord] = []
-    drawn: list[torch.Tensor] = []  # each record's candidate blocks, for the oracle measure
+    taken = []  # per request step: (request, step, position, its tree, candidates, walk result, stage times)
     step = 0
     while not all(r.done for r in reqs):
         with watch("draft"):
@@ -168,24 +171,27 @@ def tree_generate(
                 f"walk='rejection' needs draft probabilities, but {type(drafter).__name__} proposed no probs (for "
                 "DSPARK: load_drafter('dspark', ..., temperature=T > 0, greedy_first=False, return_probs=True))"
             )
+        if get_policy(policy).needs_scores and proposal.probs is None:
+            raise ValueError(f"tree policy {policy!r} reads the draft's scores, but {type(drafter).__name__} "
+                             "proposed no probs; use a drafter that returns them (e.g. dspark with return_probs=True)")
         with watch("build"):
-            tree = build_vote_tree(cands, width)
+            tree = build_tree(cands, width, policy, scores=proposal.probs)
         shared = watch.take()
         for b, r in enumerate(reqs):
             if r.done:
                 continue
             probs = None if draft_probs is None else draft_probs[b : b + 1, 0]
-            rec = _step_one(target, r, b, _row(tree, b), probs, layers, temperature, top_k, top_p, generator, watch)
-            rec.step, rec.time_s = step, {**shared, **watch.take()}
-            rec.candidates, rec.distinct_candidates = n, int(torch.unique(cands[b], dim=0).shape[0])
-            steps.append(rec)
-            drawn.append(cands[b])
-            _truncate(r, rec.position, stops, max_new_tokens)
+            row = _row(tree, b)
+            position = r.tokens.numel()
+            res = _step_one(target, r, row, probs, layers, temperature, top_k, top_p, generator, watch)
+            taken.append((b, step, position, row, cands[b], res, {**shared, **watch.take()}))
+            _truncate(r, position, stops, max_new_tokens)
         drafter.advance(_draft_state(reqs, layers, device))
         step += 1
 
-    for rec, c in zip(steps, drawn):
-        rec.oracle_len = oracle_len(c, reqs[rec.request].tokens[rec.position :], rec.accept_len)
+    # Built once the requests are done: the oracle measure reads what each request committed after the step.
+    steps = [step_record(row, c, res, reqs[b].tokens[pos:], request=b, step=i, position=pos, policy=policy,
+                         time_s=times) for b, i, pos, row, c, res, times in taken]
     return GenerateResult(
         sequences=_pad_rows([r.tokens for r in reqs], pad_token_id, target),
         acceptance_length=sum(s.accept_len + 1 for s in steps) / max(len(steps), 1),
@@ -201,9 +207,10 @@ def _row(tree: VoteTree, b: int) -> VoteTree:
     return VoteTree(**{f: getattr(tree, f)[b : b + 1] for f in fields}, k=tree.k)
 
 
-def _step_one(target, r: _Request, b, tree, draft_probs, layers, temperature, top_k, top_p, generator,
-              watch) -> StepRecord:
-    """One verify step of request b. draft_probs (1, K, V): rejection-sample the chain (N = 1) against them."""
+def _step_one(target, r: _Request, tree, draft_probs, layers, temperature, top_k, top_p, generator,
+              watch) -> VerifyResult:
+    """One verify step of request r, committed into its state. draft_probs (1, K, V): rejection-sample the chain
+    (N = 1) against them."""
     prefix = r.cache.get_seq_length()
     with watch("verify"):
         ids = torch.cat([r.tokens[-1:], tree.tokens[0]]).view(1, -1)  # the anchor is the root
@@ -226,42 +233,16 @@ def _step_one(target, r: _Request, b, tree, draft_probs, layers, temperature, to
             r.hidden[i] = torch.cat([r.hidden[i], out.hidden[i][0, path]])
         r.new_from = r.tokens.numel()
         r.tokens = torch.cat([r.tokens, res.tokens[0, : a + 1]])
-    return StepRecord(
-        request=b,
-        step=0,
-        position=r.new_from,
-        candidates=0,
-        distinct_candidates=0,
-        tree_size=int(tree.valid.sum()),
-        accept_len=a,
-        accepted_path=tuple(path[1:].tolist()),
-        accepted_depth_votes=tuple(tree.votes[0, path[1:] - 1].tolist()),
-        oracle_len=0,
-    )
+    return res
 
 
 def _truncate(r: _Request, first_new: int, stops: torch.Tensor, max_new_tokens: int) -> None:
-    """End the request at its first stop token or at max_new_tokens, dropping what was committed past that."""
-    end = r.prompt_len + max_new_tokens
-    if stops.numel():
-        hit = torch.isin(r.tokens[first_new:], stops).nonzero()
-        if hit.numel():
-            end = min(end, first_new + int(hit[0]) + 1)
+    """End the request by the stop rule, dropping what was committed past its end."""
+    end = stop_end(r.tokens, prompt_len=r.prompt_len, max_new_tokens=max_new_tokens, stop_ids=stops, start=first_new)
     if r.tokens.numel() >= end:
         r.tokens = r.tokens[:end]
         r.hidden = {i: h[: end - 1] for i, h in r.hidden.items()}  # hidden states exist for tokens with KV
         r.done = True
-
-
-def oracle_len(cands: torch.Tensor, continuation: torch.Tensor, accept_len: int) -> int:
-    """Longest prefix of the committed continuation that any of the (N, K) candidates matches: the accept length of
-    the union of all N (W unbounded). That union contains the tree, so it is at least `accept_len`; near the end of a
-    request the continuation is cut at max_new_tokens and would otherwise undercount it."""
-    k = min(cands.shape[1], continuation.numel())
-    if k == 0:
-        return accept_len
-    match = torch.cumprod((cands[:, :k] == continuation[:k]).to(torch.int32), dim=1)
-    return max(accept_len, int(match.sum(dim=1).max()))
 
 
 def _pad_rows(rows: list[torch.Tensor], pad_token_id: int | None, target) -> torch.Tensor:

@@ -1,10 +1,16 @@
-"""Per-step records and the result of one `tree_generate` call: the plain data the experiment layer consumes."""
+"""Per-step records and the result of one `tree_generate` call: the plain data the results layer consumes.
+
+`step_record` is the one place a StepRecord is built from a step's tree, candidates and walk: the engine and replay
+both call it, so a replayed step and a direct one are the same record by construction.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import torch
+
+from ..tree import VerifyResult, VoteTree
 
 
 @dataclass
@@ -14,6 +20,7 @@ class StepRecord:
     request: int  # row in the batch
     step: int  # verify step index within the generation (0-based)
     position: int  # committed tokens before the step (the anchor's index + 1)
+    policy: str  # the tree policy that built the step's tree
     candidates: int  # candidate blocks drawn (N)
     distinct_candidates: int  # distinct blocks among them
     tree_size: int  # valid non-root nodes in the verify tree (<= W - 1)
@@ -21,7 +28,7 @@ class StepRecord:
     accepted_path: tuple[int, ...]  # accepted node indices, root excluded
     accepted_depth_votes: tuple[int, ...]  # votes of each accepted node
     oracle_len: int  # longest prefix of the target's choice matched by any of the N candidates (W unbounded)
-    time_s: dict[str, float] = field(default_factory=dict)  # per-stage wall time: draft, build, verify, walk, commit
+    time_s: dict[str, float] = field(default_factory=dict)  # per-stage wall time, stages of flashtree.metrics.STAGES
 
 
 @dataclass
@@ -32,3 +39,36 @@ class GenerateResult:
     new_tokens: list[int]  # generated tokens per request
     prompt_lengths: list[int]
     wall_time_s: float
+
+
+def step_record(tree: VoteTree, candidates: torch.Tensor, result: VerifyResult, continuation: torch.Tensor, *,
+                request: int, step: int, position: int, policy: str, time_s: dict | None = None) -> StepRecord:
+    """The record of one request's step: `tree` and `result` hold that request alone (batch row 0), `candidates`
+    (N, K) its drawn blocks, `continuation` the tokens the request committed from `position` on (for the oracle)."""
+    a = int(result.accept_len[0])
+    path = result.path[0, 1 : a + 1]  # accepted node indices, root excluded
+    return StepRecord(
+        request=request,
+        step=step,
+        position=position,
+        policy=policy,
+        candidates=candidates.shape[0],
+        distinct_candidates=int(torch.unique(candidates, dim=0).shape[0]),
+        tree_size=int(tree.valid.sum()),
+        accept_len=a,
+        accepted_path=tuple(path.tolist()),
+        accepted_depth_votes=tuple(tree.votes[0, path - 1].tolist()),
+        oracle_len=oracle_len(candidates, continuation, a),
+        time_s=dict(time_s or {}),
+    )
+
+
+def oracle_len(cands: torch.Tensor, continuation: torch.Tensor, accept_len: int) -> int:
+    """Longest prefix of the committed continuation that any of the (N, K) candidates matches: the accept length of
+    the union of all N (W unbounded). That union contains the tree, so it is at least `accept_len`; near the end of a
+    request the continuation is cut at max_new_tokens and would otherwise undercount it."""
+    k = min(cands.shape[1], continuation.numel())
+    if k == 0:
+        return accept_len
+    match = torch.cumprod((cands[:, :k] == continuation[:k]).to(torch.int32), dim=1)
+    return max(accept_len, int(match.sum(dim=1).max()))

@@ -1,4 +1,5 @@
-"""The target side of a tree step on a Hugging Face causal LM: prefill, tree-masked verify, KV crop and reorder."""
+"""The target side of a tree step on a Hugging Face causal LM: prefill, tree-masked verify, KV crop and reorder; and
+the target's own greedy decoding, the reference every greedy run must equal."""
 
 from __future__ import annotations
 
@@ -69,3 +70,17 @@ def keep_in_cache(cache: DynamicCache, prefix: int, window_keep: torch.Tensor) -
     for layer in cache.layers:
         layer.keys = layer.keys.index_select(2, idx.to(layer.keys.device))
         layer.values = layer.values.index_select(2, idx.to(layer.values.device))
+
+
+def greedy_reference(model, input_ids, max_new_tokens: int, stop: list[int] | None):
+    """The target's own greedy decoding (prompt included), as plain `generate` returns it."""
+    with torch.no_grad():
+        out = model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=stop or None,
+            pad_token_id=(stop or [0])[0],
+        )
+    return out

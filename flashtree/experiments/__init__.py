@@ -1,1 +1,1 @@
-"""Experiment layer: Hydra configs, one-run logic, collected tables, W&B logging, trace replay."""
+"""Hydra glue of the experiment apps: structured configs, the sweep and replay job functions, the sweep callback."""

@@ -8,15 +8,15 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from flashtree.experiments import records
 from flashtree.experiments.config import ConfigError, to_run_config
+from flashtree.results import store
 
 
 def params_of(cfg) -> dict:
     """Flat `group.key` parameters of a run (what the collected table and W&B config show), logger excluded."""
     d = dataclasses.asdict(cfg)
     d.pop("logger")
-    return records.flatten(d)
+    return store.flatten(d)
 
 
 def run_job(cfg: DictConfig) -> float:
@@ -24,9 +24,8 @@ def run_job(cfg: DictConfig) -> float:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from flashtree.experiments.collect import collect
-
     from flashtree.experiments.run import objective, run_configuration
+    from flashtree.results.collect import collect
 
     hc = HydraConfig.get()
     try:

@@ -36,7 +36,7 @@ class SweepCallback(Callback):
         print(f"[flashtree] sweep: {self.done}{total} jobs ended here", flush=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from flashtree.experiments.collect import COLLECTED, collect, format_table
+        from flashtree.results.collect import COLLECTED, collect, format_table
 
         sweep_dir = Path(config.hydra.sweep.dir)
         df = collect(sweep_dir)

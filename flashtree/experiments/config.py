@@ -12,6 +12,8 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
+from flashtree.tree import DEFAULT_POLICY, UnknownPolicy, get_policy
+
 WANDB_MODES = ("online", "offline", "disabled")
 DTYPES = ("float32", "bfloat16", "float16")
 OBJECTIVE_METRICS = ("tokens_per_s", "tau", "tau_oracle")
@@ -62,15 +64,20 @@ class DrafterConfig:
 class TreeConfig:
     n: int = 4  # N: candidate blocks drawn per step (1 = chain speculative decoding)
     width: int = 8  # W: verify tokens per step, the root included
+    policy: str = DEFAULT_POLICY  # the tree policy that keeps W - 1 nodes (flashtree.tree.policies; vote = trie vote)
 
     def __post_init__(self) -> None:
         _check(self.n >= 1, "tree.n", self.n, "the candidate count N must be >= 1 (N=1 is the chain)")
         _check(self.width >= 2, "tree.width", self.width, "the verify width W must be >= 2 (the root plus >= 1 node)")
+        try:
+            get_policy(self.policy)
+        except UnknownPolicy as exc:
+            raise ConfigError(f"tree.policy={self.policy!r}: {exc}") from None
 
 
 @dataclass
 class DatasetConfig:
-    name: str = "builtin"  # builtin, mtbench, humaneval, gsm8k, sharegpt
+    name: str = "builtin"  # builtin, mt-bench, humaneval, gsm8k, sharegpt
     limit: Optional[int] = None  # first `limit` prompts
     split: Optional[str] = None  # gsm8k only: first_half / second_half
     chat: bool = True  # apply the model's chat template
@@ -165,6 +172,12 @@ class ReplayRunConfig(RunConfig):
     def __post_init__(self) -> None:
         _check(self.engine.temperature == 0, "engine.temperature", self.engine.temperature,
                "replay reproduces greedy (temperature 0) runs only; sample with experiments/sweep.py")
+        from flashtree.engine.replay import check_replayable
+
+        try:
+            check_replayable(self.tree.policy)
+        except ValueError as exc:
+            raise ConfigError(f"tree.policy={self.tree.policy!r}: {exc}") from None
 
 
 # Keys that change where results live or how they are shown, not what is measured: left out of the config hash.

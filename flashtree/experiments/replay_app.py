@@ -17,9 +17,9 @@ import torch
 from omegaconf import DictConfig
 
 from flashtree import metrics
-from flashtree.experiments import records
 from flashtree.experiments.app import params_of
 from flashtree.experiments.config import ConfigError, to_run_config
+from flashtree.results import store
 
 RECORDING = "recording.pt"
 
@@ -29,11 +29,12 @@ def load_or_record(rc, out: Path):
     from tqdm.auto import tqdm
 
     from flashtree.datasets import encode_prompts, load_prompts
-    from flashtree.experiments.replay import RECORDING_VERSION, Recording, record
-    from flashtree.experiments.run import load, make_drafter, measured_config, stop_ids
+    from flashtree.engine.replay import RECORDING_VERSION, Recording, record
+    from flashtree.engine.stopping import stop_ids
+    from flashtree.experiments.run import load, make_drafter, measured_config
 
     key = {**measured_config(rc), "tree": None, "replay": None, "n_max": rc.replay.n_max, "v": RECORDING_VERSION}
-    digest = records.config_hash(key)
+    digest = store.config_hash(key)
     path = out / RECORDING
     if path.is_file():
         saved = torch.load(path, weights_only=False)
@@ -75,7 +76,7 @@ def write_config(rc, out: Path, n: int, w: int, steps_per_prompt, recs) -> dict:
     ], columns=list(metrics.PROMPT_COLUMNS))
     params = {k: v for k, v in params_of(cfg).items() if not k.startswith("replay.")}
     head = {"label": run_dir.name, "mode": "replay",
-            "config_hash": records.config_hash({**measured_config(cfg), "mode": "replay"}),
+            "config_hash": store.config_hash({**measured_config(cfg), "mode": "replay"}),
             **metrics.summarize(steps, prompts, recs[0].k if recs else 0)}
     return write_run(cfg, run_dir, steps, prompts, head, params)
 
@@ -84,8 +85,8 @@ def run_replay(cfg: DictConfig) -> float:
     from hydra.core.hydra_config import HydraConfig
     from tqdm.auto import tqdm
 
-    from flashtree.experiments.collect import COLLECTED, collect, format_table
-    from flashtree.experiments.replay import replay
+    from flashtree.engine.replay import replay
+    from flashtree.results.collect import COLLECTED, collect, format_table
 
     try:
         rc = to_run_config(cfg)
@@ -98,11 +99,11 @@ def run_replay(cfg: DictConfig) -> float:
     replay_time = 0.0
     for n, w in tqdm(grid, desc="replay", unit="config", disable=not rc.logger.progress, dynamic_ncols=True):
         start = time.perf_counter()
-        steps = [replay(r, n, w) for r in recs]
+        steps = [replay(r, n, w, rc.tree.policy) for r in recs]
         replay_time += time.perf_counter() - start
         write_config(rc, out, n, w, steps, recs)
     timing = {"prompts": len(recs), "configs": len(grid), "record_time_s": record_time, "replay_time_s": replay_time}
-    records.write_json_atomic(out / "replay_timing.json", timing)
+    store.write_json_atomic(out / "replay_timing.json", timing)
     df = collect(out)
     print(f"\n{format_table(df)}\n\n[flashtree] record {record_time:.1f}s, replay of {len(grid)} configs "
           f"{replay_time:.1f}s; {len(df)} rows -> {out / COLLECTED}")

@@ -1,4 +1,5 @@
-"""One run = one configuration over its prompts: load, generate with progress, write tables and summary, log W&B."""
+"""One run = one configuration over its prompts: load, generate with progress, store (flashtree.results.store), log
+W&B (flashtree.results.wandb_log)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from functools import lru_cache
 from pathlib import Path
 
 from flashtree import metrics
-from flashtree.experiments import records
+from flashtree.engine.stopping import stop_ids
+from flashtree.engine.target import greedy_reference
 from flashtree.experiments.config import NOT_MEASURED, RunConfig
+from flashtree.results import store
 
 
 def measured_config(cfg: RunConfig) -> dict:
@@ -37,32 +40,6 @@ def _load_target(name: str, dtype: str, device: str, cache_dir: str | None, seed
 def load(cfg: RunConfig):
     t = cfg.target
     return _load_target(t.name, t.dtype, t.device, t.cache_dir, t.seed)
-
-
-def stop_ids(model, tokenizer) -> list[int]:
-    ids = set()
-    for source in (getattr(tokenizer, "eos_token_id", None), getattr(model.generation_config, "eos_token_id", None)):
-        if isinstance(source, int):
-            ids.add(source)
-        elif source:
-            ids.update(int(i) for i in source)
-    return sorted(ids)
-
-
-def greedy_reference(model, input_ids, max_new_tokens: int, stop: list[int] | None):
-    """The target's own greedy decoding (prompt included), as plain `generate` returns it."""
-    import torch
-
-    with torch.no_grad():
-        out = model.generate(
-            input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            eos_token_id=stop or None,
-            pad_token_id=(stop or [0])[0],
-        )
-    return out
 
 
 def make_drafter(cfg: RunConfig, model, reference=None):
@@ -100,7 +77,7 @@ def generate_prompts(cfg: RunConfig, label: str):
             return tree_generate(
                 model, drafter, ids, n=cfg.tree.n, width=cfg.tree.width, max_new_tokens=max_new,
                 temperature=e.temperature, top_k=e.top_k, top_p=e.top_p, generator=generator,
-                stop_token_ids=stop or None,
+                stop_token_ids=stop or None, policy=cfg.tree.policy,
             )
 
     step_rows, prompt_rows, k = [], [], None
@@ -140,9 +117,9 @@ def run_configuration(cfg: RunConfig, run_dir: Path, *, label: str, params: dict
     """Run one configuration into `run_dir` (or reuse its finished results there) and return its summary."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    digest = records.config_hash(measured_config(cfg))
+    digest = store.config_hash(measured_config(cfg))
     if cfg.resume:
-        done = records.finished(run_dir, digest)
+        done = store.finished(run_dir, digest)
         if done is not None:
             log(f"[flashtree] {label}: finished earlier, skipped (tau={done['tau']:.3f}; {run_dir})")
             if cfg.logger.wandb.mode != "disabled" and not done.get("wandb"):
@@ -151,39 +128,27 @@ def run_configuration(cfg: RunConfig, run_dir: Path, *, label: str, params: dict
 
     start = time.perf_counter()
     steps, prompts_df, k = generate_prompts(cfg, label)
-    head = {"label": label, "config_hash": digest, **metrics.summarize(steps, prompts_df, k),
+    head = {"label": label, "mode": "direct", "config_hash": digest, **metrics.summarize(steps, prompts_df, k),
             "run_time_s": time.perf_counter() - start}
     summary = write_run(cfg, run_dir, steps, prompts_df, head, params)
     log(f"[flashtree] {label}: tau={summary['tau']:.3f} tokens/s={summary['tokens_per_s']:.1f} -> {run_dir}")
     return summary
 
 
-def write_run(cfg, run_dir: Path, steps, prompts_df, head: dict, params: dict) -> dict:
-    """Write a finished run (steps.parquet, prompts.parquet, summary.json with its provenance) and log it to W&B."""
-    metrics.write_steps(steps, run_dir / records.STEPS)
-    prompts_df.to_parquet(run_dir / records.PROMPTS, index=False)
-    summary = {
-        "status": "complete",
-        **head,
-        "steps_schema_version": metrics.STEPS_SCHEMA_VERSION,
-        "params": params,
-        "config": dataclasses.asdict(cfg),
-        "versions": records.versions(),
-        "git": records.git_commit(),
-        "run_dir": str(run_dir.resolve()),
-    }
-    records.write_json_atomic(run_dir / records.SUMMARY, summary)
+def write_run(cfg: RunConfig, run_dir: Path, steps, prompts_df, head: dict, params: dict) -> dict:
+    """Store a finished run of `cfg` in `run_dir` and log it to W&B (unless disabled)."""
+    summary = store.write_run(run_dir, steps, prompts_df, head, params=params, config=dataclasses.asdict(cfg))
     if cfg.logger.wandb.mode != "disabled":
         summary = _log_wandb(cfg, run_dir, summary, head["label"], steps)
     return summary
 
 
 def _log_wandb(cfg: RunConfig, run_dir: Path, summary: dict, label: str, steps=None) -> dict:
-    from flashtree.experiments.wandb_log import log_run
+    from flashtree.results.wandb_log import log_run
 
     info = log_run(cfg.logger.wandb, run_dir, summary, label=label, group=cfg.logger.wandb.group or cfg.name, steps=steps)
     summary = {**summary, "wandb": info}
-    records.write_json_atomic(run_dir / records.SUMMARY, summary)
+    store.write_json_atomic(run_dir / store.SUMMARY, summary)
     return summary
 
 

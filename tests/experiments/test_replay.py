@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
-from flashtree.experiments.replay import record, replay
+from flashtree.engine.replay import record, replay
 
 from .helpers import run_app
 

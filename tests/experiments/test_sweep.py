@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from flashtree.experiments.wandb_log import SUMMARY_FILE, offline_runs, offline_summary
+from flashtree.results.wandb_log import SUMMARY_FILE, offline_runs, offline_summary
 
 from .helpers import TINY, run_app
 
@@ -47,8 +47,9 @@ def test_grid_collects_one_row_per_configuration_with_the_engines_tau(grid):
     table = pd.read_parquet(sweep / "summary.parquet")
     assert len(table) == 4
     assert sorted(zip(table["tree.n"], table["tree.width"])) == [(1, 4), (1, 8), (4, 4), (4, 8)]
-    assert {"dataset", "tau", "accept_per_depth", "tokens_per_s"} <= set(table.columns)
+    assert {"dataset", "policy", "tau", "accept_per_depth", "tokens_per_s"} <= set(table.columns)
     assert (table["dataset"] == "builtin").all()
+    assert (table["policy"] == "vote").all() and (table["tree.policy"] == "vote").all()
     taus = {}
     for _, row in table.iterrows():
         n, w = int(row["tree.n"]), int(row["tree.width"])
@@ -56,10 +57,26 @@ def test_grid_collects_one_row_per_configuration_with_the_engines_tau(grid):
         assert row["tau"] == pytest.approx(direct_tau(n, w), abs=1e-12)
         steps = pd.read_parquet(f"{row['run_dir']}/steps.parquet")
         assert row["tau"] == pytest.approx(steps["committed"].mean())
+        assert (steps["policy"] == "vote").all()
         # τ = 1 + Σ_d P(accept_len >= d): the per-depth figures add up.
         assert row["tau"] == pytest.approx(1 + sum(row["reach_per_depth"]))
     assert max(taus.values()) > 1.5  # the oracle gives real acceptance, so the check above is not vacuous
     assert "tree.n" in proc.stdout and "4 runs" in proc.stdout  # the printed table
+
+
+def test_explicit_vote_policy_gives_the_default_runs_rows(grid, tmp_path):
+    sweep, _ = grid
+    run = tmp_path / "run"
+    run_app("sweep.py", [*TINY, "logger.wandb.mode=disabled", "tree.n=4", "tree.width=8", "tree.policy=vote",
+                         f"hydra.run.dir={run}"], cwd=tmp_path)
+    (default_dir,) = sweep.glob("*tree.n=4,tree.width=8")
+    timing = [c for c in pd.read_parquet(run / "steps.parquet") if c.startswith("time_")]
+    explicit = pd.read_parquet(run / "steps.parquet").drop(columns=timing)
+    pd.testing.assert_frame_equal(explicit, pd.read_parquet(default_dir / "steps.parquet").drop(columns=timing))
+    assert (explicit["policy"] == "vote").all() and len(explicit)
+    local, default = (json.loads((d / "summary.json").read_text()) for d in (run, default_dir))
+    assert local["params"]["tree.policy"] == "vote"
+    assert (local["tau"], local["accept_per_depth"]) == (default["tau"], default["accept_per_depth"])
 
 
 def test_wandb_offline_run_holds_the_summary(grid):
@@ -97,7 +114,8 @@ def test_interrupted_sweep_keeps_finished_runs_and_resume_skips_them(tmp_path):
 @pytest.mark.parametrize(
     "override, key",
     [("tree.width=1", "tree.width"), ("tree.n=0", "tree.n"), ("dataset=nope", "dataset"),
-     ("dataset.name=nope", "dataset.name"), ("logger.wandb.mode=sometimes", "logger.wandb.mode")],
+     ("dataset.name=nope", "dataset.name"), ("logger.wandb.mode=sometimes", "logger.wandb.mode"),
+     ("tree.policy=nope", "tree.policy='nope': unknown tree policy 'nope'; registered: vote")],
 )
 def test_bad_override_fails_naming_the_key(tmp_path, override, key):
     proc = run_app("sweep.py", [*TINY, override, f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path, check=False)
@@ -113,4 +131,13 @@ def test_bad_value_in_a_grid_fails_before_any_job(tmp_path):
                    check=False)
     assert proc.returncode != 0
     assert "tree.width=1" in proc.stderr
+    assert not list(sweep.rglob("summary.json"))
+
+
+def test_unknown_policy_in_a_grid_fails_before_any_job_listing_the_registered_names(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = run_app("sweep.py", ["--multirun", *TINY, "tree.policy=vote,nope", f"hydra.sweep.dir={sweep}"],
+                   cwd=tmp_path, check=False)
+    assert proc.returncode != 0
+    assert "unknown tree policy 'nope'; registered: vote" in proc.stderr
     assert not list(sweep.rglob("summary.json"))

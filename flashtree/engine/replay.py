@@ -8,21 +8,20 @@ fed with g[:p]. So a recording holds, per prompt:
   candidates (positions, N_max, K): at every position p in [prompt, end), the drafter's N_max blocks given g[:p],
              drawn with a generator seeded by (seed, p), so the first N rows are what a run with N candidates draws
              there (drafters keep candidate order independent of N; see `position_seed`).
-Replay walks (N, W) over it with the same builder and greedy walk the engine uses, and yields the engine's
-StepRecords, so every metric comes out of the same code.
+Replay walks (N, W) over it with the same tree policy (`flashtree.tree.build_tree`), greedy walk, stop rule and
+record builder the engine uses, so every metric comes out of the same code.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
 
-from flashtree.drafters.base import DraftState
-from flashtree.engine.generate import oracle_len
-from flashtree.engine.records import StepRecord
-from flashtree.tree import build_vote_tree, verify_greedy
+from ..drafters.base import DraftState
+from ..tree import DEFAULT_POLICY, build_tree, get_policy, verify_greedy
+from .records import StepRecord, step_record
+from .stopping import stop_end
 
 RECORDING_VERSION = 1
 
@@ -69,16 +68,6 @@ def greedy_tokens(model, prompt: torch.Tensor, new_tokens: int, hidden_layers=()
     return tokens[0], hidden
 
 
-def stop_end(sequence: torch.Tensor, prompt_len: int, max_new_tokens: int, stop_ids) -> int:
-    """Where a direct run stops committing: the engine's `_truncate` rule."""
-    end = prompt_len + max_new_tokens
-    if stop_ids:
-        hits = torch.isin(sequence[prompt_len:end], torch.tensor(list(stop_ids), device=sequence.device)).nonzero()
-        if hits.numel():
-            end = prompt_len + int(hits[0]) + 1
-    return end
-
-
 @torch.no_grad()
 def record(model, drafter, prompt, *, n_max: int, max_new_tokens: int, seed: int = 0, stop_ids=None) -> Recording:
     """Record one prompt: the greedy sequence and N_max candidate blocks at every position a run can anchor at."""
@@ -86,7 +75,8 @@ def record(model, drafter, prompt, *, n_max: int, max_new_tokens: int, seed: int
     p0 = prompt.numel()
     layers = tuple(drafter.hidden_layers)
     seq, hidden = greedy_tokens(model, prompt, max_new_tokens + drafter.k + 1, layers)
-    end = stop_end(seq, p0, max_new_tokens, stop_ids)
+    end = stop_end(seq, prompt_len=p0, max_new_tokens=max_new_tokens,
+                   stop_ids=torch.tensor(sorted(set(stop_ids or ())), dtype=torch.long))
     device = seq.device
 
     def state(length: int, new_from: int) -> DraftState:
@@ -107,42 +97,30 @@ def record(model, drafter, prompt, *, n_max: int, max_new_tokens: int, seed: int
     return Recording(prompt_len=p0, end=end, sequence=seq[: end + drafter.k + 1], candidates=torch.stack(blocks))
 
 
-def replay(rec: Recording, n: int, width: int) -> list[StepRecord]:
-    """The steps a direct greedy run with N = n, W = width makes on the recorded prompt."""
+def check_replayable(policy: str) -> None:
+    """Raise ValueError unless `policy` is registered and builds from candidate tokens alone (what a recording has)."""
+    if get_policy(policy).needs_scores:
+        raise ValueError(f"policy {policy!r} reads the draft's scores; a replay recording holds candidate tokens only")
+
+
+def replay(rec: Recording, n: int, width: int, policy: str = DEFAULT_POLICY) -> list[StepRecord]:
+    """The steps a direct greedy run with N = n, W = width and tree policy `policy` makes on the recorded prompt."""
     if not 1 <= n <= rec.n_max:
         raise ValueError(f"tree.n={n}: the recording holds N_max = {rec.n_max} candidates per position")
+    check_replayable(policy)
     g = rec.sequence
     committed = g[: rec.end]  # what the run keeps (the engine truncates at the stop / budget)
     pos, step, steps = rec.prompt_len, 0, []
     while pos < rec.end:
         cands = rec.candidates[pos - rec.prompt_len, :n]
-        tree = build_vote_tree(cands.unsqueeze(0), width)
+        tree = build_tree(cands.unsqueeze(0), width, policy)
         # The target's choice after a node at depth d on the greedy path is g[pos + d]; off the path it is never
         # read (a node is accepted only if all its ancestors are), so g[pos + d] serves every node.
         depth = torch.cat([tree.depth.new_zeros(1, 1), tree.depth], dim=1)
         choice = g[pos + depth]
         res = verify_greedy(tree, choice)
-        a = int(res.accept_len[0])
-        path = res.path[0, 1 : a + 1]
-        steps.append(StepRecord(
-            request=0,
-            step=step,
-            position=pos,
-            candidates=n,
-            distinct_candidates=int(torch.unique(cands, dim=0).shape[0]),
-            tree_size=int(tree.valid.sum()),
-            accept_len=a,
-            accepted_path=tuple(path.tolist()),
-            accepted_depth_votes=tuple(tree.votes[0, path - 1].tolist()),
-            oracle_len=oracle_len(cands, committed[pos:], a),
-        ))
-        pos += a + 1
+        steps.append(step_record(tree, cands, res, committed[pos:], request=0, step=step, position=pos, policy=policy))
+        pos += steps[-1].accept_len + 1
         step += 1
     return steps
 
-
-def replay_grid(recordings: list[Recording], ns, widths):
-    """{(n, w): [steps per prompt]} over every recording, with the time the whole grid took."""
-    start = time.perf_counter()
-    out = {(n, w): [replay(r, n, w) for r in recordings] for n in ns for w in widths}
-    return out, time.perf_counter() - start

@@ -12,14 +12,15 @@ import os
 import struct
 from pathlib import Path
 
-from flashtree.experiments import records
+from flashtree.metrics import STAGES
+from flashtree.results import store
 
 SUMMARY_FILE = "flashtree-summary.json"
 
 SCALARS = (
     "tau", "tau_ci_lo", "tau_ci_hi", "tau_oracle", "tokens_per_s", "tokens_per_s_ci_lo", "tokens_per_s_ci_hi",
     "distinct_candidates", "tree_size", "prompts", "steps", "new_tokens", "wall_time_s", "k",
-    "time_draft_s", "time_build_s", "time_verify_s", "time_walk_s", "time_commit_s",
+    *(f"time_{s}_s" for s in STAGES),
 )
 
 
@@ -58,7 +59,7 @@ def log_run(wcfg, run_dir: Path, summary: dict, *, label: str, group: str, steps
         run.summary["accept_per_depth"] = [_num(a) for a in summary["accept_per_depth"]]
         run.summary["reach_per_depth"] = [_num(a) for a in summary["reach_per_depth"]]
         # The full summary (config, versions, CIs) as a run file too: `wandb sync` uploads the files folder.
-        records.write_json_atomic(Path(run.dir) / SUMMARY_FILE, summary)
+        store.write_json_atomic(Path(run.dir) / SUMMARY_FILE, summary)
         info = {"mode": wcfg.mode, "id": run.id, "dir": str(Path(run.dir).parent)}
     finally:
         run.finish()

@@ -1,7 +1,11 @@
 """Collect every finished run under a sweep directory into one table, `summary.parquet` (one row per configuration).
 
 The table is derived from the runs' summary.json files, so it can be rebuilt at any time:
-    python -m flashtree.experiments.collect multirun/<name>
+    python -m flashtree.results.collect multirun/<name>
+
+Sweeps, replay and live runs land in it alike (column `mode`: direct, replay, live); rows are sorted by dataset,
+target, drafter, tree policy, N, W and seed. `load_results` reads one or more such tables for the
+notebook.
 """
 
 from __future__ import annotations
@@ -13,12 +17,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from flashtree.experiments import records
+from flashtree.results import store
 
 COLLECTED = "summary.parquet"
 SKIP_DIRS = {"wandb", ".submitit", ".hydra"}
 # Columns of the printed table, in order (all others stay in the parquet).
-SHOWN = ("dataset", "tree.n", "tree.width", "tau", "tau_ci_lo", "tau_ci_hi", "tau_oracle", "tokens_per_s",
+SHOWN = ("dataset", "policy", "tree.n", "tree.width", "tau", "tau_ci_lo", "tau_ci_hi", "tau_oracle", "tokens_per_s",
          "distinct_candidates", "tree_size", "prompts", "steps")
 LIST_COLUMNS = ("accept_per_depth", "accept_per_depth_ci_lo", "accept_per_depth_ci_hi", "reach_per_depth",
                 "accept_len_hist")
@@ -29,8 +33,8 @@ def summaries(sweep_dir: Path) -> list[dict]:
     found = []
     for root, dirs, files in os.walk(sweep_dir):
         dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
-        if records.SUMMARY in files:
-            summary = records.read_summary(Path(root))
+        if store.SUMMARY in files:
+            summary = store.read_summary(Path(root))
             if summary and summary.get("status") == "complete":
                 found.append(summary)
     return found
@@ -42,6 +46,7 @@ def row(summary: dict) -> dict:
         "dataset": params.get("dataset.name"),
         "target": params.get("target.name"),
         "drafter": params.get("drafter.name"),
+        "policy": params.get("tree.policy"),
         **params,
     }
     for key, value in summary.items():
@@ -59,7 +64,7 @@ def collect(sweep_dir, write: bool = True) -> pd.DataFrame:
     rows = [row(s) for s in summaries(sweep_dir)]
     df = pd.DataFrame(rows)
     if len(df):
-        keys = [c for c in ("dataset", "target", "drafter", "tree.n", "tree.width", "seed") if c in df]
+        keys = [c for c in ("dataset", "target", "drafter", "policy", "tree.n", "tree.width", "seed") if c in df]
         df = df.sort_values(keys, kind="stable").reset_index(drop=True)
         # Options dicts and other mixed objects do not round-trip through parquet; keep them as text.
         for col in df.columns:
@@ -71,6 +76,22 @@ def collect(sweep_dir, write: bool = True) -> pd.DataFrame:
         os.close(fd)
         df.to_parquet(tmp, index=False)
         os.replace(tmp, sweep_dir / COLLECTED)
+    return df
+
+
+def load_results(source) -> pd.DataFrame:
+    """The collected tables under `source` (a sweep directory, a summary.parquet, or a folder of them), concatenated,
+    each row tagged with its table's folder (`source`). Tables written before a column existed read with its value of
+    then: `mode` "direct", `policy` the trie vote (the only tree before the policy registry)."""
+    from flashtree.tree import DEFAULT_POLICY
+
+    source = Path(source)
+    files = [source] if source.suffix == ".parquet" else sorted(source.rglob(COLLECTED)) or sorted(source.glob("*.parquet"))
+    if not files:
+        raise FileNotFoundError(f"no {COLLECTED} under {source}; run a sweep or `python -m flashtree.results.collect DIR`")
+    df = pd.concat([pd.read_parquet(f).assign(source=f.parent.name) for f in files], ignore_index=True)
+    for col, then in (("mode", "direct"), ("policy", DEFAULT_POLICY)):
+        df[col] = df[col].fillna(then) if col in df else then
     return df
 
 

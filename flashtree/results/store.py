@@ -1,4 +1,5 @@
-"""What a run directory holds, and how it is written so an interruption never leaves a half-finished run marked done.
+"""The run store: what a run directory holds, and how it is written so an interruption never leaves a half-finished
+run marked done. Sweeps, replay and live runs all write through `write_run`, so `collect` reads them alike.
 
     <run dir>/steps.parquet    one row per verify step (flashtree.metrics.STEP_COLUMNS, schema version in metadata)
     <run dir>/prompts.parquet  one row per prompt (tokens, steps, wall time)
@@ -18,6 +19,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from flashtree import metrics
 
 SUMMARY = "summary.json"
 STEPS = "steps.parquet"
@@ -54,7 +57,7 @@ def read_summary(run_dir: Path) -> dict | None:
 
 
 def config_hash(measured: dict) -> str:
-    """Fingerprint of everything that changes what a run measures (see config.NOT_MEASURED for what is left out)."""
+    """Fingerprint of everything that changes what a run measures (the caller leaves out what does not)."""
     blob = json.dumps(measured, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -65,6 +68,28 @@ def finished(run_dir: Path, digest: str) -> dict | None:
     if summary and summary.get("status") == "complete" and summary.get("config_hash") == digest:
         return summary
     return None
+
+
+def write_run(run_dir: Path, steps, prompts, head: dict, *, params: dict, config: dict) -> dict:
+    """Write a finished run: steps.parquet, prompts.parquet, then summary.json (`head`: label, config hash and the
+    metrics of `flashtree.metrics.summarize`; `params`: the flat `group.key` parameters the collected table shows;
+    `config`: the whole configuration, for provenance). Returns the summary."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    metrics.write_steps(steps, run_dir / STEPS)
+    prompts.to_parquet(run_dir / PROMPTS, index=False)
+    summary = {
+        "status": "complete",
+        **head,
+        "steps_schema_version": metrics.STEPS_SCHEMA_VERSION,
+        "params": params,
+        "config": config,
+        "versions": versions(),
+        "git": git_commit(),
+        "run_dir": str(run_dir.resolve()),
+    }
+    write_json_atomic(run_dir / SUMMARY, summary)
+    return summary
 
 
 def flatten(d: dict, prefix: str = "") -> dict:

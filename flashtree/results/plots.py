@@ -1,9 +1,10 @@
 """Figures of a collected results table (summary.parquet): where does width pay?
 
-    python -m flashtree.experiments.plots multirun/<name>      # writes <dir>/figures/*.png
+    python -m flashtree.results.plots multirun/<name>      # writes <dir>/figures/*.png
 
 Each function takes the collected table (one row per configuration; columns dataset, tree.n, tree.width, tau,
 accept_per_depth, tokens_per_s, ...) and returns a matplotlib Figure (None when the table lacks what it needs).
+One panel per dataset, and per tree policy when the table holds more than one.
 """
 
 from __future__ import annotations
@@ -15,11 +16,22 @@ import numpy as np
 import pandas as pd
 
 
+def _panels(df: pd.DataFrame):
+    """(title, rows) per panel: per dataset, and per policy when more than one policy is in the table."""
+    keys = ["dataset", "policy"] if "policy" in df and df["policy"].nunique() > 1 else ["dataset"]
+    for key, part in df.groupby(keys, sort=True, dropna=False):
+        yield " / ".join(map(str, key)), part
+
+
+def _panel_count(df: pd.DataFrame) -> int:
+    return sum(1 for _ in _panels(df))
+
+
 def _grid(df: pd.DataFrame, value: str) -> dict[str, pd.DataFrame]:
-    """Per dataset: a (N rows x W columns) table of `value`, averaged over any other varied key."""
+    """Per panel: a (N rows x W columns) table of `value`, averaged over any other varied key."""
     return {
         name: part.pivot_table(index="tree.n", columns="tree.width", values=value, aggfunc="mean").sort_index()
-        for name, part in df.groupby("dataset", sort=True)
+        for name, part in _panels(df)
     }
 
 
@@ -48,26 +60,32 @@ def tau_heatmaps(df: pd.DataFrame):
     return fig
 
 
-def tau_lines(df: pd.DataFrame):
-    """τ against W, one line per N, one panel per dataset, with the prompts' 95% CI as a band when known."""
-    fig, axes = _axes(df["dataset"].nunique())
-    for ax, (name, part) in zip(axes, df.groupby("dataset", sort=True)):
+def _lines_over_width(df: pd.DataFrame, value: str, label: str, band: bool = False):
+    """`value` against W, one line per N, one panel each; with `band`, the prompts' 95% CI as a band when known."""
+    fig, axes = _axes(_panel_count(df))
+    columns = [value, f"{value}_ci_lo", f"{value}_ci_hi"] if band else [value]
+    for ax, (name, part) in zip(axes, _panels(df)):
         for n, line in part.groupby("tree.n", sort=True):
-            line = line.groupby("tree.width", as_index=False)[["tau", "tau_ci_lo", "tau_ci_hi"]].mean()
-            ax.plot(line["tree.width"], line["tau"], marker="o", label=f"N={n}")
-            if line["tau_ci_lo"].notna().all():
-                ax.fill_between(line["tree.width"], line["tau_ci_lo"], line["tau_ci_hi"], alpha=0.15)
+            line = line.groupby("tree.width", as_index=False)[columns].mean()
+            ax.plot(line["tree.width"], line[value], marker="o", label=f"N={n}")
+            if band and line[f"{value}_ci_lo"].notna().all():
+                ax.fill_between(line["tree.width"], line[f"{value}_ci_lo"], line[f"{value}_ci_hi"], alpha=0.15)
         ax.set_xscale("log", base=2)
-        ax.set(title=f"τ vs W — {name}", xlabel="W (verify tokens)", ylabel="τ")
+        ax.set(title=f"{label} vs W — {name}", xlabel="W (verify tokens)", ylabel=label)
         ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
 
 
+def tau_lines(df: pd.DataFrame):
+    """τ against W, one line per N, one panel per dataset, with the prompts' 95% CI as a band when known."""
+    return _lines_over_width(df, "tau", "τ", band=True)
+
+
 def depth_curves(df: pd.DataFrame):
     """Conditional acceptance per depth, P(d accepted | d-1 accepted), for each N at the widest W."""
-    fig, axes = _axes(df["dataset"].nunique())
-    for ax, (name, part) in zip(axes, df.groupby("dataset", sort=True)):
+    fig, axes = _axes(_panel_count(df))
+    for ax, (name, part) in zip(axes, _panels(df)):
         widest = part[part["tree.width"] == part["tree.width"].max()]
         for _, row in widest.sort_values("tree.n").iterrows():
             acc = np.asarray(row["accept_per_depth"], dtype=float)
@@ -80,10 +98,12 @@ def depth_curves(df: pd.DataFrame):
 
 
 def gain_table(df: pd.DataFrame) -> pd.DataFrame:
-    """τ(N, W) / τ(N=1, W) − 1 per dataset: what the extra candidates buy over the chain at the same width."""
-    chain = df[df["tree.n"] == 1].groupby(["dataset", "tree.width"])["tau"].mean().rename("tau_chain")
-    out = df.groupby(["dataset", "tree.n", "tree.width"], as_index=False)["tau"].mean()
-    out = out.join(chain, on=["dataset", "tree.width"])
+    """τ(N, W) / τ(N=1, W) − 1 per dataset and policy: what the extra candidates buy over the chain at the same
+    width."""
+    keys = [c for c in ("dataset", "policy") if c in df]
+    chain = df[df["tree.n"] == 1].groupby([*keys, "tree.width"])["tau"].mean().rename("tau_chain")
+    out = df.groupby([*keys, "tree.n", "tree.width"], as_index=False)["tau"].mean()
+    out = out.join(chain, on=[*keys, "tree.width"])
     out["gain"] = out["tau"] / out["tau_chain"] - 1
     return out
 
@@ -92,8 +112,8 @@ def gain_over_chain(df: pd.DataFrame):
     if not (df["tree.n"] == 1).any():
         return None
     gains = gain_table(df)
-    fig, axes = _axes(gains["dataset"].nunique())
-    for ax, (name, part) in zip(axes, gains.groupby("dataset", sort=True)):
+    fig, axes = _axes(_panel_count(gains))
+    for ax, (name, part) in zip(axes, _panels(gains)):
         for w, line in part.groupby("tree.width", sort=True):
             ax.plot(line["tree.n"], 100 * line["gain"], marker="o", label=f"W={w}")
         ax.axhline(0, color="grey", lw=0.8)
@@ -109,16 +129,7 @@ def tokens_per_s(df: pd.DataFrame):
     timed = df[df["tokens_per_s"].notna()] if "tokens_per_s" in df else df.iloc[:0]
     if not len(timed):
         return None
-    fig, axes = _axes(timed["dataset"].nunique())
-    for ax, (name, part) in zip(axes, timed.groupby("dataset", sort=True)):
-        for n, line in part.groupby("tree.n", sort=True):
-            line = line.groupby("tree.width", as_index=False)["tokens_per_s"].mean()
-            ax.plot(line["tree.width"], line["tokens_per_s"], marker="o", label=f"N={n}")
-        ax.set_xscale("log", base=2)
-        ax.set(title=f"tokens/s — {name}", xlabel="W (verify tokens)", ylabel="tokens/s")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return _lines_over_width(timed, "tokens_per_s", "tokens/s")
 
 
 FIGURES = {
