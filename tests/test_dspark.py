@@ -518,3 +518,16 @@ def test_the_held_out_filter_never_runs_without_the_gsm8k_set(monkeypatch):
     monkeypatch.setattr(datasets, "load_prompts", missing)
     with pytest.raises(ModuleNotFoundError, match="must exclude the held-out GSM8K half"):
         heldout_texts()
+
+
+@pytest.mark.parametrize("policy", ["prob", "best-first"])
+def test_engine_greedy_output_is_the_targets_under_the_probability_policies(tiny, policy):
+    cfg = small_config(tiny)
+    model = random_model(cfg, std=0.05)
+    prompt = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])
+    ref = tiny.generate(prompt.view(1, -1), max_new_tokens=12, do_sample=False)[0]
+    drafter = load_drafter("dspark", tiny, model=model, temperature=1.0)
+    res = tree_generate(tiny, drafter, [prompt], n=6, width=8, max_new_tokens=12, policy=policy,
+                        generator=torch.Generator().manual_seed(0))
+    assert res.sequences[0].tolist() == ref.tolist()
+    assert all(s.policy == policy for s in res.steps)

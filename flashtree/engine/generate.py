@@ -142,7 +142,8 @@ def tree_generate(
     distributed as the target's own sampling with the same temperature / top-k / top-p. `walk` picks the sampled
     walk: "target" (the target-only tree walk, any N) or "rejection" (chain speculative sampling against the draft's
     probabilities: n == 1, temperature > 0, and a drafter whose proposals carry `probs`). `policy` names the tree
-    policy (flashtree.tree.policies) that builds each step's tree; it reads the proposal's `probs` as its scores.
+    policy (flashtree.tree.policies) that builds each step's tree; `prob` and `best-first` read the proposal's
+    `scores` (the DSPARK drafter proposes them).
     """
     rows = _as_rows(input_ids)
     _check(target, drafter, rows, n, width, max_new_tokens, temperature, walk, policy)
@@ -171,11 +172,8 @@ def tree_generate(
                 f"walk='rejection' needs draft probabilities, but {type(drafter).__name__} proposed no probs (for "
                 "DSPARK: load_drafter('dspark', ..., temperature=T > 0, greedy_first=False, return_probs=True))"
             )
-        if get_policy(policy).needs_scores and proposal.probs is None:
-            raise ValueError(f"tree policy {policy!r} reads the draft's scores, but {type(drafter).__name__} "
-                             "proposed no probs; use a drafter that returns them (e.g. dspark with return_probs=True)")
         with watch("build"):
-            tree = build_tree(cands, width, policy, scores=proposal.probs)
+            tree = build_tree(cands, width, policy, scores=proposal.scores)
         shared = watch.take()
         for b, r in enumerate(reqs):
             if r.done:

@@ -25,7 +25,7 @@ def first_candidate(monkeypatch):
         calls.append(tuple(candidates.shape))
         return build_vote_tree(candidates[:, :1], width)
 
-    monkeypatch.setitem(POLICIES, "first-candidate", Policy("first-candidate", build, False, "candidate 0's chain"))
+    monkeypatch.setitem(POLICIES, "first-candidate", Policy("first-candidate", build, (), "candidate 0's chain"))
     return calls
 
 
@@ -79,25 +79,16 @@ def test_unknown_policy_fails_before_any_work_listing_the_registered_names(tiny)
         replay(rec, 2, 8, policy="nope")
 
 
-def test_replay_refuses_a_policy_that_reads_draft_scores(monkeypatch):
+def test_replay_refuses_a_policy_that_reads_draft_scores():
     from flashtree.engine.replay import check_replayable
 
-    monkeypatch.setitem(POLICIES, "scored", Policy("scored", lambda c, w, s: build_vote_tree(c, w), True, "reads scores"))
     check_replayable("vote")
-    with pytest.raises(ValueError, match="policy 'scored' reads the draft's scores"):
-        check_replayable("scored")
+    with pytest.raises(ValueError, match="policy 'prob' reads the draft's scores"):
+        check_replayable("prob")
 
 
-def test_a_policy_that_reads_scores_needs_a_drafter_that_proposes_them(tiny, monkeypatch):
+def test_a_policy_that_reads_scores_needs_a_drafter_that_proposes_them(tiny):
     model, prompt, ref = tiny
-    seen = []
-
-    def build(candidates, width, scores):
-        seen.append(scores)
-        return build_vote_tree(candidates, width)
-
-    monkeypatch.setitem(POLICIES, "scored", Policy("scored", build, True, "reads scores"))
     drafter = OracleDrafter([ref.tolist()], model.config.vocab_size, k=4)  # proposes tokens only
-    with pytest.raises(ValueError, match="'scored' reads the draft's scores, but OracleDrafter proposed no probs"):
-        tree_generate(model, drafter, prompt, n=4, width=8, max_new_tokens=NEW, policy="scored")
-    assert seen == []
+    with pytest.raises(ValueError, match="tree policy 'prob' needs the draft's logp"):
+        tree_generate(model, drafter, prompt, n=4, width=8, max_new_tokens=NEW, policy="prob")
