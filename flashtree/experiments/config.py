@@ -8,6 +8,7 @@ run in `__post_init__`, which `OmegaConf.to_object` calls, and name the offendin
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import MISSING
@@ -154,6 +155,8 @@ class ReplayConfig:
     """The grid `experiments/replay.py` walks over one recording (N_max candidates at every position)."""
 
     n_max: int = 16
+    # replay this recording file (an earlier run's recording.pt, or the one the main job ships) instead of recording
+    recording: Optional[str] = None
     ns: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
     widths: list[int] = field(default_factory=lambda: [4, 8, 16, 32])
 
@@ -172,12 +175,8 @@ class ReplayRunConfig(RunConfig):
     def __post_init__(self) -> None:
         _check(self.engine.temperature == 0, "engine.temperature", self.engine.temperature,
                "replay reproduces greedy (temperature 0) runs only; sample with experiments/sweep.py")
-        from flashtree.engine.replay import check_replayable
-
-        try:
-            check_replayable(self.tree.policy)
-        except ValueError as exc:
-            raise ConfigError(f"tree.policy={self.tree.policy!r}: {exc}") from None
+        _check(self.replay.recording is None or Path(self.replay.recording).is_file(), "replay.recording",
+               self.replay.recording, "must be a recording file (recording.pt of an earlier replay)")
 
 
 # Keys that change where results live or how they are shown, not what is measured: left out of the config hash.

@@ -33,14 +33,22 @@ def load_or_record(rc, out: Path):
     from flashtree.engine.stopping import stop_ids
     from flashtree.experiments.run import load, make_drafter, measured_config
 
+    if rc.replay.recording:
+        saved = torch.load(rc.replay.recording, weights_only=False)
+        print(f"[flashtree] replaying {rc.replay.recording} ({len(saved['recordings'])} prompts)")
+        return [Recording(**r) for r in saved["recordings"]], saved["record_time_s"]
+    grown_width = max(rc.replay.widths)
     key = {**measured_config(rc), "tree": None, "replay": None, "n_max": rc.replay.n_max, "v": RECORDING_VERSION}
     digest = store.config_hash(key)
     path = out / RECORDING
     if path.is_file():
         saved = torch.load(path, weights_only=False)
-        if saved.get("hash") == digest:
-            print(f"[flashtree] reusing {path} ({len(saved['recordings'])} prompts)")
-            return [Recording(**r) for r in saved["recordings"]], saved["record_time_s"]
+        recs = [Recording(**r) for r in saved["recordings"]]
+        # grown policies' trees are recorded up to the widest W asked for then: a wider grid records again
+        wide_enough = all(t.shape[1] + 1 >= grown_width for r in recs for t, _ in (r.grown or {}).values())
+        if saved.get("hash") == digest and wide_enough:
+            print(f"[flashtree] reusing {path} ({len(recs)} prompts)")
+            return recs, saved["record_time_s"]
     model, tokenizer = load(rc)
     if rc.drafter.name == "oracle":
         raise ConfigError("drafter.name='oracle': its corruption follows the step count, not the position; replay "
@@ -52,7 +60,7 @@ def load_or_record(rc, out: Path):
     recs = []
     for ids in tqdm(prompts, desc="record", unit="prompt", disable=not rc.logger.progress, dynamic_ncols=True):
         recs.append(record(model, drafter, ids, n_max=rc.replay.n_max, max_new_tokens=rc.engine.max_new_tokens,
-                           seed=rc.seed, stop_ids=stop))
+                           seed=rc.seed, stop_ids=stop, grown_width=grown_width))
     elapsed = time.perf_counter() - start
     torch.save({"hash": digest, "record_time_s": elapsed, "recordings": [dataclasses.asdict(r) for r in recs]}, path)
     return recs, elapsed

@@ -1,0 +1,45 @@
+"""Replay of the probability policies from one recording equals direct runs, step for step: `prob` from the recorded
+log-probabilities, `best-first` from its trees recorded at the widest width (narrower ones are their prefixes)."""
+
+import pytest
+import torch
+
+from flashtree.drafters import load_drafter
+from flashtree.engine import tree_generate
+from flashtree.engine.replay import record, replay
+from tests.test_dspark import random_model, small_config
+
+
+@pytest.fixture(scope="module")
+def setup():
+    from flashtree.models import load_target
+
+    tiny = load_target("tiny-llama")[0]
+    cfg = small_config(tiny)
+    drafter = load_drafter("dspark", tiny, model=random_model(cfg, std=0.05), temperature=0.0)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]
+    rec = record(tiny, drafter, prompt, n_max=4, max_new_tokens=16, grown_width=8)
+    return tiny, drafter, prompt, rec
+
+
+def test_a_scored_recording_holds_logp_and_grown_trees(setup):
+    _, _, _, rec = setup
+    positions = rec.candidates.shape[0]
+    assert rec.logp.shape == rec.candidates.shape and rec.logp.dtype == torch.float16
+    tokens, parents = rec.grown["best-first"]
+    assert tokens.shape == parents.shape == (positions, 7)
+
+
+@pytest.mark.parametrize("policy,width", [("vote", 8), ("prob", 4), ("best-first", 4), ("best-first", 8)])
+def test_replay_equals_direct(setup, policy, width):
+    tiny, drafter, prompt, rec = setup
+    direct = tree_generate(tiny, drafter, torch.tensor([prompt]), n=4, width=width, max_new_tokens=16, policy=policy)
+    replayed = replay(rec, 4, width, policy)
+    key = lambda steps: [(s.position, s.accept_len, s.tree_size, s.accepted_path) for s in steps]  # noqa: E731
+    assert key(replayed) == key(direct.steps)
+
+
+def test_a_width_beyond_the_recorded_trees_is_refused(setup):
+    *_, rec = setup
+    with pytest.raises(ValueError, match="holds its trees up to 8 tokens"):
+        replay(rec, 4, 16, "best-first")
