@@ -35,12 +35,12 @@ def install(toggles: TreeToggles | None = None, environ: Mapping[str, str] | Non
         toggles = read_toggles(environ)
         if toggles is None:
             return []
-    from . import installer
+    from . import installer, plan
     from .adapters import select_adapter
 
     adapter = select_adapter()  # UnsupportedRelease (SystemExit) before anything is touched
     try:
-        patches = adapter.patches(toggles)
+        patches = plan.patches(adapter, toggles)
     except ToggleError:
         raise
     except Exception as err:  # noqa: BLE001

@@ -3,7 +3,7 @@
 Trees wider than the draft block (FLASHTREE_TREE_DEPTH=K below gamma) take DSPARK's wider window W = gamma + 1, and
 DSPARK's draft forward then runs all gamma rows of it per request, of which the tree keeps the first K. At 28-32
 requests on the H200 that forward was 2.44 ms of a 5.35 ms tree step against 1.49 ms for an 8-row block
-(BENCHMARKS.md section 6, run 18). With D rows (K <= D <= gamma) a tree step's draft forward runs the window's first D
+(BENCHMARKS.md section 6). With D rows (K <= D <= gamma) a tree step's draft forward runs the window's first D
 slots only; the target still verifies up to W tokens. The block attends within itself both ways, so rows < D see
 other logits than with gamma rows; lossless either way (the target verifies every token).
 
@@ -34,15 +34,16 @@ class DraftRows:
     runner: object | None = None  # the draft graph runner captured at `rows` tokens per request (None: eager)
 
 
-def capture(state, worker) -> None:
-    """The D-row draft graphs of `state.draft_rows` (after DSPARK's init_cuda_graphs); without them (a server without
+def capture(run, worker) -> None:
+    """The D-row draft graphs of `run.draft_rows` (after DSPARK's init_cuda_graphs); without them (a server without
     draft graphs, or a failed capture) D-row forwards run eagerly."""
-    path = state.draft_rows
+    path = run.draft_rows
+    gamma = run.plan.gamma
     dmr = worker.draft_model_runner
     main = getattr(dmr, "decode_cuda_graph_runner", None)
     if not hasattr(main, "capture_bs"):  # no draft graphs (sglang's eager runner, or none)
         logger.info("flashtree: tree steps' draft forward over %d of DSPARK's %d rows (eager: no draft graphs)",
-                    path.rows, state.gamma)
+                    path.rows, gamma)
         return
     from . import graph_draws
 
@@ -59,7 +60,7 @@ def capture(state, worker) -> None:
                        "%d-row draft forward eagerly", path.rows, type(err).__name__, err, path.rows)
     finally:
         dmr.capture_tail_hooks = saved
-    logger.info("flashtree: tree steps' draft forward over %d of DSPARK's %d rows (%s)", path.rows, state.gamma,
+    logger.info("flashtree: tree steps' draft forward over %d of DSPARK's %d rows (%s)", path.rows, gamma,
                 "graphs captured" if path.runner is not None else "eager")
 
 
@@ -74,9 +75,9 @@ def tail_hook(sampler, rows: int):
 
 
 @contextlib.contextmanager
-def drafting(state, worker):
+def drafting(run, worker):
     """The proposer a tree step's draft forward runs: DSPARK's, or the D-row copy with its graph runner swapped in."""
-    path = state.draft_rows
+    path = run.draft_rows
     if path is None or path.runner is None:  # eager: the gamma-row graphs refuse a D-row batch (width check)
         yield None if path is None else path.proposer
         return

@@ -55,6 +55,7 @@ class TreeToggles:
     seed: int = 0  # seed of the draft-draw generator (per worker process)
     stage_times: int = 0  # log the tree step's per-stage time every N steps (0 = off)
     graph_draws: bool = True  # the N draft draws in DSPARK's captured draft graph tail (graph_draws.py); eager without graphs
+    tree_policy: str = "vote"  # the tree policy (flashtree.tree.build_tree)
 
     @property
     def tree_enabled(self) -> bool:
