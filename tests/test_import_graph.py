@@ -97,3 +97,16 @@ def test_sglang_is_imported_only_under_patches():
         if used:
             outside.append(f"{name}: {sorted(used)}")
     assert not outside, "sglang imported outside flashtree/patches/: " + "; ".join(outside)
+
+
+def test_release_adapters_are_leaves():
+    """The adapters answer the release ABI: of flashtree they import only each other, the step's data types and the
+    toggles' error type, never a feature module (the step, the plan, a feature's file)."""
+    allowed = {"flashtree.patches.step_types", "flashtree.patches.toggles"}
+    edges = graph()
+    reach = {
+        name: sorted(m for m in deps if not m.startswith("flashtree.patches.adapters") and m not in allowed)
+        for name, deps in edges.items()
+        if name.startswith("flashtree.patches.adapters")
+    }
+    assert not any(reach.values()), {k: v for k, v in reach.items() if v}

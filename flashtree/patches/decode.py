@@ -9,9 +9,11 @@ the server's --speculative-num-draft-tokens W reserving and capturing the wider 
      with FLASHTREE_FUSED_SAMPLER=1 and a vanilla head, `flashtree.sampler.markov_draws`: all steps in K launches):
      candidate 0 is the greedy block, 1..N-1 are independent draws at the draft temperature -> (bs, N, K);
      with FLASHTREE_GRAPH_DRAWS=1 the draws run in the draft's captured CUDA graph tail (graph_draws.py) and the
-     step reads them from its buffer (eager as above when the draft forward ran eagerly);
-  3. the tree policy's builder (`flashtree.tree.build_tree`, FLASHTREE_TREE_POLICY; trie-vote by default) -> W - 1 nodes; `verify_inputs` -> the verify ids, the node positions, sglang's
-     FULL_MASK tree mask and the step's statistics rows (one launch on CUDA);
+     step reads them from its buffer (eager as above when the draft forward ran eagerly); a FlashMap draft's N
+     candidates are its noise draws instead (flashmap_draft.py);
+  3. the tree policy's builder (`flashtree.tree.build_tree`, FLASHTREE_TREE_POLICY; trie-vote by default) -> W - 1
+     nodes; `verify_inputs` -> the verify ids, the node positions, sglang's FULL_MASK tree mask and the step's
+     statistics rows (one launch on CUDA);
   4. target verify through DSPARK's executor with that mask and those positions (with FLASHTREE_TREE_BUDGET, over
      the first w slots of the window and through a verify graph captured at width w: verify_widths.py; likewise a
      fixed FLASHTREE_TREE_WIDTH below the window);
@@ -87,7 +89,7 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeRun:
         generator=generator,
         noise=new_state(toggles.seed, device) if toggles.fused_sampler else None,
         timer=StageTimer(toggles.stage_times, device) if toggles.stage_times else None,
-        draft_rows=DraftRows(rows, adapter.proposer_with_rows(worker, rows)) if rows < gamma else None,
+        draft_rows=DraftRows(adapter.proposer_with_rows(worker, rows)) if rows < gamma else None,
     )
     logger.info("flashtree tree path on (sglang %s): %s, W=%d, gamma=%d, depth=%d", adapter.release, toggles.describe(),
                 window, gamma, plan.depth)

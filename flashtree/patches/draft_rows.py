@@ -29,8 +29,9 @@ logger = logging.getLogger("flashtree.patches")
 
 @dataclass
 class DraftRows:
-    rows: int
-    proposer: object  # DSPARK's proposer, copied, over `rows` rows
+    """The run state of FLASHTREE_DRAFT_ROWS (the row count itself is the plan's `forward_rows`)."""
+
+    proposer: object  # DSPARK's proposer, copied, over the plan's forward_rows rows
     runner: object | None = None  # the draft graph runner captured at `rows` tokens per request (None: eager)
 
 
@@ -38,29 +39,29 @@ def capture(run, worker) -> None:
     """The D-row draft graphs of `run.draft_rows` (after DSPARK's init_cuda_graphs); without them (a server without
     draft graphs, or a failed capture) D-row forwards run eagerly."""
     path = run.draft_rows
-    gamma = run.plan.gamma
+    rows, gamma = run.plan.forward_rows, run.plan.gamma
     dmr = worker.draft_model_runner
     main = getattr(dmr, "decode_cuda_graph_runner", None)
     if not hasattr(main, "capture_bs"):  # no draft graphs (sglang's eager runner, or none)
         logger.info("flashtree: tree steps' draft forward over %d of DSPARK's %d rows (eager: no draft graphs)",
-                    path.rows, gamma)
+                    rows, gamma)
         return
     from . import graph_draws
 
     sampler = graph_draws.sampler_of(worker)
     saved = dmr.capture_tail_hooks
-    dmr.capture_tail_hooks = [tail_hook(sampler, path.rows)] if sampler is not None else []
+    dmr.capture_tail_hooks = [tail_hook(sampler, rows)] if sampler is not None else []
     try:
         with worker._draft_context():
             backend = type(dmr.attn_backend)(dmr)
             # a DSPARK draft runner captures num_draft_tokens - 1 rows per request
-            path.runner = type(main)(dmr, attn_backend=backend, speculative_num_draft_tokens=path.rows + 1)
+            path.runner = type(main)(dmr, attn_backend=backend, speculative_num_draft_tokens=rows + 1)
     except Exception as err:  # noqa: BLE001 - the D-row forwards then run eagerly
         logger.warning("flashtree: capturing the draft graphs at %d rows failed (%s: %s); tree steps run their "
-                       "%d-row draft forward eagerly", path.rows, type(err).__name__, err, path.rows)
+                       "%d-row draft forward eagerly", rows, type(err).__name__, err, rows)
     finally:
         dmr.capture_tail_hooks = saved
-    logger.info("flashtree: tree steps' draft forward over %d of DSPARK's %d rows (%s)", path.rows, gamma,
+    logger.info("flashtree: tree steps' draft forward over %d of DSPARK's %d rows (%s)", rows, gamma,
                 "graphs captured" if path.runner is not None else "eager")
 
 

@@ -73,7 +73,8 @@ class TreeRun:
         return self.plan.widths_for(bs, self.verify_runners)
 
     def __getattr__(self, name):
-        # The plan's fields read through the run (`worker._flashtree.page_size`), for callers that hold the run only.
+        # Plan fields read off the worker's state (`worker._flashtree.page_size`, tests/patches/test_install.py); the
+        # step itself reads `run.plan`.
         if name == "plan":
             raise AttributeError(name)
         return getattr(self.plan, name)

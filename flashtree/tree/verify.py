@@ -44,15 +44,8 @@ def verify_greedy(tree: VoteTree, target_tokens: torch.Tensor) -> VerifyResult:
     return VerifyResult(path=path, accept_len=accept_len, bonus=bonus, tokens=tokens)
 
 
-def node_draws(
-    tree: VoteTree,
-    target_logits: torch.Tensor,
-    temperature: torch.Tensor | float,
-    generator: torch.Generator | None = None,
-    top_k: torch.Tensor | int | None = None,
-    top_p: torch.Tensor | float | None = None,
-    sample_rows=reference.sample_rows,
-) -> torch.Tensor:
+def node_draws(tree: VoteTree, target_logits: torch.Tensor, temperature, generator=None, top_k=None, top_p=None,
+               sample_rows=reference.sample_rows) -> torch.Tensor:
     """(bs, W) tokens: one draw from the target's distribution after every node (root first), with each request's
     temperature / top-k / top-p (scalars or (bs,)); temperature 0 rows take the argmax. `sample_rows`: the row
     sampler (the torch reference here; `flashtree.sampler.sample_rows` picks the kernel on CUDA)."""
@@ -74,14 +67,9 @@ def node_draws(
     return draws.view(bs, w)
 
 
-def verify_sampled(
-    tree: VoteTree,
-    target_logits: torch.Tensor,
-    temperature: torch.Tensor | float,
-    generator: torch.Generator | None = None,
-    top_k: torch.Tensor | int | None = None,
-    top_p: torch.Tensor | float | None = None,
-) -> VerifyResult:
+def verify_sampled(tree: VoteTree, target_logits: torch.Tensor, temperature: torch.Tensor | float,
+                   generator: torch.Generator | None = None, top_k: torch.Tensor | int | None = None,
+                   top_p: torch.Tensor | float | None = None) -> VerifyResult:
     """Lossless tree sampling that needs no draft probabilities (the target-only walk).
 
     At the current node draw from the target's distribution; follow the child carrying that token, else stop and

@@ -398,7 +398,7 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
             # Paged KV: the table never changes; the accepted KV moved instead.
             assert torch.equal(world.req_to_token, initial_table)
         stats = res.logits_output.customized_info["flashtree"]
-        drawn = state.draws_for(bs)  # N, or fewer under a budget (the stand-in graphs run the tail at bs itself)
+        drawn = state.plan.draws_for(bs)  # N, or fewer under a budget (the stand-in graphs run the tail at bs itself)
         assert [s[0] for s in stats] == [drawn] * bs and all(1 <= s[1] <= drawn and 1 <= s[2] <= W - 1 for s in stats)
         assert [s[3] for s in stats] == (commit - 1).tolist()
         if on_step is not None:
@@ -466,7 +466,7 @@ def test_trees_wider_than_their_depth_fill_the_window(graph_max_bs):
         sizes.update(row[2] for row in res.logits_output.customized_info["flashtree"])
 
     accepts, state, _gen, _world = run(n=4, steps=40, graph_max_bs=graph_max_bs, depth=depth, on_step=on_step)
-    assert (state.depth, state.width) == (depth, W)
+    assert (state.plan.depth, state.plan.width) == (depth, W)
     if graph_max_bs is not None:
         assert state.graph_draws.out.shape[-1] == depth  # the tail draws only the positions the trees keep
     assert state.draw_paths == {expected_draw_path(graph_max_bs, BS): state.steps}
@@ -619,7 +619,7 @@ def test_paged_kv_commit_copies_accepted_kv(graph_max_bs):
     window's first offsets through the pool's move_kv_cache; commits still equal the sequential greedy decode."""
     accepts, state, _gen, world = run(n=4, steps=25, page_size=4, graph_max_bs=graph_max_bs)
     assert state.draw_paths == {expected_draw_path(graph_max_bs, BS): state.steps}
-    assert state.page_size == 4 and world.moves == state.steps * GAMMA  # one move_kv_cache call per depth per step
+    assert state.plan.page_size == 4 and world.moves == state.steps * GAMMA  # one move_kv_cache call per depth per step
     assert sum(v for d, v in accepts.items() if d >= 2) > 0, sorted(accepts.items())
 
 
@@ -640,12 +640,12 @@ def test_budget_narrows_trees_per_batch_size():
         verify_num_draft_tokens=W, device="cpu", model_runner=types.SimpleNamespace(page_size=1, token_to_kv_pool=None),
     )
     state = create_state(adapters.select_adapter(), TreeToggles(tree_n=4, tree_budget=8), worker)
-    assert [state.width_for(bs) for bs in (1, 2, 3, 4, 8, 32)] == [W, 4, 2, 2, 2, 2]
+    assert [state.plan.width_for(bs) for bs in (1, 2, 3, 4, 8, 32)] == [W, 4, 2, 2, 2, 2]
     # The candidates scale with the tree: ceil(N * w / W) of N = 4 over W = 6.
-    assert [state.draws_for(bs) for bs in (1, 2, 3, 32)] == [4, 3, 2, 2]
+    assert [state.plan.draws_for(bs) for bs in (1, 2, 3, 32)] == [4, 3, 2, 2]
     # Without narrower verify graphs the trees are padded to DSPARK's window.
     assert [state.widths_for(bs) for bs in (1, 3)] == [(W, W), (2, W)]
-    assert create_state(adapters.select_adapter(), TreeToggles(tree_n=4), worker).width_for(32) == W
+    assert create_state(adapters.select_adapter(), TreeToggles(tree_n=4), worker).plan.width_for(32) == W
 
 
 @pytest.mark.parametrize(
@@ -677,7 +677,7 @@ def test_budget_draws_fewer_candidates_in_the_draft_graph_tail():
     each step's statistics row counts the 4 candidates)."""
     accepts, state, _gen, _world = run(n=5, steps=30, budget=12, capture_bs=[1, 2, 3, 4], graph_max_bs=8)
     draws = state.graph_draws
-    assert state.draws_for(BS) == 4 and draws.drawn_sizes == {BS: 4} and draws.read(BS).shape == (BS, 4, GAMMA)
+    assert state.plan.draws_for(BS) == 4 and draws.drawn_sizes == {BS: 4} and draws.read(BS).shape == (BS, 4, GAMMA)
     assert state.draw_paths == {"graph": state.steps} and state.steps > 0 and max(accepts) >= 2
 
 
@@ -1062,7 +1062,7 @@ def test_draft_rows_run_the_draft_forward_over_fewer_rows(graph_max_bs):
     accepts, state, _gen, _world = run(n=4, steps=25, depth=3, draft_rows=4, graph_max_bs=graph_max_bs)
     rows = state.draft_rows
     worker = rows.proposer.worker
-    assert rows.rows == rows.proposer.gamma == 4 and worker._proposer.gamma == GAMMA
+    assert state.plan.forward_rows == rows.proposer.gamma == 4 and worker._proposer.gamma == GAMMA
     assert rows.proposer._draft_block_spec_info.draft_token_num == 4
     assert rows.proposer.rows_run == {4: state.steps}  # no tree step ran DSPARK's 5 rows
     assert state.draw_paths == {expected_draw_path(graph_max_bs, BS): state.steps}
@@ -1090,8 +1090,8 @@ def test_draft_rows_without_draft_graphs_run_eagerly():
     from flashtree.patches import draft_rows
 
     eager = object()
-    path = draft_rows.DraftRows(4, proposer="d-row proposer")
-    state = types.SimpleNamespace(draft_rows=path, plan=types.SimpleNamespace(gamma=GAMMA))
+    path = draft_rows.DraftRows(proposer="d-row proposer")
+    state = types.SimpleNamespace(draft_rows=path, plan=types.SimpleNamespace(forward_rows=4, gamma=GAMMA))
     worker = types.SimpleNamespace(draft_model_runner=types.SimpleNamespace(decode_cuda_graph_runner=eager))
     draft_rows.capture(state, worker)
     assert path.runner is None
