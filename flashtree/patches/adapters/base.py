@@ -39,11 +39,12 @@ class SglangAdapter:
     def mismatches(self) -> list[str]:
         return [msg for msg in (p.check() for p in self.probes) if msg]
 
+    # ---- release flags (plan.py and checks.py read them) -----------------------------------------------------
     has_shared_kv = True  # TritonAttnBackend has use_verify_shared_kv (0.5.20+)
     # Req.update_finish_state checks the length limit before stop tokens (0.5.17; finish.py patches it)
     stops_after_length = False
     # A FlashMap draft (flashmap's own sglang model) gets its N candidates from its noise draws on this release
-    # (flashtree/patches/flashmap_draft.py); elsewhere the worker refuses it at start.
+    # (flashtree/patches/flashmap_draft.py); elsewhere the worker refuses it at start (checks.flashmap_draft).
     flashmap_noise_draws = False
     # Calls flashtree's split-KV verify declined, by reason (they ran sglang's own extend attention instead).
     splitkv_declined: dict
