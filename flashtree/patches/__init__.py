@@ -43,7 +43,7 @@ def install(toggles: TreeToggles | None = None, environ: Mapping[str, str] | Non
         toggles = read_toggles(environ)
         if toggles is None:
             return []
-    from . import installer
+    from . import installer, plan
     from .adapters import select_adapter
 
     if installer.installed_keys() and toggles != _installed_for:
@@ -52,7 +52,7 @@ def install(toggles: TreeToggles | None = None, environ: Mapping[str, str] | Non
         uninstall()
     adapter = select_adapter()  # UnsupportedRelease (SystemExit) before anything is touched
     try:
-        patches = adapter.patches(toggles)
+        patches = plan.patches(adapter, toggles)
     except ToggleError:
         raise
     except Exception as err:  # noqa: BLE001

@@ -9,14 +9,16 @@ the server's --speculative-num-draft-tokens W reserving and capturing the wider 
      with FLASHTREE_FUSED_SAMPLER=1 and a vanilla head, `flashtree.sampler.markov_draws`: all steps in K launches):
      candidate 0 is the greedy block, 1..N-1 are independent draws at the draft temperature -> (bs, N, K);
      with FLASHTREE_GRAPH_DRAWS=1 the draws run in the draft's captured CUDA graph tail (graph_draws.py) and the
-     step reads them from its buffer (eager as above when the draft forward ran eagerly);
-  3. flashtree's trie-vote builder -> W - 1 nodes; `verify_inputs` -> the verify ids, the node positions, sglang's
-     FULL_MASK tree mask and the step's statistics rows (one launch on CUDA);
+     step reads them from its buffer (eager as above when the draft forward ran eagerly); a FlashMap draft's N
+     candidates are its noise draws instead (flashmap_draft.py);
+  3. the tree policy's builder (`flashtree.tree.build_tree`, FLASHTREE_TREE_POLICY; trie-vote by default) -> W - 1
+     nodes; `verify_inputs` -> the verify ids, the node positions, sglang's FULL_MASK tree mask and the step's
+     statistics rows (one launch on CUDA);
   4. target verify through DSPARK's executor with that mask and those positions (with FLASHTREE_TREE_BUDGET, over
      the first w slots of the window and through a verify graph captured at width w: verify_widths.py; likewise a
      fixed FLASHTREE_TREE_WIDTH below the window);
   5. greedy walk with its commit plan and (page size 1) the req_to_token window rewrite in one launch on CUDA
-     (`walk_and_commit`), or the lossless target-only sampled walk (`verify_sampled`) and its plan;
+     (`walk_and_commit`), or the lossless target-only sampled walk and its plan (`walk_sampled_and_commit`);
   6. commit: page size 1 permutes req_to_token's window so the accepted path's slots come first (no KV moves); paged
      KV copies the accepted nodes' target KV into the window's first offsets (the pool's own move_kv_cache); the
      draft's context K/V is injected for the committed path only, at sequential positions;
@@ -31,77 +33,25 @@ accepts more than the target-only walk can with one candidate), and batches abov
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 
 import torch
 
-from flashtree.sampler.markov import candidate_rows, markov_draws, new_state
-from flashtree.tree import build_vote_tree, chain_tree, commit_plan, verify_inputs, verify_sampled, walk_and_commit
-from flashtree.tree.commit import apply_permutation
+from flashtree.sampler import candidate_rows
+from flashtree.sampler.markov import markov_draws, new_state
+from flashtree.tree import build_tree, chain_tree, pad_tree, verify_inputs, walk_and_commit, walk_sampled_and_commit
 from flashtree.tree.types import VoteTree
 
-from . import graph_draws
-from .adapters.base import Window
+from . import checks, flashmap_draft, graph_draws
 from .draft_rows import DraftRows, drafting
 from .stage_times import NoTimer, StageTimer
-from .toggles import ToggleError, TreeToggles, load_for_toggle
+from .state import TreePlan, TreeRun
+from .toggles import TreeToggles, load_for_toggle
 from .verify_widths import verifying_with
 
 logger = logging.getLogger("flashtree.patches")
 
 STATS_KEY = "flashtree"
 FUSED_SAMPLER = "flashtree.sampler.triton_sampler:sample_rows_triton"
-
-
-@dataclass
-class TreeState:
-    """Per-worker tree configuration, fixed at DSparkWorkerV2 construction."""
-
-    adapter: object
-    toggles: TreeToggles
-    gamma: int  # draft tokens per DSPARK block
-    depth: int  # K: draft tokens each candidate keeps (<= gamma), the tree's max depth
-    width: int  # W: verify tokens per request (root included) = DSPARK's window gamma + 1
-    page_size: int  # 1: commit by permuting req_to_token; > 1: commit by copying the accepted KV
-    tree_width: int  # the tree's own width (<= width); narrower trees are padded to `width`
-    generator: torch.Generator | None
-    sampler: object
-    noise: torch.Tensor | None = None  # FLASHTREE_FUSED_SAMPLER: the fused Markov draws' (seed, calls) state
-    timer: StageTimer | None = None  # FLASHTREE_STAGE_TIMES
-    steps: int = 0
-    fallbacks: dict = field(default_factory=dict)
-    # FLASHTREE_GRAPH_DRAWS: the draws DSPARK's draft graph tail fills (graph_draws.py), or why there are none.
-    graph_draws: object | None = None
-    graph_draws_off: str | None = "FLASHTREE_GRAPH_DRAWS=0"
-    draw_paths: dict = field(default_factory=dict)  # steps whose N draws came from the graph tail / ran eagerly
-    chain_trees: dict = field(default_factory=dict)  # bs -> (chain VoteTree, zero anchors) for stage_chain_mask
-    # Trees narrower than the window (budget, fixed width): width -> target verify graph runner (verify_widths.py).
-    verify_runners: dict = field(default_factory=dict)
-    draft_rows: DraftRows | None = None  # FLASHTREE_DRAFT_ROWS below gamma: the D-row draft forward (draft_rows.py)
-
-    def width_for(self, bs: int) -> int:
-        w = self.tree_width
-        if self.toggles.tree_budget > 0:
-            w = max(2, min(w, self.toggles.tree_budget // max(bs, 1)))
-        return w
-
-    def draws_for(self, bs: int) -> int:
-        """Candidates drawn per request in a batch of bs: N, scaled with the tree under a budget (N * w / W, at least
-        1), so draws at large batches cost in proportion to the verify tokens they feed."""
-        n = self.toggles.tree_n
-        if self.toggles.tree_budget > 0:
-            n = max(1, -(-n * self.width_for(bs) // self.tree_width))
-        return n
-
-    def widths_for(self, bs: int) -> tuple[int, int]:
-        """(tree width, verify width) of a batch of bs requests. With a verify graph at a width >= the tree's (budget or
-        fixed width), the tree fills that width and verify runs there; otherwise the tree is padded to DSPARK's
-        window."""
-        w = self.width_for(bs)
-        fits = [v for v in self.verify_runners if v >= w]
-        if fits:
-            return min(fits), min(fits)
-        return w, self.width
 
 
 def _load_sampler(toggles: TreeToggles):
@@ -112,53 +62,38 @@ def _load_sampler(toggles: TreeToggles):
     return load_for_toggle(FUSED_SAMPLER, "FLASHTREE_FUSED_SAMPLER", "flashtree's torch row sampler")
 
 
-def create_state(adapter, toggles: TreeToggles, worker) -> TreeState:
-    """Validate the toggles against this worker (raises ToggleError, a SystemExit) and build its tree state."""
+def create_state(adapter, toggles: TreeToggles, worker) -> TreeRun:
+    """Check the toggles against this worker (checks.at_worker_start: ToggleError, a SystemExit), plan its tree steps
+    and start their run state."""
+    checks.at_worker_start(adapter, toggles, worker)
     gamma = adapter.gamma(worker)
     window = gamma + 1
-    if toggles.tree_width and toggles.tree_width > window:
-        raise ToggleError(
-            f"flashtree: FLASHTREE_TREE_WIDTH={toggles.tree_width} exceeds DSPARK's verify window "
-            f"(--speculative-num-draft-tokens = gamma + 1 = {window}); allowed: 'auto' or an integer from 2 to {window}"
-        )
-    if toggles.tree_depth > gamma:
-        raise ToggleError(
-            f"flashtree: FLASHTREE_TREE_DEPTH={toggles.tree_depth} exceeds DSPARK's draft block (gamma = {gamma}); "
-            f"allowed: 'auto' or an integer from 1 to {gamma} (a wider window: raise --speculative-num-draft-tokens)"
-        )
-    depth = toggles.tree_depth or gamma
     rows = toggles.draft_rows or gamma
-    if not depth <= rows <= gamma:
-        raise ToggleError(
-            f"flashtree: FLASHTREE_DRAFT_ROWS={rows} is outside the draft rows a tree step can run, from the tree's "
-            f"depth ({depth}) to DSPARK's gamma ({gamma}); allowed: 'auto' or an integer from {depth} to {gamma}"
-        )
-    # (page size > 1: the pool's copy support is checked at init_cuda_graphs, startup.py: sglang builds the workers
-    # before it allocates the KV pools)
-    page = adapter.page_size(worker)
-    refuse = getattr(adapter, "unsupported_worker", lambda w: None)(worker)
-    if refuse:
-        raise ToggleError(f"flashtree: FLASHTREE_TREE_N is set but {refuse}; unset FLASHTREE_TREE_N for this server")
-    device = torch.device(getattr(worker, "device", "cpu"))
-    generator = torch.Generator(device=device)
-    generator.manual_seed(toggles.seed)
-    state = TreeState(
+    plan = TreePlan(
         adapter=adapter,
         toggles=toggles,
         gamma=gamma,
-        depth=depth,
+        depth=toggles.tree_depth or gamma,
         width=window,
-        page_size=page,
+        page_size=adapter.page_size(worker),
         tree_width=toggles.tree_width or window,
-        generator=generator,
+        policy=toggles.tree_policy,
         sampler=_load_sampler(toggles),
+        forward_rows=rows,
+    )
+    device = torch.device(getattr(worker, "device", "cpu"))
+    generator = torch.Generator(device=device)
+    generator.manual_seed(toggles.seed)
+    run = TreeRun(
+        plan=plan,
+        generator=generator,
         noise=new_state(toggles.seed, device) if toggles.fused_sampler else None,
         timer=StageTimer(toggles.stage_times, device) if toggles.stage_times else None,
-        draft_rows=DraftRows(rows, adapter.proposer_with_rows(worker, rows)) if rows < gamma else None,
+        draft_rows=DraftRows(adapter.proposer_with_rows(worker, rows)) if rows < gamma else None,
     )
     logger.info("flashtree tree path on (sglang %s): %s, W=%d, gamma=%d, depth=%d", adapter.release, toggles.describe(),
-                window, gamma, state.depth)
-    return state
+                window, gamma, plan.depth)
+    return run
 
 
 def make_worker_init(original, adapter, toggles: TreeToggles):
@@ -173,21 +108,21 @@ def make_worker_init(original, adapter, toggles: TreeToggles):
 
 def make_forward_decode(original, adapter, toggles: TreeToggles):
     def _forward_decode(self, batch, on_publish, *args, **kwargs):
-        state = getattr(self, "_flashtree", None)
-        if state is None:
+        run = getattr(self, "_flashtree", None)
+        if run is None:
             raise RuntimeError(
                 "flashtree: DSparkWorkerV2 was built before flashtree patched it (no tree state); the plugin must load "
                 "before the worker is constructed"
             )
-        reason = skip_reason(state, batch, args, kwargs)
+        reason = skip_reason(run.plan, batch, args, kwargs)
         if reason is not None:
-            state.fallbacks[reason] = state.fallbacks.get(reason, 0) + 1
+            run.fallbacks[reason] = run.fallbacks.get(reason, 0) + 1
             if reason in CHAIN_VERIFY_FALLBACKS:
-                stage_chain_mask(state, self, batch)
+                stage_chain_mask(run, self, batch)
             seq_lens = getattr(batch, "seq_lens", None)
             with graph_draws.dspark_proposes_eagerly(self, 0 if seq_lens is None else len(seq_lens)):
                 return original(self, batch, on_publish, *args, **kwargs)
-        return tree_step(state, self, batch, on_publish)
+        return tree_step(run, self, batch, on_publish)
 
     return _forward_decode
 
@@ -196,32 +131,33 @@ def make_forward_decode(original, adapter, toggles: TreeToggles):
 CHAIN_VERIFY_FALLBACKS = ("batch-size", "sampled-n1", "refused-features")
 
 
-def stage_chain_mask(state: TreeState, worker, batch) -> None:
+def stage_chain_mask(run: TreeRun, worker, batch) -> None:
     """Write a chain verify's causal FULL_MASK into the target backend's verify-mask buffer before DSPARK's own step.
 
     The tree path has the verify graphs captured with a custom mask (Triton leaves the skip-custom-mask set), and a
     replay reads that buffer; DSPARK's chain step passes no mask, so sglang copies none in and the replay would read
     the last tree step's mask (seen live: lower acceptance, and wrong target logits). Eager verifies ignore it."""
-    buf = state.adapter.verify_mask_buffer(worker)
+    plan = run.plan
+    buf = plan.adapter.verify_mask_buffer(worker)
     if buf is None:
         return
-    bs, w = len(batch.seq_lens), state.width
-    total = mask_prefix_bound(state, worker, batch)
+    bs, w = len(batch.seq_lens), plan.width
+    total = mask_prefix_bound(plan, worker, batch)
     if total * w + bs * w * w > buf.numel():
         return  # larger than any captured graph's buffer: the verify runs eagerly, causal without a mask
-    if bs not in state.chain_trees:  # fixed per batch size: built once, not on every fallback step
+    if bs not in run.chain_trees:  # fixed per batch size: built once, not on every fallback step
         device = batch.seq_lens.device
-        state.chain_trees[bs] = (chain_tree(bs, w, device), torch.zeros(bs, dtype=torch.long, device=device))
-    tree, anchor = state.chain_trees[bs]
+        run.chain_trees[bs] = (chain_tree(bs, w, device), torch.zeros(bs, dtype=torch.long, device=device))
+    tree, anchor = run.chain_trees[bs]
     mask = verify_inputs(tree, anchor, batch.seq_lens, total).mask
     buf[: mask.numel()].copy_(mask)
 
 
-def mask_prefix_bound(state: TreeState, worker, batch) -> int:
+def mask_prefix_bound(plan: TreePlan, worker, batch) -> int:
     """The host int that sizes a step's verify mask: >= the sum of the batch's seq_lens. DSPARK's reserved lengths
     give one without a host sync (summing the device seq_lens was the one sync of a tree step live, where DSPARK's
     chain step has none); the exact sum only where no bound is on the host."""
-    bound = state.adapter.prefix_sum_bound(worker, len(batch.seq_lens), batch.spec_info, state.width)
+    bound = plan.adapter.prefix_sum_bound(worker, len(batch.seq_lens), batch.spec_info, plan.width)
     if bound is not None:
         return bound
     if isinstance(batch.seq_lens_sum, int):
@@ -229,14 +165,14 @@ def mask_prefix_bound(state: TreeState, worker, batch) -> int:
     return int(batch.seq_lens.sum())
 
 
-def skip_reason(state: TreeState, batch, args, kwargs) -> str | None:
+def skip_reason(plan: TreePlan, batch, args, kwargs) -> str | None:
     if batch.forward_mode.is_idle():
         return "idle"
     if kwargs.get("coordination_plan") is not None or (len(args) > 1 and args[1] is not None):
         return "dp-attention"
     if getattr(batch, "has_grammar", False) or getattr(batch, "return_logprob", False):
         return "refused-features"  # admission refuses these; a batch that still has them keeps DSPARK's own path
-    limit = state.toggles.tree_max_bs
+    limit = plan.toggles.tree_max_bs
     if limit and len(batch.seq_lens) > limit:
         # FLASHTREE_TREE_MAX_BS: DSPARK's chain step is cheaper here. Both steps leave req_to_token (accepted slots
         # first), the KV and the next draft input (bonus, new seq_lens) in the same sequential layout, so requests
@@ -244,58 +180,35 @@ def skip_reason(state: TreeState, batch, args, kwargs) -> str | None:
         return "batch-size"
     info = batch.sampling_info
     all_greedy = info is None or info.is_all_greedy
-    if not all_greedy and state.toggles.tree_n == 1:
+    if not all_greedy and plan.toggles.tree_n == 1:
         return "sampled-n1"
     return None
 
 
-def pad_tree(tree: VoteTree, width: int, n: int) -> VoteTree:
-    """Append padding nodes (root children carrying node 1's token, never accepted) up to `width`."""
-    extra = width - tree.width
-    if extra <= 0:
-        return tree
-    bs = tree.batch_size
-
-    def pad(x, value):
-        return torch.cat([x, x.new_full((bs, extra), value)], dim=1)
-
-    return VoteTree(
-        tokens=torch.cat([tree.tokens, tree.tokens[:, :1].expand(bs, extra)], dim=1),
-        parents=pad(tree.parents, 0),
-        depth=pad(tree.depth, 1),
-        votes=pad(tree.votes, 0),
-        valid=pad(tree.valid, False),
-        first_candidate=pad(tree.first_candidate, n),
-        k=tree.k,
-    )
-
-
-def draw_temperatures(rows: int, n: int, temperature: float, device) -> torch.Tensor:
-    """(rows,) = (bs * N,) temperatures, request-major: candidate 0 of each request is the draft's greedy block (so
-    the tree always holds DSPARK's chain block, as the engine's drafters do), candidates 1..N-1 are draws."""
-    temps = torch.full((rows // n, n), temperature, dtype=torch.float32, device=device)
-    temps[:, 0] = 0.0
-    return temps.view(-1)
-
-
-def draw_candidates(state: TreeState, worker, base_logits, anchor, draft_hidden, n: int) -> torch.Tensor:
-    temperature = state.toggles.draft_temperature
+def draw_candidates(run: TreeRun, worker, base_logits, anchor, draft_hidden, n: int) -> torch.Tensor:
+    """The N candidate blocks (bs, N, K), drawn eagerly: a FlashMap draft's noise draws, else the Markov head's."""
+    plan = run.plan
+    drawn = flashmap_draft.noise_draws(plan.adapter, worker, base_logits.shape[0])
+    if drawn is not None:
+        return drawn
+    temperature = plan.toggles.draft_temperature
 
     def sampler(step_logits: torch.Tensor) -> torch.Tensor:
-        temps = draw_temperatures(step_logits.shape[0], n, temperature, step_logits.device)
-        return state.sampler(step_logits, temps, generator=state.generator)
+        _inv, greedy = candidate_rows(step_logits.shape[0] // n, n, temperature, step_logits.device)
+        return plan.sampler(step_logits, torch.where(greedy, 0.0, temperature), generator=run.generator)
 
     def fused(base, anchor, w1, w2):  # a vanilla Markov head: all K steps of the N draws in K launches on CUDA
         inv_temperature, greedy = candidate_rows(base.shape[0], n, temperature, base.device)
-        return markov_draws(base, anchor, w1, w2, n, inv_temperature, greedy, state.noise)
+        return markov_draws(base, anchor, w1, w2, n, inv_temperature, greedy, run.noise)
 
-    return state.adapter.sample_blocks(worker, base_logits, anchor, draft_hidden, n, sampler,
-                                       fused if state.noise is not None else None)
+    return plan.adapter.sample_blocks(worker, base_logits, anchor, draft_hidden, n, sampler,
+                                      fused if run.noise is not None else None)
 
 
-def walk(state: TreeState, tree: VoteTree, logits: torch.Tensor, sampling_info, req_to_token, rows, starts):
+def walk(run: TreeRun, tree: VoteTree, logits: torch.Tensor, sampling_info, req_to_token, rows, starts):
     """The accepted path and its commit plan; with `req_to_token` (page size 1) the window `req_to_token[rows[b],
-    starts[b]:][:W]` is also rewritten so the accepted path's slots come first. Greedy batches: one launch on CUDA."""
+    starts[b]:][:W]` is also rewritten so the accepted path's slots come first. Greedy batches: one launch on CUDA.
+    Here only sglang's sampling_info becomes per-request tensors (top_k = 1 rows are greedy)."""
     bs, w = tree.batch_size, tree.width
     logits = logits.view(bs, w, -1)
     if sampling_info is None or sampling_info.is_all_greedy:
@@ -305,46 +218,44 @@ def walk(state: TreeState, tree: VoteTree, logits: torch.Tensor, sampling_info, 
     top_k = torch.where(greedy, 0, sampling_info.top_ks.view(-1).to(torch.long))
     top_k = torch.where(top_k >= logits.shape[-1], 0, top_k)
     top_p = sampling_info.top_ps.view(-1).float()
-    result = verify_sampled(tree, logits, temperature, generator=state.generator, top_k=top_k, top_p=top_p)
-    plan = commit_plan(tree, result)
-    if req_to_token is not None:
-        apply_permutation(req_to_token, rows, starts, plan)
-    return result, plan
+    return walk_sampled_and_commit(tree, logits, temperature, run.generator, top_k, top_p, req_to_token, rows, starts)
 
 
-def tree_step(state: TreeState, worker, batch, on_publish):
-    adapter = state.adapter
+def tree_step(run: TreeRun, worker, batch, on_publish):
+    plan = run.plan
+    adapter = plan.adapter
     draft_input = batch.spec_info
     bs = len(batch.seq_lens)
-    tree_w, w = state.widths_for(bs)  # w: verify tokens per request (DSPARK's window, or a narrower verify graph's)
+    tree_w, w = run.widths_for(bs)  # w: verify tokens per request (DSPARK's window, or a narrower verify graph's)
     prefix = batch.seq_lens
-    timer = state.timer or NoTimer()
+    timer = run.timer or NoTimer()
 
     timer.start()
     window = adapter.alloc_window(worker, batch, bs, draft_input)
-    with drafting(state, worker) as proposer:
-        draft = adapter.draft_forward(worker, batch, draft_input, window, bs, proposer)
+    sampler = graph_draws.sampler_of(worker)
+    graph_candidates = None if sampler is None else sampler.flashtree_draws.drawn
+    with drafting(run, worker) as proposer:
+        draft = adapter.draft_forward(worker, batch, draft_input, window, bs, proposer, sampler, graph_candidates)
     anchor = draft.anchor
     timer.mark("draft")
-    n, k = state.draws_for(bs), state.depth
-    if draft.candidates is not None:  # drawn by the draft graph's tail (FLASHTREE_GRAPH_DRAWS), or FlashMap's draws
+    n, k = plan.draws_for(bs), plan.depth
+    if draft.candidates is not None:  # drawn by the draft graph's tail (FLASHTREE_GRAPH_DRAWS)
         candidates = draft.candidates[:, :n, :k]  # the tail drew what its graph's (padded) batch size draws: <= n
         n = candidates.shape[1]
         path = "graph"
     else:
         hidden = None if draft.draft_hidden is None else draft.draft_hidden[:, :k]
-        candidates = draw_candidates(state, worker, draft.base_logits[:, :k], anchor, hidden, n)
+        candidates = draw_candidates(run, worker, draft.base_logits[:, :k], anchor, hidden, n)
         path = "eager"
-    state.draw_paths[path] = state.draw_paths.get(path, 0) + 1
+    run.draw_paths[path] = run.draw_paths.get(path, 0) + 1
     timer.mark("draws")
-    tree = pad_tree(build_vote_tree(candidates, tree_w), w, n)
-    if w < state.width:  # a narrower verify graph: the first w slots of DSPARK's window
-        window = Window(window.positions_2d[:, :w], window.cache_loc_2d[:, :w].reshape(-1), window.cache_loc_2d[:, :w],
-                        window.native)
+    tree = pad_tree(build_tree(candidates, tree_w, policy=plan.policy), w, n)
+    if w < plan.width:  # a narrower verify graph: the first w slots of DSPARK's window
+        window = window.narrowed(w)
 
-    inputs = verify_inputs(tree, anchor, prefix, mask_prefix_bound(state, worker, batch), candidates)
-    timer.mark("tree")
-    with verifying_with(worker, state.verify_runners.get(w)):
+    inputs = verify_inputs(tree, anchor, prefix, mask_prefix_bound(plan, worker, batch), candidates)
+    timer.mark("build")
+    with verifying_with(worker, run.verify_runners.get(w)):
         verified = adapter.target_verify(worker, batch, draft_input, window, inputs.ids, inputs.positions.view(bs, w),
                                          inputs.mask)
     timer.mark("verify")
@@ -352,26 +263,26 @@ def tree_step(state: TreeState, worker, batch, on_publish):
     # Page size 1: the walk also permutes the window in req_to_token so the accepted path's slots come first (no KV
     # moves). Paged KV: a slot's page offset is its position's, so the window stays put and the accepted nodes' target
     # KV is copied to offsets 1..accept_len. Then the draft context is injected for the committed tokens only.
-    req_to_token = adapter.req_to_token(worker) if state.page_size == 1 else None
-    result, plan = walk(state, tree, verified.logits, batch.sampling_info, req_to_token, batch.req_pool_indices, prefix)
+    req_to_token = adapter.req_to_token(worker) if plan.page_size == 1 else None
+    result, commit = walk(run, tree, verified.logits, batch.sampling_info, req_to_token, batch.req_pool_indices, prefix)
     commit_lens = result.commit_len.to(torch.int32)
     timer.mark("walk")
 
-    if state.page_size == 1:
-        slots = window.cache_loc_2d.gather(1, plan.permutation)
+    if plan.page_size == 1:
+        slots = window.cache_loc_2d.gather(1, commit.permutation)
     else:
-        adapter.copy_committed_kv(worker, window.cache_loc_2d, plan)
+        adapter.copy_committed_kv(worker, window.cache_loc_2d, commit)
         slots = window.cache_loc_2d
     hidden = verified.hidden.view(bs, w, -1)
-    hidden = hidden.gather(1, plan.permutation.unsqueeze(-1).expand(bs, w, hidden.shape[-1]))
+    hidden = hidden.gather(1, commit.permutation.unsqueeze(-1).expand(bs, w, hidden.shape[-1]))
     adapter.inject_committed(worker, batch, hidden.reshape(bs * w, -1), slots, window.positions_2d, commit_lens)
     adapter.publish_req_to_token_write(worker)
     timer.mark("commit")
 
     new_seq_lens = prefix + commit_lens.to(prefix.dtype)
     out_tokens = result.tokens.clamp(min=0)  # (bs, K + 1): committed tokens first, then filler, up to DSPARK's W
-    if out_tokens.shape[1] < state.width:
-        out_tokens = torch.cat([out_tokens, out_tokens.new_zeros((bs, state.width - out_tokens.shape[1]))], dim=1)
+    if out_tokens.shape[1] < plan.width:
+        out_tokens = torch.cat([out_tokens, out_tokens.new_zeros((bs, plan.width - out_tokens.shape[1]))], dim=1)
     if on_publish is not None:
         on_publish(new_seq_lens)
 
@@ -382,7 +293,7 @@ def tree_step(state: TreeState, worker, batch, on_publish):
     info = dict(getattr(logits_output, "customized_info", None) or {})
     info[STATS_KEY] = stats
     logits_output.customized_info = info
-    state.steps += 1
+    run.steps += 1
 
     next_draft_input = adapter.make_next_draft_input(result.bonus, new_seq_lens)
     timer.mark("output")
@@ -394,7 +305,7 @@ def tree_step(state: TreeState, worker, batch, on_publish):
         block_accept_lens=commit_lens,
         can_run_cuda_graph=verified.can_run_cuda_graph,
         next_draft_input=next_draft_input,
-        speculative_num_draft_tokens=state.width,
+        speculative_num_draft_tokens=plan.width,
         new_seq_lens=new_seq_lens,
     )
 

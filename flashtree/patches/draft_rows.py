@@ -3,7 +3,7 @@
 Trees wider than the draft block (FLASHTREE_TREE_DEPTH=K below gamma) take DSPARK's wider window W = gamma + 1, and
 DSPARK's draft forward then runs all gamma rows of it per request, of which the tree keeps the first K. At 28-32
 requests on the H200 that forward was 2.44 ms of a 5.35 ms tree step against 1.49 ms for an 8-row block
-(BENCHMARKS.md section 6, run 18). With D rows (K <= D <= gamma) a tree step's draft forward runs the window's first D
+(BENCHMARKS.md section 6). With D rows (K <= D <= gamma) a tree step's draft forward runs the window's first D
 slots only; the target still verifies up to W tokens. The block attends within itself both ways, so rows < D see
 other logits than with gamma rows; lossless either way (the target verifies every token).
 
@@ -29,37 +29,39 @@ logger = logging.getLogger("flashtree.patches")
 
 @dataclass
 class DraftRows:
-    rows: int
-    proposer: object  # DSPARK's proposer, copied, over `rows` rows
+    """The run state of FLASHTREE_DRAFT_ROWS (the row count itself is the plan's `forward_rows`)."""
+
+    proposer: object  # DSPARK's proposer, copied, over the plan's forward_rows rows
     runner: object | None = None  # the draft graph runner captured at `rows` tokens per request (None: eager)
 
 
-def capture(state, worker) -> None:
-    """The D-row draft graphs of `state.draft_rows` (after DSPARK's init_cuda_graphs); without them (a server without
+def capture(run, worker) -> None:
+    """The D-row draft graphs of `run.draft_rows` (after DSPARK's init_cuda_graphs); without them (a server without
     draft graphs, or a failed capture) D-row forwards run eagerly."""
-    path = state.draft_rows
+    path = run.draft_rows
+    rows, gamma = run.plan.forward_rows, run.plan.gamma
     dmr = worker.draft_model_runner
     main = getattr(dmr, "decode_cuda_graph_runner", None)
     if not hasattr(main, "capture_bs"):  # no draft graphs (sglang's eager runner, or none)
         logger.info("flashtree: tree steps' draft forward over %d of DSPARK's %d rows (eager: no draft graphs)",
-                    path.rows, state.gamma)
+                    rows, gamma)
         return
     from . import graph_draws
 
     sampler = graph_draws.sampler_of(worker)
     saved = dmr.capture_tail_hooks
-    dmr.capture_tail_hooks = [tail_hook(sampler, path.rows)] if sampler is not None else []
+    dmr.capture_tail_hooks = [tail_hook(sampler, rows)] if sampler is not None else []
     try:
         with worker._draft_context():
             backend = type(dmr.attn_backend)(dmr)
             # a DSPARK draft runner captures num_draft_tokens - 1 rows per request
-            path.runner = type(main)(dmr, attn_backend=backend, speculative_num_draft_tokens=path.rows + 1)
+            path.runner = type(main)(dmr, attn_backend=backend, speculative_num_draft_tokens=rows + 1)
     except Exception as err:  # noqa: BLE001 - the D-row forwards then run eagerly
         logger.warning("flashtree: capturing the draft graphs at %d rows failed (%s: %s); tree steps run their "
-                       "%d-row draft forward eagerly", path.rows, type(err).__name__, err, path.rows)
+                       "%d-row draft forward eagerly", rows, type(err).__name__, err, rows)
     finally:
         dmr.capture_tail_hooks = saved
-    logger.info("flashtree: tree steps' draft forward over %d of DSPARK's %d rows (%s)", path.rows, state.gamma,
+    logger.info("flashtree: tree steps' draft forward over %d of DSPARK's %d rows (%s)", rows, gamma,
                 "graphs captured" if path.runner is not None else "eager")
 
 
@@ -74,9 +76,9 @@ def tail_hook(sampler, rows: int):
 
 
 @contextlib.contextmanager
-def drafting(state, worker):
+def drafting(run, worker):
     """The proposer a tree step's draft forward runs: DSPARK's, or the D-row copy with its graph runner swapped in."""
-    path = state.draft_rows
+    path = run.draft_rows
     if path is None or path.runner is None:  # eager: the gamma-row graphs refuse a D-row batch (width check)
         yield None if path is None else path.proposer
         return

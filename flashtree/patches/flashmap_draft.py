@@ -7,8 +7,9 @@ candidate-major, hands their final hidden states `(bs * N * K, dim)` to `_draft_
 returns the first candidate's block to DSPARK. flashtree switches that mode on at worker start, before sglang
 captures the draft's CUDA graphs, with N fixed to FLASHTREE_TREE_N, and puts a `NoiseDraws` in place of
 `_draft_tree` on the instance: each candidate is the argmax block given its noise (flashmap's own rule), written into
-a persistent `(rows, N, K)` buffer that captured graphs rewrite on every replay. The tree step's `sample_blocks`
-(0.5.20 adapter) then returns those rows instead of drawing N blocks through the Markov head.
+a persistent `(rows, N, K)` buffer that captured graphs rewrite on every replay. The tree step's eager draws
+(`decode.draw_candidates`) then return those rows instead of drawing N blocks through the Markov head. Whether the
+release can serve it (`adapter.flashmap_noise_draws`), the draft model and the graph sizes are the adapter's answers.
 
 The draft is recognised by probing it (flashmap's `flashmap = True` marker plus every method and field used here),
 never by importing flashmap. Its noise comes from torch's default generator on the draft's device (flashmap draws it
@@ -22,7 +23,7 @@ import logging
 
 import torch
 
-from .toggles import ToggleError
+from . import checks
 
 logger = logging.getLogger("flashtree.patches")
 
@@ -33,10 +34,6 @@ FIELDS = ("tree_mode", "tree_max_n", "tree_budget", "num_steps", "block_size", "
 HEAD_CHUNK = 1024
 # flashmap cuts its candidates to tree_budget // bs per request; this budget keeps N for any batch size.
 BATCH_BOUND = 1 << 20
-
-
-def draft_model(worker):
-    return worker._proposer.draft_model
 
 
 def is_flashmap_draft(model) -> bool:
@@ -83,60 +80,24 @@ class NoiseDraws:
             flat.copy_(self.model.hot_ids[flat])
 
 
-def _graph_rows() -> int:
-    """The largest batch sglang captures decode graphs for (0 outside a server: every batch runs eagerly)."""
-    from .adapters.probe import resolve
-
-    try:
-        return max(resolve("sglang.srt.runtime_context:get_exec")().graph.cuda_graph_config.decode.bs)
-    except (LookupError, ValueError, AttributeError, TypeError):
-        return 0
-
-
 def prepare(adapter, worker, n: int) -> None:
-    """At worker start: switch a FlashMap draft to N noise draws per forward, or refuse it (ToggleError, a SystemExit).
-    Any other draft is left as it is."""
-    model = draft_model(worker)
+    """At worker start: switch a FlashMap draft to N noise draws per forward, or refuse it (checks.flashmap_draft:
+    ToggleError, a SystemExit). Any other draft is left as it is."""
+    model = adapter.draft_model(worker)
     if not is_flashmap_draft(model):
         return
-    head = f"flashtree: the draft is flashmap's sglang model ({type(model).__name__})"
-    if not adapter.flashmap_noise_draws:
-        raise ToggleError(
-            f"{head}; drawing its N candidates from its noise is available on sglang 0.5.20 only (the release flashmap "
-            f"0.1.0 targets), and this server runs sglang {adapter.release}. Serve it on sglang 0.5.20, or unset "
-            "FLASHTREE_TREE_N"
-        )
-    gaps = _protocol_gaps(model)
-    if gaps:
-        raise ToggleError(f"{head}, but it lacks {', '.join(gaps)}; flashtree supports flashmap 0.1.0's model")
-    if model.tree_mode:
-        raise ToggleError(
-            f"{head} with FLASHMAP_TREE_N set: flashmap's own tree decode would compete with flashtree's. Unset "
-            "FLASHMAP_TREE_N (FLASHTREE_TREE_N sets the candidate count)"
-        )
-    if int(model.num_steps) != 1:
-        raise ToggleError(
-            f"{head} takes {model.num_steps} jumps; several candidates per forward take one: set FLASHMAP_NUM_STEPS=1"
-        )
-    gamma = adapter.gamma(worker)
-    if int(model.block_size) != gamma:
-        raise ToggleError(
-            f"{head} drafts blocks of {model.block_size}, but DSPARK verifies {gamma} drafts; several candidates per "
-            f"forward need the whole block: drop --speculative-dspark-block-size"
-        )
+    checks.flashmap_draft(adapter, worker, model, _protocol_gaps(model))
     model.tree_max_n, model.tree_budget = n, n * BATCH_BOUND
-    if model.tree_n_for(1) != n or model.tree_n_for(BATCH_BOUND) != n:
-        raise ToggleError(
-            f"{head}, but its tree_n_for does not keep {n} candidates per request; flashtree supports flashmap 0.1.0's"
-        )
-    model._draft_tree = NoiseDraws(model, n, _graph_rows(), torch.device(getattr(worker, "device", "cpu")))
+    checks.flashmap_keeps_n(model, n, BATCH_BOUND)
+    graph_rows = max(adapter.decode_graph_sizes() or [0])  # 0 outside a server: every batch runs eagerly
+    model._draft_tree = NoiseDraws(model, n, graph_rows, torch.device(getattr(worker, "device", "cpu")))
     model.tree_mode = True
     logger.info("flashtree: FlashMap draft, %d noise draws per request in each draft forward", n)
 
 
-def noise_draws(worker, bs: int) -> torch.Tensor | None:
+def noise_draws(adapter, worker, bs: int) -> torch.Tensor | None:
     """The candidates (bs, N, K) the last draft forward drew; None when the draft is not a prepared FlashMap draft."""
-    draws = getattr(draft_model(worker), "_draft_tree", None)
+    draws = getattr(adapter.draft_model(worker), "_draft_tree", None)
     if not isinstance(draws, NoiseDraws):
         return None
     return draws.out(bs).clone()  # the next draft forward rewrites the buffer

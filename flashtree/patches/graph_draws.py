@@ -53,7 +53,8 @@ from typing import Callable
 
 import torch
 
-from flashtree.sampler.markov import candidate_rows, markov_draws, new_state
+from flashtree.sampler import candidate_rows, gumbel_pick
+from flashtree.sampler.markov import markov_draws, new_state
 
 logger = logging.getLogger("flashtree.patches")
 
@@ -138,7 +139,7 @@ class GraphDraws:
 
     # ---- the tail ------------------------------------------------------------------------------------------------
     def draw(self, sampler, hidden_states: torch.Tensor, input_ids: torch.Tensor, base_logits) -> None:
-        bs, model_hidden, draft_hidden, anchor = tail_inputs(sampler, hidden_states, input_ids)
+        bs, model_hidden, draft_hidden, anchor = self.adapter.tail_inputs(sampler, hidden_states, input_ids)
         if bs > self.max_bs:
             if self.limit:  # only chain steps (bs > FLASHTREE_TREE_MAX_BS) replay this graph: DSPARK's tail only
                 self.skipped_sizes.add(bs)
@@ -179,36 +180,15 @@ class GraphDraws:
         sizes = [s for s in self.drawn_sizes if s >= bs]
         return self.drawn_sizes[min(sizes)] if sizes else self.n
 
+    def drawn(self, bs: int) -> torch.Tensor | None:
+        """What a tree step over bs requests reads after a graph replay: the candidates, or None where the graph its
+        batch replays was captured without the draws (above FLASHTREE_TREE_MAX_BS)."""
+        return self.read(bs) if self.covers(bs) else None
+
     def read(self, bs: int) -> torch.Tensor:
         """The (bs, n, K) candidates the last graph replay drew, as a view: the tree step's build and verify inputs
         read them on the forward stream before the next replay can rewrite them, so no copy is needed."""
         return self.out[:bs, : self.drawn_n(bs)]
-
-
-def gumbel_pick(step_logits, exp_noise, inv_temperature, greedy) -> torch.Tensor:
-    """Per row: argmax(logits) on greedy rows, else argmax(logits / T - log E) with E ~ Exp(1) (Gumbel-max: a draw
-    from softmax(logits / T)). `exp_noise` is overwritten."""
-    gumbel = exp_noise.clamp_min_(torch.finfo(torch.float32).tiny).log_()  # E = 0 would pick any token
-    scores = torch.mul(step_logits.float(), inv_temperature[:, None]).sub_(gumbel)
-    return torch.where(greedy, step_logits.argmax(dim=-1), scores.argmax(dim=-1))
-
-
-def tail_batch_size(sampler, hidden_states: torch.Tensor) -> int:
-    return hidden_states.shape[0] // int(getattr(sampler, "query_token_num", sampler.gamma))
-
-
-def tail_inputs(sampler, hidden_states: torch.Tensor, input_ids: torch.Tensor):
-    """(bs, hidden for the base logits, (bs, K, H) hidden for the Markov head, anchor (bs,)) as DSPARK's tail sees
-    them: 0.5.17 feeds K rows per request; 0.5.20+ feed K + 1 (the anchor's row first) unless the draft samples from
-    the anchor."""
-    k = int(sampler.gamma)
-    q = int(getattr(sampler, "query_token_num", k))
-    bs = tail_batch_size(sampler, hidden_states)
-    anchor = input_ids.view(bs, q)[:, 0]
-    if q == k:
-        return bs, hidden_states, hidden_states.view(bs, k, -1), anchor
-    selected = hidden_states.view(bs, q, -1)[:, 1:].contiguous()
-    return bs, selected.view(bs * k, -1), selected, anchor
 
 
 class FlashtreeSamplerMixin:
@@ -218,7 +198,7 @@ class FlashtreeSamplerMixin:
 
     def __call__(self, hidden_states, input_ids):
         draws = self.flashtree_draws
-        if tail_batch_size(self, hidden_states) <= draws.lean_bs:
+        if draws.adapter.tail_batch_size(self, hidden_states) <= draws.lean_bs:
             draws.draw(self, hidden_states, input_ids, None)
             return
         model = self.model
@@ -280,17 +260,6 @@ def need_bytes(adapter, *, n: int, depth: int, max_bs: int, vocab: int, logits_b
         rows=rows, depth=depth, vocab=vocab, logits_bytes=logits_bytes)
 
 
-def configured_graph_sizes() -> list[int] | None:
-    """The decode CUDA-graph batch sizes sglang was configured with (`--cuda-graph-bs`; DSPARK sizes its own sampler
-    from their max), None when unknown. sglang captures a subset of them (plus its max running requests)."""
-    try:
-        from sglang.srt.runtime_context import get_exec
-
-        return sorted({int(s) for s in get_exec().graph.cuda_graph_config.decode.bs})
-    except Exception:  # not published (no server context), or another layout
-        return None
-
-
 def draw_rows(max_bs: int, limit: int, sizes) -> int:
     """Requests the draw buffers hold: all `max_bs` without a limit; with FLASHTREE_TREE_MAX_BS = limit, the graph
     size a batch of `limit` requests is padded to (the smallest configured size >= limit; `limit` when unknown),
@@ -309,22 +278,25 @@ def free_bytes(device) -> int | None:
     return int(free)
 
 
-def build(state, worker, stock, *, free: Callable = free_bytes, graph_sizes: Callable = configured_graph_sizes):
+def build(run, worker, stock, *, free: Callable = free_bytes, graph_sizes: Callable | None = None):
     """Called with the sampler DSPARK built (or None). Returns the sampler the worker keeps: flashtree's, or DSPARK's
-    own (reason logged and kept in `state.graph_draws_off`)."""
+    own (reason logged and kept in `run.graph_draws_off`). graph_sizes: the configured decode graph sizes
+    (default: the adapter's)."""
     from . import flashmap_draft
 
-    adapter, toggles = state.adapter, state.toggles
+    plan = run.plan
+    adapter, toggles = plan.adapter, plan.toggles
+    graph_sizes = graph_sizes or adapter.decode_graph_sizes
 
     def keep(reason):
-        state.graph_draws_off = reason
+        run.graph_draws_off = reason
         logger.warning("flashtree: FLASHTREE_GRAPH_DRAWS=1 but the N draft draws stay eager: %s", reason)
         return stock
 
     if stock is None:
         return keep("DSPARK built no graph-folded draft sampler (no draft CUDA graph, no Markov head, or folded "
                     "proposal off)")
-    if isinstance(getattr(flashmap_draft.draft_model(worker), "_draft_tree", None), flashmap_draft.NoiseDraws):
+    if isinstance(getattr(adapter.draft_model(worker), "_draft_tree", None), flashmap_draft.NoiseDraws):
         return keep("the draft is a FlashMap draft; its noise draws give the candidates")
     refuse = adapter.graph_draws_unsupported(worker, stock)
     if refuse:
@@ -339,7 +311,7 @@ def build(state, worker, stock, *, free: Callable = free_bytes, graph_sizes: Cal
     logits_bytes = weight.element_size() if weight.is_floating_point() else 2
     # FLASHTREE_FUSED_SAMPLER with a vanilla Markov head: the fused Markov draws
     fused = adapter.vanilla_markov_weights(stock.markov_head) if toggles.fused_sampler else None
-    need = need_bytes(adapter, n=toggles.tree_n, depth=state.depth, max_bs=max_bs, vocab=vocab,
+    need = need_bytes(adapter, n=toggles.tree_n, depth=plan.depth, max_bs=max_bs, vocab=vocab,
                       logits_bytes=logits_bytes, fused=fused is not None)
     have = free(worker.device)
     if have is not None and have - need < CAPTURE_HEADROOM_BYTES:
@@ -353,12 +325,12 @@ def build(state, worker, stock, *, free: Callable = free_bytes, graph_sizes: Cal
     # without a limit, those of at most FLASHTREE_TREE_MAX_BS requests with one.
     lean_bs = 0 if toggles.tree_n == 1 else min(toggles.tree_max_bs or max_bs, max_bs)
     draws = GraphDraws(
-        adapter=adapter, n=toggles.tree_n, depth=state.depth, max_bs=max_bs, vocab=vocab,
+        adapter=adapter, n=toggles.tree_n, depth=plan.depth, max_bs=max_bs, vocab=vocab,
         temperature=toggles.draft_temperature, device=stock.out.device, limit=limit, fused=fused, seed=toggles.seed,
-        n_for=state.draws_for, lean_bs=lean_bs,
+        n_for=plan.draws_for, lean_bs=lean_bs,
     )
-    state.graph_draws = draws
-    state.graph_draws_off = None
+    run.graph_draws = draws
+    run.graph_draws_off = None
     logger.info(
         "flashtree: the N=%d draft draws run in DSPARK's draft CUDA graph tail (%s, up to %d requests, ~%.2f GiB%s)%s",
         toggles.tree_n, "fused Markov draws" if fused is not None else "the Markov head's torch steps", max_bs,
@@ -369,16 +341,16 @@ def build(state, worker, stock, *, free: Callable = free_bytes, graph_sizes: Cal
     return wrap(stock, draws)
 
 
-def install(state, worker) -> None:
+def install(run, worker) -> None:
     """At DSparkWorkerV2.__init__: route the worker's `_maybe_build_draft_sampler` through `build`."""
     original = getattr(worker, "_maybe_build_draft_sampler", None)
     if not callable(original):
-        state.graph_draws_off = "this DSparkWorkerV2 has no _maybe_build_draft_sampler"
-        logger.warning("flashtree: FLASHTREE_GRAPH_DRAWS=1 but the N draft draws stay eager: %s", state.graph_draws_off)
+        run.graph_draws_off = "this DSparkWorkerV2 has no _maybe_build_draft_sampler"
+        logger.warning("flashtree: FLASHTREE_GRAPH_DRAWS=1 but the N draft draws stay eager: %s", run.graph_draws_off)
         return
-    state.graph_draws_off = "init_cuda_graphs has not built the draft sampler yet"
+    run.graph_draws_off = "init_cuda_graphs has not built the draft sampler yet"
 
     def _maybe_build_draft_sampler(*args, **kwargs):  # 0.5.20 passes available_memory_gb
-        return build(state, worker, original(*args, **kwargs))
+        return build(run, worker, original(*args, **kwargs))
 
     worker._maybe_build_draft_sampler = _maybe_build_draft_sampler

@@ -8,7 +8,7 @@ sglang's `TritonAttnBackend.forward_extend` (0.5.17, 0.5.20, 0.5.23) calls, on T
                             sliding_window_size, sinks, window_kv_offsets, xai_temperature_len, max_bs) -> bool
 
 and falls back to its own `extend_attention_fwd` when that returns False. Upstream sets the flag only on AMD gfx95 with
-topk == 1; flashtree's Triton init patch sets it per target-backend instance (see adapters/base.py) and puts
+topk == 1; flashtree's Triton init patch sets it per target-backend instance (plan.py installs it) and puts
 `make_verify_fwd(kernel)` there. The function below keeps sglang's signature, declines (returns False, nothing written)
 every case flashtree's kernel does not cover, and otherwise hands the call to flashtree's kernel in sglang's own layout:
 

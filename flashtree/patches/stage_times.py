@@ -1,7 +1,8 @@
 """Per-stage time of the tree decode step (FLASHTREE_STAGE_TIMES=N): where a step's time goes, logged every N steps.
 
 CUDA: events recorded between stages and read only when the log line is due (one synchronisation per N steps, not per
-step), so the timed server runs as it would untimed. CPU: wall clock. Stages are named by the tree step's marks.
+step), so the timed server runs as it would untimed. CPU: wall clock. Stages are named by the tree step's marks, in
+the engine's vocabulary (`STAGES`).
 Each line also gives the host's time per step (Python and launches: when it matches the device time, the step is bound
 by the host, not the GPU) and the median device time between one step's end and the next one's start (sglang's work
 between steps: scheduling, output processing, and idle time).
@@ -15,6 +16,9 @@ import time
 import torch
 
 logger = logging.getLogger("flashtree.patches")
+
+# The tree step's stages in order, named as the engine names them.
+STAGES = ("draft", "draws", "build", "verify", "walk", "commit", "output")
 
 
 class NoTimer:

@@ -9,38 +9,28 @@ from __future__ import annotations
 
 import logging
 
-from .toggles import ToggleError
+from . import checks
 
 logger = logging.getLogger("flashtree.patches")
-
-
-def refuse_paged_commit(adapter, worker, page: int) -> None:
-    """Stop the server (ToggleError) if the target KV pool cannot take the paged-KV copy commit."""
-    missing = adapter.copy_commit_unsupported(worker)
-    if missing:
-        raise ToggleError(
-            f"flashtree: with --page-size {page} the tree path commits by copying the accepted KV, but {missing}; "
-            "allowed: start the server with --page-size 1, or unset FLASHTREE_TREE_N"
-        )
 
 
 def make_init_cuda_graphs(original, narrow: bool):
     """DSparkWorkerV2.init_cuda_graphs wrapped; narrow: trees narrower than the window (budget or fixed width)."""
 
     def init_cuda_graphs(self, *args, **kwargs):
-        state = getattr(self, "_flashtree", None)
-        if state is not None and state.page_size != 1:
-            refuse_paged_commit(state.adapter, self, state.page_size)
+        run = getattr(self, "_flashtree", None)
+        if run is not None:
+            checks.at_init_cuda_graphs(run.plan.adapter, self, run.plan.page_size)
         out = original(self, *args, **kwargs)
-        if state is not None and state.draft_rows is not None:
+        if run is not None and run.draft_rows is not None:
             from . import draft_rows
 
-            draft_rows.capture(state, self)
-        if state is not None and narrow:
+            draft_rows.capture(run, self)
+        if run is not None and narrow:
             from . import verify_widths, warmup
 
-            verify_widths.capture(state, self)
-            warmed = warmup.warm(state, self, *warmup.limits(state, self))
+            verify_widths.capture(run, self)
+            warmed = warmup.warm(run, self, *warmup.limits(run, self))
             logger.info("flashtree: tree kernels compiled for (candidates, tree width, verify width) %s", warmed)
         return out
 

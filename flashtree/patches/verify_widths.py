@@ -26,24 +26,25 @@ import logging
 logger = logging.getLogger("flashtree.patches")
 
 
-def capture(state, worker) -> None:
-    """Capture a verify runner on the target's model runner (state.verify_runners) for each width below DSPARK's
-    window that the trees take at a captured batch size (`TreeState.width_for`: the budget's or the fixed width)."""
+def capture(run, worker) -> None:
+    """Capture a verify runner on the target's model runner (run.verify_runners) for each width below DSPARK's
+    window that the trees take at a captured batch size (`TreePlan.width_for`: the budget's or the fixed width)."""
+    plan = run.plan
     main = getattr(worker.model_runner, "decode_cuda_graph_runner", None)
     if main is None:
         return  # no target verify graphs (--disable-cuda-graph): narrower trees are padded to the window as before
     model_runner = worker.model_runner
-    for w in sorted({state.width_for(int(bs)) for bs in main.capture_bs} - {state.width}):
+    for w in sorted({plan.width_for(int(bs)) for bs in main.capture_bs} - {plan.width}):
         try:
             backend = type(model_runner.attn_backend)(model_runner)
-            state.verify_runners[w] = type(main)(model_runner, attn_backend=backend, speculative_num_draft_tokens=w)
+            run.verify_runners[w] = type(main)(model_runner, attn_backend=backend, speculative_num_draft_tokens=w)
         except Exception as err:  # noqa: BLE001 - keep the widths captured so far; their batches pad as before
             logger.warning("flashtree: capturing the target verify graphs at width %d failed (%s: %s); batches that "
                            "need it verify at a wider captured width", w, type(err).__name__, err)
             break
     logger.info("flashtree: target verify graphs at widths %s besides W=%d (batch sizes %s; tree width %d, budget %d)",
-                sorted(state.verify_runners) or "none", state.width, list(main.capture_bs), state.tree_width,
-                state.toggles.tree_budget)
+                sorted(run.verify_runners) or "none", plan.width, list(main.capture_bs), plan.tree_width,
+                plan.toggles.tree_budget)
 
 
 @contextlib.contextmanager

@@ -3,7 +3,7 @@
 The trie-vote builder, the verify-input encoder and the fused walk are specialised on the candidate count N and the
 tree and verify widths (constexprs). With FLASHTREE_TREE_BUDGET these change with the batch size, and each shape
 compiled on first use, in the middle of serving: seen live as the budget server's first round at concurrency 32 at
-0.23x and 0.26x of the chain's tokens/s (runs 11 and 13), its later rounds at 0.79-1.26x. With a budget or a fixed
+about a quarter of the chain's tokens/s, its later rounds at 0.79-1.26x. With a budget or a fixed
 FLASHTREE_TREE_WIDTH, right after the narrower verify graphs are captured (startup.py), one
 request's tree step (build, encode, walk with the req_to_token rewrite) runs here on dummy inputs per shape the batch
 sizes give, so serving finds them compiled. (A tree of one shape compiles on the first request, as before.) On CPU the
@@ -14,51 +14,50 @@ from __future__ import annotations
 
 import torch
 
-from flashtree.tree import build_vote_tree, verify_inputs, walk_and_commit
-
-from .decode import pad_tree
+from flashtree.tree import build_tree, pad_tree, verify_inputs, walk_and_commit
 
 
-def step_shape(state, bs: int, graph_bs: int) -> tuple[int, int, int]:
+def step_shape(run, bs: int, graph_bs: int) -> tuple[int, int, int]:
     """(candidates per request, tree width, verify width) of a tree step over bs requests; graph_bs: the largest batch
     the draft graphs were captured for (their tail's draws serve up to it; larger batches draw eagerly)."""
-    tree_w, w = state.widths_for(bs)
-    draws = state.graph_draws
+    tree_w, w = run.widths_for(bs)
+    draws = run.graph_draws
     if draws is not None and bs <= graph_bs and draws.covers(bs):
         n = draws.drawn_n(bs)
     else:
-        n = state.draws_for(bs)
+        n = run.plan.draws_for(bs)
     return n, tree_w, w
 
 
-def shapes(state, max_bs: int, graph_bs: int) -> list[tuple[int, int, int]]:
+def shapes(run, max_bs: int, graph_bs: int) -> list[tuple[int, int, int]]:
     """The distinct step shapes of batches of 1..max_bs requests, in order of first appearance."""
     seen: list[tuple[int, int, int]] = []
     for bs in range(1, max_bs + 1):
-        shape = step_shape(state, bs, graph_bs)
+        shape = step_shape(run, bs, graph_bs)
         if shape not in seen:
             seen.append(shape)
     return seen
 
 
-def limits(state, worker) -> tuple[int, int]:
+def limits(run, worker) -> tuple[int, int]:
     """(largest batch to warm for, largest batch the draft graphs serve): the largest captured graph size; without
     CUDA graphs, every budget width (a batch above budget // 2 gets the narrowest)."""
     runner = getattr(worker.model_runner, "decode_cuda_graph_runner", None)
     graph_bs = max((int(b) for b in getattr(runner, "capture_bs", None) or ()), default=0)
-    budget = state.toggles.tree_budget
+    budget = run.plan.toggles.tree_budget
     return max(graph_bs, budget // 2 + 1 if budget else 1), graph_bs
 
 
-def warm(state, worker, max_bs: int, graph_bs: int) -> list[tuple[int, int, int]]:
+def warm(run, worker, max_bs: int, graph_bs: int) -> list[tuple[int, int, int]]:
     """Run one request's tree kernels per shape on dummy inputs (the live dtypes: int64 tokens and lengths, the
     target's req_to_token dtype) -> the shapes run."""
+    plan = run.plan
     device = torch.device(getattr(worker, "device", "cpu"))
-    table = state.adapter.req_to_token(worker) if state.page_size == 1 else None
-    done = shapes(state, max_bs, graph_bs)
+    table = plan.adapter.req_to_token(worker) if plan.page_size == 1 else None
+    done = shapes(run, max_bs, graph_bs)
     for n, tree_w, w in done:
-        candidates = torch.zeros((1, n, state.depth), dtype=torch.int64, device=device)
-        tree = pad_tree(build_vote_tree(candidates, tree_w), w, n)
+        candidates = torch.zeros((1, n, plan.depth), dtype=torch.int64, device=device)
+        tree = pad_tree(build_tree(candidates, tree_w, policy=plan.policy), w, n)
         prefix = torch.ones(1, dtype=torch.int64, device=device)
         zero = torch.zeros(1, dtype=torch.int64, device=device)
         # a row of the live table's length: the walk kernel is specialised on the table's row stride too

@@ -1,6 +1,8 @@
 """Row sampling: greedy argmax or temperature / top-k / top-p draws, one token per row.
 
-`sample_rows` runs the fused Triton Gumbel-max kernel on CUDA tensors and the torch reference elsewhere.
+`sample_rows` runs the fused Triton Gumbel-max kernel on CUDA tensors and the torch reference elsewhere. Draft-side
+draws: `candidate_rows` (candidate 0 greedy, the rest at a temperature) and `gumbel_pick` (one graph-safe Gumbel-max
+step on noise the caller fills), both from `markov`.
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from . import reference
+from .markov import candidate_rows, gumbel_pick
 
 
 def sample_rows(logits, temperature, generator=None, top_k=None, top_p=None) -> torch.Tensor:
@@ -18,4 +21,4 @@ def sample_rows(logits, temperature, generator=None, top_k=None, top_p=None) -> 
     return reference.sample_rows(logits, temperature, generator=generator, top_k=top_k, top_p=top_p)
 
 
-__all__ = ["sample_rows"]
+__all__ = ["candidate_rows", "gumbel_pick", "sample_rows"]

@@ -24,11 +24,23 @@ def new_state(seed: int, device) -> torch.Tensor:
 
 def candidate_rows(bs: int, n: int, temperature: float, device) -> tuple[torch.Tensor, torch.Tensor]:
     """(inv_temperature, greedy), each (bs * N,), request-major: candidate 0 of each request greedy (the draft's own
-    block), candidates 1..N-1 drawn at `temperature`."""
+    block, so a tree always holds the chain's block), candidates 1..N-1 drawn at `temperature`."""
     greedy = torch.zeros((bs, n), dtype=torch.bool, device=device)
     greedy[:, 0] = True
     inv = torch.full((bs * n,), 1.0 / float(temperature), dtype=torch.float32, device=device)
     return inv, greedy.view(-1)
+
+
+def gumbel_pick(step_logits, exp_noise, inv_temperature, greedy) -> torch.Tensor:
+    """Per row: argmax(logits) on greedy rows, else argmax(logits / T - log E) with E ~ Exp(1) (Gumbel-max: a draw
+    from softmax(logits / T)). The noise comes in, so a CUDA graph can refill it in place on every replay;
+    `exp_noise` is overwritten.
+
+    The row sampler's reference (`reference.sample_rows`) stays apart: it filters top-k / top-p and races
+    probabilities (argmax(p / E)), which rounds differently, and its kernel is tested bit-equal to it."""
+    gumbel = exp_noise.clamp_min_(torch.finfo(torch.float32).tiny).log_()  # E = 0 would pick any token
+    scores = torch.mul(step_logits.float(), inv_temperature[:, None]).sub_(gumbel)
+    return torch.where(greedy, step_logits.argmax(dim=-1), scores.argmax(dim=-1))
 
 
 def markov_draws(base_logits, anchor, w1, w2, n: int, inv_temperature, greedy, state) -> torch.Tensor:
@@ -52,10 +64,9 @@ def markov_draws_reference(base_logits, anchor, w1, w2, n, inv_temperature, gree
     for j in range(k):
         logits = base_logits[:, j].repeat_interleave(n, dim=0) + F.linear(F.embedding(prev, w1), w2)
         noise = torch.empty(logits.shape, dtype=torch.float32, device=logits.device).exponential_(generator=generator)
-        scores = logits.float() * inv_temperature[:, None] - noise.clamp_min_(torch.finfo(torch.float32).tiny).log_()
-        prev = torch.where(greedy, logits.argmax(dim=-1), scores.argmax(dim=-1))
+        prev = gumbel_pick(logits, noise, inv_temperature, greedy)
         out.append(prev)
     return torch.stack(out, dim=1).view(bs, n, k)
 
 
-__all__ = ["candidate_rows", "markov_draws", "markov_draws_reference", "new_state"]
+__all__ = ["candidate_rows", "gumbel_pick", "markov_draws", "markov_draws_reference", "new_state"]

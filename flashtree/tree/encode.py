@@ -98,6 +98,28 @@ def chain_tree(bs: int, width: int, device=None) -> VoteTree:
     )
 
 
+def pad_tree(tree: VoteTree, width: int, n: int) -> VoteTree:
+    """Append padding nodes up to `width` (root children carrying node 1's token, invalid, so never accepted): a tree
+    narrower than the verify width it is verified at. `n`: the candidate count (the padding's first_candidate)."""
+    extra = width - tree.width
+    if extra <= 0:
+        return tree
+    bs = tree.batch_size
+
+    def pad(x, value):
+        return torch.cat([x, x.new_full((bs, extra), value)], dim=1)
+
+    return VoteTree(
+        tokens=torch.cat([tree.tokens, tree.tokens[:, :1].expand(bs, extra)], dim=1),
+        parents=pad(tree.parents, 0),
+        depth=pad(tree.depth, 1),
+        votes=pad(tree.votes, 0),
+        valid=pad(tree.valid, False),
+        first_candidate=pad(tree.first_candidate, n),
+        k=tree.k,
+    )
+
+
 def to_eagle(tree: VoteTree) -> EagleEncoding:
     """EAGLE's tree ABI with topk = W: node i's id is parent * W + i, so `id // W` names the parent's slot in
     `parent_list`, and `parent_list[:, p]` holds node p's own id. Padding nodes hang off the root and repeat node 1's

@@ -1,10 +1,12 @@
-"""Tree verification, greedy and lossless sampled, pure torch: fixed shapes, no host synchronisation."""
+"""Tree verification, greedy and lossless sampled, pure torch: fixed shapes, no host synchronisation.
+
+The references only: `dispatch.verify_sampled` composes the same steps with the Triton kernels on CUDA."""
 
 from __future__ import annotations
 
 import torch
 
-from .. import sampler
+from ..sampler import reference
 from .encode import with_root
 from .types import VerifyResult, VoteTree
 
@@ -42,21 +44,11 @@ def verify_greedy(tree: VoteTree, target_tokens: torch.Tensor) -> VerifyResult:
     return VerifyResult(path=path, accept_len=accept_len, bonus=bonus, tokens=tokens)
 
 
-def verify_sampled(
-    tree: VoteTree,
-    target_logits: torch.Tensor,
-    temperature: torch.Tensor | float,
-    generator: torch.Generator | None = None,
-    top_k: torch.Tensor | int | None = None,
-    top_p: torch.Tensor | float | None = None,
-) -> VerifyResult:
-    """Lossless tree sampling that needs no draft probabilities (the target-only walk).
-
-    At the current node draw from the target's distribution; follow the child carrying that token, else stop and
-    emit it. Drawing one token at every node up front and then walking greedily over those draws is the same
-    process: the walk reads only the draws of the nodes it visits, and draws at distinct nodes are independent.
-    Rows at temperature 0 take the argmax, so this reduces to `verify_greedy` there.
-    """
+def node_draws(tree: VoteTree, target_logits: torch.Tensor, temperature, generator=None, top_k=None, top_p=None,
+               sample_rows=reference.sample_rows) -> torch.Tensor:
+    """(bs, W) tokens: one draw from the target's distribution after every node (root first), with each request's
+    temperature / top-k / top-p (scalars or (bs,)); temperature 0 rows take the argmax. `sample_rows`: the row
+    sampler (the torch reference here; `flashtree.sampler.sample_rows` picks the kernel on CUDA)."""
     bs, w = tree.batch_size, tree.width
     if target_logits.shape[:2] != (bs, w):
         raise ValueError(f"target_logits must be (bs, W, V) with (bs, W) = {(bs, w)}, got {tuple(target_logits.shape)}")
@@ -65,13 +57,24 @@ def verify_sampled(
     def per_node(x):  # a scalar or (bs,) setting -> one value per (request, node) row
         return None if x is None else torch.as_tensor(x, device=target_logits.device).expand(bs).repeat_interleave(w)
 
-    draws = sampler.sample_rows(
+    draws = sample_rows(
         target_logits.reshape(bs * w, v),
         per_node(torch.as_tensor(temperature, dtype=torch.float32)),
         generator=generator,
         top_k=per_node(top_k),
         top_p=per_node(top_p),
     )
-    from .dispatch import verify_greedy as walk  # the kernel on CUDA (dispatch imports this module)
+    return draws.view(bs, w)
 
-    return walk(tree, draws.view(bs, w))
+
+def verify_sampled(tree: VoteTree, target_logits: torch.Tensor, temperature: torch.Tensor | float,
+                   generator: torch.Generator | None = None, top_k: torch.Tensor | int | None = None,
+                   top_p: torch.Tensor | float | None = None) -> VerifyResult:
+    """Lossless tree sampling that needs no draft probabilities (the target-only walk).
+
+    At the current node draw from the target's distribution; follow the child carrying that token, else stop and
+    emit it. Drawing one token at every node up front and then walking greedily over those draws is the same
+    process: the walk reads only the draws of the nodes it visits, and draws at distinct nodes are independent.
+    Rows at temperature 0 take the argmax, so this reduces to `verify_greedy` there.
+    """
+    return verify_greedy(tree, node_draws(tree, target_logits, temperature, generator, top_k, top_p))

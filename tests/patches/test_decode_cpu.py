@@ -5,6 +5,7 @@ target verify (tiny deterministic models that keep the real contracts: shapes, d
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import types
 from collections import Counter
@@ -14,8 +15,9 @@ import torch
 
 import sglang_cpu
 from flashtree.patches import adapters
-from flashtree.patches.adapters.base import DraftOut, Verified, Window
 from flashtree.patches.decode import create_state, tree_step
+from flashtree.patches.stage_times import STAGES
+from flashtree.patches.step_types import DraftOut, Verified, Window
 from flashtree.patches.toggles import TreeToggles
 from flashtree.tree.encode import child_links
 
@@ -114,10 +116,10 @@ class StandInAdapter:
         loc = self.world.req_to_token[batch.req_pool_indices.view(-1, 1), cols]
         return Window(cols, loc.reshape(-1), loc, None)
 
-    def draft_forward(self, worker, batch, draft_input, window, bs, proposer=None):
+    def draft_forward(self, worker, batch, draft_input, window, bs, proposer=None, sampler=None, graph_candidates=None):
         if getattr(worker, "_draft_sampler", None) is not None:
             # FLASHTREE_GRAPH_DRAWS: the real adapter's draft forward over the stand-in proposer (StandInProposer).
-            return self.real.draft_forward(worker, batch, draft_input, window, bs, proposer)
+            return self.real.draft_forward(worker, batch, draft_input, window, bs, proposer, sampler, graph_candidates)
         anchor = draft_input.bonus_tokens.view(-1)
         return DraftOut(anchor, standin_base_logits(self.world, batch, anchor, bs), None)
 
@@ -396,7 +398,7 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
             # Paged KV: the table never changes; the accepted KV moved instead.
             assert torch.equal(world.req_to_token, initial_table)
         stats = res.logits_output.customized_info["flashtree"]
-        drawn = state.draws_for(bs)  # N, or fewer under a budget (the stand-in graphs run the tail at bs itself)
+        drawn = state.plan.draws_for(bs)  # N, or fewer under a budget (the stand-in graphs run the tail at bs itself)
         assert [s[0] for s in stats] == [drawn] * bs and all(1 <= s[1] <= drawn and 1 <= s[2] <= W - 1 for s in stats)
         assert [s[3] for s in stats] == (commit - 1).tolist()
         if on_step is not None:
@@ -464,7 +466,7 @@ def test_trees_wider_than_their_depth_fill_the_window(graph_max_bs):
         sizes.update(row[2] for row in res.logits_output.customized_info["flashtree"])
 
     accepts, state, _gen, _world = run(n=4, steps=40, graph_max_bs=graph_max_bs, depth=depth, on_step=on_step)
-    assert (state.depth, state.width) == (depth, W)
+    assert (state.plan.depth, state.plan.width) == (depth, W)
     if graph_max_bs is not None:
         assert state.graph_draws.out.shape[-1] == depth  # the tail draws only the positions the trees keep
     assert state.draw_paths == {expected_draw_path(graph_max_bs, BS): state.steps}
@@ -503,9 +505,9 @@ def test_the_verify_mask_is_sized_from_the_reserved_lengths(monkeypatch):
     worker.target_worker.model_runner.attn_backend = types.SimpleNamespace()
     assert adapter.prefix_sum_bound(worker, 2, draft, W) == 70 - 2 * W
     batch = types.SimpleNamespace(seq_lens=torch.tensor([5, 6]), spec_info=draft, seq_lens_sum=None)
-    state.adapter = adapter
+    plan = dataclasses.replace(state.plan, adapter=adapter)
     monkeypatch.setattr(torch.Tensor, "sum", no_sum)  # the bound never reads the device lengths
-    assert decode.mask_prefix_bound(state, worker, batch) == 70 - 2 * W
+    assert decode.mask_prefix_bound(plan, worker, batch) == 70 - 2 * W
 
 
 def test_fused_walk_and_commit_kernel_in_the_tree_step(monkeypatch):
@@ -617,7 +619,7 @@ def test_paged_kv_commit_copies_accepted_kv(graph_max_bs):
     window's first offsets through the pool's move_kv_cache; commits still equal the sequential greedy decode."""
     accepts, state, _gen, world = run(n=4, steps=25, page_size=4, graph_max_bs=graph_max_bs)
     assert state.draw_paths == {expected_draw_path(graph_max_bs, BS): state.steps}
-    assert state.page_size == 4 and world.moves == state.steps * GAMMA  # one move_kv_cache call per depth per step
+    assert state.plan.page_size == 4 and world.moves == state.steps * GAMMA  # one move_kv_cache call per depth per step
     assert sum(v for d, v in accepts.items() if d >= 2) > 0, sorted(accepts.items())
 
 
@@ -638,12 +640,12 @@ def test_budget_narrows_trees_per_batch_size():
         verify_num_draft_tokens=W, device="cpu", model_runner=types.SimpleNamespace(page_size=1, token_to_kv_pool=None),
     )
     state = create_state(adapters.select_adapter(), TreeToggles(tree_n=4, tree_budget=8), worker)
-    assert [state.width_for(bs) for bs in (1, 2, 3, 4, 8, 32)] == [W, 4, 2, 2, 2, 2]
+    assert [state.plan.width_for(bs) for bs in (1, 2, 3, 4, 8, 32)] == [W, 4, 2, 2, 2, 2]
     # The candidates scale with the tree: ceil(N * w / W) of N = 4 over W = 6.
-    assert [state.draws_for(bs) for bs in (1, 2, 3, 32)] == [4, 3, 2, 2]
+    assert [state.plan.draws_for(bs) for bs in (1, 2, 3, 32)] == [4, 3, 2, 2]
     # Without narrower verify graphs the trees are padded to DSPARK's window.
     assert [state.widths_for(bs) for bs in (1, 3)] == [(W, W), (2, W)]
-    assert create_state(adapters.select_adapter(), TreeToggles(tree_n=4), worker).width_for(32) == W
+    assert create_state(adapters.select_adapter(), TreeToggles(tree_n=4), worker).plan.width_for(32) == W
 
 
 @pytest.mark.parametrize(
@@ -675,7 +677,7 @@ def test_budget_draws_fewer_candidates_in_the_draft_graph_tail():
     each step's statistics row counts the 4 candidates)."""
     accepts, state, _gen, _world = run(n=5, steps=30, budget=12, capture_bs=[1, 2, 3, 4], graph_max_bs=8)
     draws = state.graph_draws
-    assert state.draws_for(BS) == 4 and draws.drawn_sizes == {BS: 4} and draws.read(BS).shape == (BS, 4, GAMMA)
+    assert state.plan.draws_for(BS) == 4 and draws.drawn_sizes == {BS: 4} and draws.read(BS).shape == (BS, 4, GAMMA)
     assert state.draw_paths == {"graph": state.steps} and state.steps > 0 and max(accepts) >= 2
 
 
@@ -771,8 +773,8 @@ def test_n1_sampled_batches_keep_dspark_chain_sampling():
     assert fwd(worker, batch(False), None) == "dspark-result" and calls == ["dspark"]
     assert worker._flashtree.fallbacks == {"sampled-n1": 1}
     assert decode.skip_reason(worker._flashtree, batch(True), (), {}) is None
-    worker._flashtree.toggles = TreeToggles(tree_n=4)
-    assert decode.skip_reason(worker._flashtree, batch(False), (), {}) is None
+    plan = dataclasses.replace(worker._flashtree.plan, toggles=TreeToggles(tree_n=4))
+    assert decode.skip_reason(plan, batch(False), (), {}) is None
 
 
 def test_stage_times_cover_every_stage_of_each_step(caplog):
@@ -782,7 +784,8 @@ def test_stage_times_cover_every_stage_of_each_step(caplog):
         _, state, generated, _ = run(4, 6, stage_times=3)
     timer = state.timer
     assert timer.steps == state.steps == 6 and timer.batch_rows == 6 * 3
-    assert list(timer.totals_ms) == ["draft", "draws", "tree", "verify", "walk", "commit", "output"]
+    assert list(timer.totals_ms) == ["draft", "draws", "build", "verify", "walk", "commit", "output"]
+    assert tuple(timer.totals_ms) == STAGES  # the engine's stage names
     assert all(ms >= 0 for ms in timer.totals_ms.values()) and sum(timer.totals_ms.values()) > 0
     lines = [r.getMessage() for r in caplog.records if "stage times" in r.getMessage()]
     assert len(lines) == 2 and "mean over steps 4-6" in lines[-1] and "verify" in lines[-1]
@@ -797,24 +800,27 @@ def test_candidate_zero_is_the_greedy_block(fused):
     """The N draws: row 0 of each request is the draft's greedy block (DSPARK's chain), the others are samples; with
     FLASHTREE_FUSED_SAMPLER's noise state, through the fused Markov draws (their CPU reference here)."""
     import flashtree.patches.decode as decode
+    from flashtree.patches.state import TreePlan, TreeRun
     from flashtree.sampler.markov import new_state
     from flashtree.sampler.reference import sample_rows
+
+    def tree_run(toggles, sampler, noise):
+        plan = TreePlan(adapter=adapters.select_adapter(), toggles=toggles, gamma=GAMMA, depth=GAMMA, width=W,
+                        page_size=1, tree_width=W, policy="vote", sampler=sampler, forward_rows=GAMMA)
+        return TreeRun(plan=plan, generator=torch.Generator().manual_seed(1), noise=noise)
 
     head = real_markov_head()
     torch.nn.init.normal_(head.markov_w2.weight, std=0.5)  # a real bigram bias: greedy depends on the previous token
     bs, n = 3, 6
     base = torch.randn(bs, GAMMA, V) * 2
     anchor = torch.randint(0, V, (bs,))
-    state = types.SimpleNamespace(toggles=TreeToggles(tree_n=n, draft_temperature=1.0), sampler=sample_rows,
-                                  generator=torch.Generator().manual_seed(1), adapter=adapters.select_adapter(),
-                                  noise=new_state(1, "cpu") if fused else None)
+    state = tree_run(TreeToggles(tree_n=n, draft_temperature=1.0), sample_rows, new_state(1, "cpu") if fused else None)
     worker = types.SimpleNamespace(_proposer=types.SimpleNamespace(draft_model=types.SimpleNamespace(markov_head=head)))
     cands = decode.draw_candidates(state, worker, base, anchor, None, n)
     assert int(state.noise[1]) == 1 if fused else state.noise is None  # the fused draws ran (or did not)
     assert cands.shape == (bs, n, GAMMA)
-    greedy_state = types.SimpleNamespace(**{**vars(state), "toggles": TreeToggles(tree_n=1, draft_temperature=1.0),
-                                            "noise": None})
-    greedy_state.sampler = lambda logits, temps, generator=None: logits.argmax(dim=-1)
+    greedy_state = tree_run(TreeToggles(tree_n=1, draft_temperature=1.0),
+                            lambda logits, temps, generator=None: logits.argmax(dim=-1), None)
     greedy = decode.draw_candidates(greedy_state, worker, base, anchor, None, 1)
     assert torch.equal(cands[:, 0], greedy[:, 0])
     assert (cands[:, 1:] != cands[:, :1]).any(dim=-1).any()  # the draws are not all the greedy block
@@ -964,8 +970,8 @@ def test_max_bs_skip_reason():
 
     assert [decode.skip_reason(state, batch(bs), (), {}) for bs in (1, 2, 3, 64)] == [None, None, "batch-size", "batch-size"]
     assert decode.skip_reason(state, batch(5, ForwardMode.IDLE), (), {}) == "idle"  # idle keeps its own reason
-    state.toggles = TreeToggles(tree_n=4)  # 0 = no limit
-    assert decode.skip_reason(state, batch(4096), (), {}) is None
+    plan = dataclasses.replace(state.plan, toggles=TreeToggles(tree_n=4))  # 0 = no limit
+    assert decode.skip_reason(plan, batch(4096), (), {}) is None
 
 
 @pytest.mark.parametrize("graph_max_bs", [None, 8], ids=["eager-draws", "graph-draws"])
@@ -1018,8 +1024,8 @@ def test_warmup_covers_every_tree_shape_a_batch_takes(monkeypatch):
     from flashtree.tree.triton_walk import walk_and_commit_triton
 
     used = []
-    build, encode = decode.build_vote_tree, decode.verify_inputs
-    monkeypatch.setattr(decode, "build_vote_tree", lambda c, width: used.append([c.shape[1], width]) or build(c, width))
+    build, encode = decode.build_tree, decode.verify_inputs
+    monkeypatch.setattr(decode, "build_tree", lambda c, width, policy: used.append([c.shape[1], width]) or build(c, width, policy))
     monkeypatch.setattr(decode, "verify_inputs", lambda tree, *a: used[-1].append(tree.width) or encode(tree, *a))
     prompts = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9], [2, 7, 1, 8]]
     listed = set()
@@ -1033,7 +1039,7 @@ def test_warmup_covers_every_tree_shape_a_batch_takes(monkeypatch):
     assert len(listed) >= 3  # the budget gives several shapes over 1-4 requests
 
     calls = []
-    monkeypatch.setattr(warmup, "build_vote_tree", lambda c, w: calls.append((c.shape[1], w)) or build_vote_tree_triton(c, w))
+    monkeypatch.setattr(warmup, "build_tree", lambda c, w, policy: calls.append((c.shape[1], w)) or build_vote_tree_triton(c, w))
     monkeypatch.setattr(warmup, "verify_inputs", verify_inputs_triton)
     monkeypatch.setattr(warmup, "walk_and_commit", lambda tree, targets, table, rows, starts: walk_and_commit_triton(
         tree, targets, req_to_token=table, rows=rows, starts=starts)[:2])
@@ -1056,7 +1062,7 @@ def test_draft_rows_run_the_draft_forward_over_fewer_rows(graph_max_bs):
     accepts, state, _gen, _world = run(n=4, steps=25, depth=3, draft_rows=4, graph_max_bs=graph_max_bs)
     rows = state.draft_rows
     worker = rows.proposer.worker
-    assert rows.rows == rows.proposer.gamma == 4 and worker._proposer.gamma == GAMMA
+    assert state.plan.forward_rows == rows.proposer.gamma == 4 and worker._proposer.gamma == GAMMA
     assert rows.proposer._draft_block_spec_info.draft_token_num == 4
     assert rows.proposer.rows_run == {4: state.steps}  # no tree step ran DSPARK's 5 rows
     assert state.draw_paths == {expected_draw_path(graph_max_bs, BS): state.steps}
@@ -1084,8 +1090,8 @@ def test_draft_rows_without_draft_graphs_run_eagerly():
     from flashtree.patches import draft_rows
 
     eager = object()
-    path = draft_rows.DraftRows(4, proposer="d-row proposer")
-    state = types.SimpleNamespace(draft_rows=path, gamma=GAMMA)
+    path = draft_rows.DraftRows(proposer="d-row proposer")
+    state = types.SimpleNamespace(draft_rows=path, plan=types.SimpleNamespace(forward_rows=4, gamma=GAMMA))
     worker = types.SimpleNamespace(draft_model_runner=types.SimpleNamespace(decode_cuda_graph_runner=eager))
     draft_rows.capture(state, worker)
     assert path.runner is None

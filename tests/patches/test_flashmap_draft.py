@@ -16,7 +16,7 @@ import types
 import pytest
 import torch
 
-from flashtree.patches import adapters, decode, flashmap_draft
+from flashtree.patches import adapters, decode, flashmap_draft, plan
 from flashtree.patches.toggles import ToggleError, TreeToggles
 from flashtree.tree import build_vote_tree
 
@@ -119,7 +119,7 @@ def make_worker(model, verify_tokens: int = W):
 def start_worker(adapter, worker, n: int = N):
     """The worker-start half of the install: flashtree's DSparkWorkerV2.__init__ replacement around a stand-in for
     sglang's own __init__ (which needs a live server)."""
-    patch = next(p for p in adapter.patches(TreeToggles(tree_n=n)) if p.key == "DSparkWorkerV2.__init__")
+    patch = next(p for p in plan.patches(adapter, TreeToggles(tree_n=n)) if p.key == "DSparkWorkerV2.__init__")
     patch.make(lambda self: None)(worker)
 
 
@@ -194,7 +194,7 @@ def test_other_drafts_keep_the_markov_draws():
     model = torch.nn.Linear(2, 2)  # any draft without flashmap's marker
     worker = make_worker(model)
     flashmap_draft.prepare(adapters.select_adapter(), worker, N)
-    assert "_draft_tree" not in vars(model) and flashmap_draft.noise_draws(worker, BS) is None
+    assert "_draft_tree" not in vars(model) and flashmap_draft.noise_draws(adapters.select_adapter(), worker, BS) is None
 
 
 def test_flashmap_path_is_unavailable_on_other_releases(sglang_release, request):

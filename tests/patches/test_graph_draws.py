@@ -396,17 +396,17 @@ def test_draft_forward_reads_the_buffer_after_a_replay_and_computes_base_logits_
     batch = types.SimpleNamespace(sampling_info=None)
     draft_input = types.SimpleNamespace(bonus_tokens=anchor)
 
-    eager = adapter.draft_forward(worker, batch, draft_input, window, bs)
+    eager = adapter.draft_forward(worker, batch, draft_input, window, bs, sampler=sampler, graph_candidates=draws.drawn)
     assert seen == [sampler] and eager.candidates is None and draws.calls == 0
     assert torch.allclose(eager.base_logits, base) and torch.equal(eager.anchor, anchor)
     calls = model.base_logits_calls
-    one = adapter.draft_forward(worker, batch, draft_input, window, 1)
+    one = adapter.draft_forward(worker, batch, draft_input, window, 1, sampler=sampler, graph_candidates=draws.drawn)
     assert draws.calls == 1 and one.base_logits is None and one.candidates.shape == (1, 3, K)
     assert model.base_logits_calls == calls + 1  # DSPARK's tail's only: the tree step computed none
     assert torch.equal(one.anchor, anchor[:1])
 
     worker._draft_sampler = stock_sampler(model, gamma=K, max_bs=4)  # graph draws off: DSPARK's sampler is not passed
-    off = adapter.draft_forward(worker, batch, draft_input, window, 1)
+    off = adapter.draft_forward(worker, batch, draft_input, window, 1, sampler=graph_draws.sampler_of(worker))
     assert seen[-1] is None and off.candidates is None and off.base_logits is not None
 
 
@@ -549,9 +549,9 @@ def test_max_bs_draft_forward_draws_eagerly_when_the_replayed_graph_has_no_draws
 
     for bs in sorted(graphs, reverse=True):  # capture
         _run_forward(draft_sampler=sampler, bs=bs)
-    two = adapter.draft_forward(worker, *args, 2)
+    two = adapter.draft_forward(worker, *args, 2, sampler=sampler, graph_candidates=draws.drawn)
     assert two.base_logits is None and torch.equal(two.candidates[:, 0], greedy_blocks(h, base[:2], anchor[:2]))
-    three = adapter.draft_forward(worker, *args, 3)
+    three = adapter.draft_forward(worker, *args, 3, sampler=sampler, graph_candidates=draws.drawn)
     assert three.candidates is None and torch.allclose(three.base_logits, base[:3])
     assert draws.skipped_sizes == {4, 8} and set(draws.drawn_sizes) == {1, 2}
 

@@ -1,4 +1,5 @@
-"""What every sglang adapter provides: probes, the patch list, and the release-specific primitives of the tree step.
+"""What every sglang adapter provides: probes, and the release-specific primitives of the tree step (a leaf: it
+answers the release ABI and imports no feature module; plan.py decides what to patch).
 
 The primitives here follow the DSPARK component API of sglang 0.5.17 and 0.5.20 (the two agree on every call the
 tree step makes); `sglang_0_5_23` overrides what changed there.
@@ -7,14 +8,12 @@ tree step makes); `sglang_0_5_23` overrides what changed there.
 from __future__ import annotations
 
 import copy
-import importlib
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
-from ..installer import Patch
-from ..toggles import ToggleError, TreeToggles
+from ..step_types import DraftOut, Verified, Window
+from ..toggles import ToggleError
 from .probe import Has, Lacks, Sig, resolve
 
 WORKER = "sglang.srt.speculative.dspark_components.dspark_worker_v2:DSparkWorkerV2"
@@ -27,42 +26,7 @@ RESULTS = "sglang.srt.managers.scheduler_components.batch_result_processor:Sched
 TRITON = "sglang.srt.layers.attention.triton_backend"
 DFLASH_UTILS = "sglang.srt.speculative.dflash_utils"
 COMMON_DRAFT = "sglang.srt.speculative.draft_worker_common"
-
-
-
-@dataclass
-class Window:
-    """The W verify slots of each request: positions (bs, W), slot ids flat (bs*W,) and (bs, W)."""
-
-    positions_2d: torch.Tensor
-    cache_loc: torch.Tensor
-    cache_loc_2d: torch.Tensor
-    native: Any = None  # the release's own VerifyWindow
-
-
-@dataclass
-class Draft:
-    anchor: torch.Tensor  # (bs,) int64, the previous bonus (tree root)
-    candidates: torch.Tensor  # (bs, N, K) int64
-
-
-@dataclass
-class DraftOut:
-    """The tree step's draft forward: the anchor, and either the N candidates (graph draws) or what the eager draws
-    need (base logits (bs, K, V), draft hidden (bs, K, H) or None)."""
-
-    anchor: torch.Tensor
-    base_logits: torch.Tensor | None
-    draft_hidden: torch.Tensor | None
-    candidates: torch.Tensor | None = None  # (bs, N, K) int64
-
-
-@dataclass
-class Verified:
-    logits_output: Any  # the release's LogitsProcessorOutput (hidden_states filled, FULL capture)
-    logits: torch.Tensor  # (bs*W, V)
-    hidden: torch.Tensor  # (bs*W, H)
-    can_run_cuda_graph: bool
+REQ = "sglang.srt.managers.schedule_batch:Req"
 
 
 class SglangAdapter:
@@ -75,97 +39,12 @@ class SglangAdapter:
     def mismatches(self) -> list[str]:
         return [msg for msg in (p.check() for p in self.probes) if msg]
 
-    # ---- patches ---------------------------------------------------------------------------------------------
-    def patches(self, toggles: TreeToggles) -> list[Patch]:
-        from .. import admission, decode, flashmap_draft, startup
-
-        worker_cls = resolve(WORKER)
-        scheduler_cls = resolve(SCHEDULER)
-        out: list[Patch] = []
-        if toggles.tree_enabled:
-
-            def worker_init(orig):
-                # flashtree's tree state, then a FlashMap draft's switch to N noise draws (or its refusal).
-                return flashmap_draft.make_worker_init(decode.make_worker_init(orig, self, toggles), self, toggles)
-
-            out.append(Patch(worker_cls, "__init__", worker_init, "DSparkWorkerV2.__init__"))
-            if toggles.draft_rows:
-                self.check_draft_rows(toggles.draft_rows)
-            narrow = bool(toggles.tree_budget or toggles.tree_width)  # trees narrower than the window
-            if narrow:  # verify graphs at their width
-                self.require(NARROW_VERIFY_PROBES, "FLASHTREE_TREE_BUDGET / FLASHTREE_TREE_WIDTH", "0 / auto")
-            out.append(
-                Patch(worker_cls, "init_cuda_graphs", lambda orig: startup.make_init_cuda_graphs(orig, narrow),
-                      "DSparkWorkerV2.init_cuda_graphs")
-            )
-            out.append(
-                Patch(
-                    worker_cls,
-                    "_forward_decode",
-                    lambda orig: decode.make_forward_decode(orig, self, toggles),
-                    "DSparkWorkerV2._forward_decode",
-                )
-            )
-            out.append(
-                Patch(
-                    scheduler_cls,
-                    "_add_request_to_queue",
-                    lambda orig: admission.make_add_request_to_queue(orig, toggles),
-                    "Scheduler._add_request_to_queue",
-                )
-            )
-            out.append(
-                Patch(
-                    resolve(RESULTS),
-                    "_maybe_collect_customized_info",
-                    decode.make_collect_stats,
-                    "SchedulerBatchResultProcessor._maybe_collect_customized_info",
-                )
-            )
-            utils = importlib.import_module(DFLASH_UTILS)
-            out.append(
-                Patch(
-                    utils,
-                    "_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS",
-                    # Verify graphs on these backends are captured without a mask buffer; a tree needs one.
-                    lambda orig: _TaggableFrozenSet(orig - {"TritonAttnBackend"}),
-                    "dflash_utils._DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS",
-                )
-            )
-        if toggles.splitkv_verify:
-            from .. import splitkv
-
-            # on --enable-deterministic-inference servers split-KV verify takes exact verify's hook (splitkv.py)
-            self.require(EXACT_VERIFY_PROBES, "FLASHTREE_SPLITKV_VERIFY=1", "0 (sglang's own verify attention)")
-            backend_cls = resolve(f"{TRITON}:TritonAttnBackend")
-            kernel = splitkv.load_kernel()
-            decode_order = splitkv.load_kernel(splitkv.DECODE_ORDER_KERNEL)
-            out.append(
-                Patch(
-                    backend_cls,
-                    "__init__",
-                    lambda orig: splitkv.make_triton_init(orig, kernel, self.has_shared_kv, self.splitkv_declined,
-                                                          decode_order),
-                    "TritonAttnBackend.__init__",
-                )
-            )
-        if toggles.exact_verify:
-            from .. import exact_verify
-
-            self.require(EXACT_VERIFY_PROBES, "FLASHTREE_EXACT_VERIFY=1", "0 (sglang's own verify attention)")
-            out.append(
-                Patch(
-                    resolve(f"{TRITON}:TritonAttnBackend"),
-                    "__init__",
-                    lambda orig: exact_verify.make_triton_init(orig, self.exact_declined),
-                    "TritonAttnBackend.__init__",
-                )
-            )
-        return out
-
+    # ---- release flags (plan.py and checks.py read them) -----------------------------------------------------
     has_shared_kv = True  # TritonAttnBackend has use_verify_shared_kv (0.5.20+)
+    # Req.update_finish_state checks the length limit before stop tokens (0.5.17; finish.py patches it)
+    stops_after_length = False
     # A FlashMap draft (flashmap's own sglang model) gets its N candidates from its noise draws on this release
-    # (flashtree/patches/flashmap_draft.py); elsewhere the worker refuses it at start.
+    # (flashtree/patches/flashmap_draft.py); elsewhere the worker refuses it at start (checks.flashmap_draft).
     flashmap_noise_draws = False
     # Calls flashtree's split-KV verify declined, by reason (they ran sglang's own extend attention instead).
     splitkv_declined: dict
@@ -196,8 +75,8 @@ class SglangAdapter:
     def proposer_with_rows(self, worker, rows: int):
         """A shallow copy of DSPARK's proposer whose draft forward runs the first `rows` rows of the window: 0.5.17's
         `_run_forward` takes the block's ids, positions and slots (the window's first columns) and the draft
-        attention's spec info from `gamma` and `_draft_block_spec_info` alone (other releases: a ToggleError)."""
-        self.check_draft_rows(rows)
+        attention's spec info from `gamma` and `_draft_block_spec_info` alone (other releases: refused by
+        `check_draft_rows`, at install and at worker start)."""
         make_spec = resolve(f"{COMMON_DRAFT}:make_draft_block_spec_info")
         proposer = copy.copy(worker._proposer)
         proposer.gamma = int(rows)
@@ -210,6 +89,10 @@ class SglangAdapter:
 
     def page_size(self, worker) -> int:
         return int(getattr(worker.model_runner, "page_size", 1) or 1)
+
+    def unsupported_worker(self, worker) -> str | None:
+        """Why the tree path cannot serve this worker on this release (None = it can)."""
+        return None
 
     # ---- the tree step's primitives --------------------------------------------------------------------------
     def alloc_window_extra(self, batch, draft_input) -> dict:
@@ -229,15 +112,14 @@ class SglangAdapter:
         )
         return Window(native.positions_2d, native.verify_cache_loc, native.verify_cache_loc_2d, native)
 
-    def draft_forward(self, worker, batch, draft_input, window: Window, bs: int, proposer=None) -> "DraftOut":
+    def draft_forward(self, worker, batch, draft_input, window: Window, bs: int, proposer=None, sampler=None,
+                      graph_candidates: Callable | None = None) -> DraftOut:
         """One draft forward over the block -> anchor (bs,) and either the N candidates the draft graph's tail drew
-        (FLASHTREE_GRAPH_DRAWS, when the graph ran) or base logits (bs, rows, V) and draft hidden (bs, rows, H) for
-        the eager draws. proposer: DSPARK's (default) or its copy over fewer rows (FLASHTREE_DRAFT_ROWS)."""
-        from .. import graph_draws
-
+        (`graph_candidates(bs)`, asked when the graph ran; None: it did not draw them) or base logits (bs, rows, V)
+        and draft hidden (bs, rows, H) for the eager draws. proposer: DSPARK's (default) or its copy over fewer rows
+        (FLASHTREE_DRAFT_ROWS); sampler: the draft sampler to stage before a replay (flashtree's graph draws)."""
         proposer = proposer or worker._proposer
         embed = self.embed_module(worker)
-        sampler = graph_draws.sampler_of(worker)
         with worker._draft_context():
             # flashtree's sampler: staged before a replay (DSPARK's part reads its sampling parameters); the replay
             # runs its tail. None (graph draws off): the captured tail, if any, is DSPARK's own.
@@ -253,12 +135,54 @@ class SglangAdapter:
                 **self.run_forward_extra,
             )
             anchor = fwd.draft_block_ids[:, 0].clone()
-            # covers: with FLASHTREE_TREE_MAX_BS the graphs above it were captured without the draws (graph_draws.py)
-            if sampler is not None and fwd.can_run_graph and sampler.flashtree_draws.covers(bs):
-                return DraftOut(anchor, None, None, sampler.flashtree_draws.read(bs))
+            drawn = graph_candidates(bs) if graph_candidates is not None and fwd.can_run_graph else None
+            if drawn is not None:
+                return DraftOut(anchor, None, None, drawn)
             base, _tap = proposer.draft_model.compute_base_logits(fwd.raw_hidden)
         k = proposer.gamma
         return DraftOut(anchor, base.view(bs, k, -1), fwd.draft_hidden_3d, None)
+
+    def draft_model(self, worker):
+        return worker._proposer.draft_model
+
+    def decode_graph_sizes(self) -> list[int] | None:
+        """The decode CUDA-graph batch sizes sglang was configured with (`--cuda-graph-bs`), None when unknown (no
+        server context, or another layout). sglang captures a subset of them (plus its max running requests)."""
+        try:
+            get_exec = resolve("sglang.srt.runtime_context:get_exec")
+            return sorted({int(s) for s in get_exec().graph.cuda_graph_config.decode.bs})
+        except Exception:  # noqa: BLE001 - not published outside a server
+            return None
+
+    def tail_inputs(self, sampler, hidden_states: torch.Tensor, input_ids: torch.Tensor):
+        """(bs, hidden for the base logits, (bs, K, H) hidden for the Markov head, anchor (bs,)) as DSPARK's draft
+        graph tail sees them: 0.5.17 feeds K rows per request; 0.5.20+ feed `query_token_num` = K + 1 (the anchor's
+        row first) unless the draft samples from the anchor."""
+        k = int(sampler.gamma)
+        q = int(getattr(sampler, "query_token_num", k))
+        bs = self.tail_batch_size(sampler, hidden_states)
+        anchor = input_ids.view(bs, q)[:, 0]
+        if q == k:
+            return bs, hidden_states, hidden_states.view(bs, k, -1), anchor
+        selected = hidden_states.view(bs, q, -1)[:, 1:].contiguous()
+        return bs, selected.view(bs * k, -1), selected, anchor
+
+    def tail_batch_size(self, sampler, hidden_states: torch.Tensor) -> int:
+        return hidden_states.shape[0] // int(getattr(sampler, "query_token_num", sampler.gamma))
+
+    def parallelism(self, worker) -> list[str]:
+        """The multi-GPU settings this worker's server runs, as the flags that set them (empty: one GPU)."""
+        args = getattr(worker, "server_args", None)
+        if args is None:
+            return []
+        found = []
+        for flag, size in (("--tp-size", "tp_size"), ("--pp-size", "pp_size")):
+            value = int(getattr(args, size, 1) or 1)
+            if value > 1:
+                found.append(f"{flag} {value}")
+        if getattr(args, "enable_dp_attention", False):
+            found.append("--enable-dp-attention")
+        return found
 
     def embed_module(self, worker):
         proposer = worker._proposer
@@ -279,7 +203,7 @@ class SglangAdapter:
                       fused: Callable | None = None) -> torch.Tensor:
         """N draws of the block through the draft's Markov head -> (bs, N, K). `sampler(step_logits) -> tokens`;
         `fused(base_logits, anchor, w1, w2)`, when given, draws them all instead if the head is a vanilla one."""
-        head = worker._proposer.draft_model.markov_head
+        head = self.draft_model(worker).markov_head
         weights = self.vanilla_markov_weights(head) if fused is not None else None
         if weights is not None:
             return fused(base_logits, anchor, *weights)
@@ -445,16 +369,9 @@ class SglangAdapter:
     def batch_result(self, **kwargs):
         return resolve("sglang.srt.managers.scheduler:GenerationBatchResult")(**kwargs)
 
-    def decode_idle(self, worker, on_publish):
-        return worker._decode_idle_result(on_publish=on_publish)
-
-
-class _TaggableFrozenSet(frozenset):
-    """frozenset subclass: accepts the installer's tag attribute."""
-
 
 COMMON_PROBES = (
-    Sig(f"{WORKER}.__init__", ("self",), prefix=True),
+    Sig(f"{WORKER}.__init__", ("self", "server_args"), prefix=True),  # kept as worker.server_args (parallelism)
     Has(f"{WORKER}.init_cuda_graphs"),  # startup.py: the checks and graphs that need the KV pools
     Sig(f"{SCHEDULER}._add_request_to_queue", ("self", "req", "is_retracted")),
     Has("sglang.srt.managers.schedule_batch:Req.set_finish_with_abort", ("error_msg",)),
@@ -462,7 +379,6 @@ COMMON_PROBES = (
     Has(f"{VERIFY}:TargetVerifyExecutor._forward_prepared_verify", ("batch", "verify_input", "seq_lens_cpu_backup", "seq_lens_sum_backup")),
     Has(f"{VERIFY}:TargetVerifyExecutor._verify_backend_self_adds_seq_lens"),
     Has(f"{INJECT}:TargetHiddenKvInjector.inject_target_hidden", ("target_hidden", "cache_loc", "positions", "cache_loc_2d", "commit_lens")),
-    Has(f"{WORKER}._decode_idle_result", ("on_publish",)),
     Sig(f"{RESULTS}._maybe_collect_customized_info", ("self", "i", "req", "logits_output")),
     Has(f"{DFLASH_UTILS}:_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS"),
     Has(f"{DFLASH_UTILS}:apply_dflash_verify_logits_adjustments", ("next_token_logits", "sampling_info", "draft_token_num")),

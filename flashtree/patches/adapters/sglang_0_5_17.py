@@ -8,18 +8,15 @@ stream), no `TritonAttnBackend.use_verify_shared_kv`.
 
 from __future__ import annotations
 
-from ..installer import Patch
-from ..toggles import TreeToggles
-from .base import CHAIN_ERA_PROBES, COMMON_PROBES, SCHEDULER, TRITON, SglangAdapter
-from .probe import Has, Lacks, Sig, resolve
-
-REQ = "sglang.srt.managers.schedule_batch:Req"
+from .base import CHAIN_ERA_PROBES, COMMON_PROBES, REQ, SCHEDULER, TRITON, SglangAdapter
+from .probe import Has, Lacks, Sig
 
 
 class Adapter(SglangAdapter):
     release = "0.5.17"
     has_shared_kv = False
     draft_rows_release = True  # FLASHTREE_DRAFT_ROWS: base.proposer_with_rows
+    stops_after_length = True  # its stop check after the length limit (finish.py)
     probes = COMMON_PROBES + CHAIN_ERA_PROBES + (
         Lacks(f"{TRITON}:_should_use_verify_shared_kv"),
         Has(f"{SCHEDULER}._apply_war_barrier"),
@@ -29,16 +26,6 @@ class Adapter(SglangAdapter):
         Sig(f"{REQ}._check_token_based_finish", ("self", "new_accepted_tokens")),
         Lacks(f"{REQ}._cap_finished_len_at_max_new_tokens"),  # 0.5.20's fix of the stop check (finish.py)
     )
-
-    def patches(self, toggles: TreeToggles) -> list[Patch]:
-        out = super().patches(toggles)
-        if toggles.tree_enabled or toggles.exact_verify or toggles.splitkv_verify:
-            from .. import finish
-
-            # A speculative step (tree or chain) that reaches max_new_tokens stops at an accepted stop token, as plain
-            # decoding does: every flashtree server's greedy output is plain decoding's.
-            out.append(Patch(resolve(REQ), "update_finish_state", finish.make_update_finish_state, "Req.update_finish_state"))
-        return out
 
     def embed_module(self, worker):
         # 0.5.17's proposer always embeds the block with the target's input embeddings.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from .. import flashmap_draft
 from .base import CHAIN_ERA_PROBES, COMMON_PROBES, LIVE_LENS_PROBES, TRITON, SglangAdapter
 from .probe import Has
 
@@ -23,11 +22,4 @@ class Adapter(SglangAdapter):
         return rows * depth * vocab * logits_bytes + 3 * rows * vocab * 4  # the repeated base logits only
 
     # ---- FlashMap drafts (flashtree/patches/flashmap_draft.py) -----------------------------------------------
-    flashmap_noise_draws = True  # flashmap 0.1.0's sglang draft model runs on this release only
-
-    def sample_blocks(self, worker, base_logits, anchor, draft_hidden, n, sampler, fused=None):
-        # A FlashMap draft drew the N candidates in its forward (one noise sample each); other drafts: Markov head.
-        draws = flashmap_draft.noise_draws(worker, base_logits.shape[0])
-        if draws is not None:
-            return draws
-        return super().sample_blocks(worker, base_logits, anchor, draft_hidden, n, sampler, fused)
+    flashmap_noise_draws = True  # flashmap 0.1.0's sglang draft model runs on this release only (flashmap_draft.py)

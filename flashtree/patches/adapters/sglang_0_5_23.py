@@ -30,6 +30,7 @@ class Adapter(SglangAdapter):
     )
 
     def unsupported_worker(self, worker) -> str | None:
+        # untranslated pools only: there virtual ids are the physical ids the commit and the injection write
         translator = getattr(worker.model_runner, "kv_index_translator", None)
         if translator is not None and getattr(translator, "is_translating", False):
             return "KV index translation (unified/fused draft KV pools) is on; the tree commit rewrites req_to_token"
@@ -65,6 +66,10 @@ class Adapter(SglangAdapter):
             return "the Markov head biases a TP-sharded vocabulary (SGLANG_DSPARK_OPT_MARKOV_W2_TP_SHARD)"
         return super().graph_draws_unsupported(worker, sampler)
 
-    def inject_committed(self, worker, batch, hidden, cache_loc_2d, positions_2d, commit_lens) -> None:
-        # Untranslated pools only (unsupported_worker refuses the others): virtual ids are the physical ids.
-        super().inject_committed(worker, batch, hidden, cache_loc_2d, positions_2d, commit_lens)
+    def parallelism(self, worker) -> list[str]:
+        # 0.5.23 sets attention DP by its width (--attn-dp-size); the deprecated --enable-dp-attention resolves to it
+        found = super().parallelism(worker)
+        width = int(getattr(getattr(worker, "server_args", None), "attn_dp_size", 1) or 1)
+        if width > 1:
+            found.append(f"--attn-dp-size {width}")
+        return found

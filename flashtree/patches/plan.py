@@ -1,0 +1,86 @@
+"""The patch plan: which of sglang's attributes flashtree replaces, with what, for which toggles.
+
+The release adapter answers what differs between releases (its probes, the attribute paths, its flags); this module
+decides what to install from the toggles. Nothing is touched here: `flashtree.patches.install` installs the list.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from . import admission, decode, flashmap_draft, startup
+from .adapters import base
+from .adapters.base import DFLASH_UTILS, REQ, RESULTS, SCHEDULER, TRITON, WORKER, SglangAdapter
+from .adapters.probe import resolve
+from .installer import Patch
+from .toggles import TreeToggles
+
+
+class _TaggableFrozenSet(frozenset):
+    """frozenset subclass: accepts the installer's tag attribute."""
+
+
+def patches(adapter: SglangAdapter, toggles: TreeToggles) -> list[Patch]:
+    """The patches `toggles` ask for on `adapter`'s release. Raises ToggleError (a SystemExit) for a toggle this
+    release cannot serve, before anything is patched."""
+    out: list[Patch] = []
+    if toggles.tree_enabled:
+        out += _tree_patches(adapter, toggles)
+    if toggles.splitkv_verify:
+        out.append(_splitkv_patch(adapter))
+    if toggles.exact_verify:
+        from . import exact_verify
+
+        adapter.require(base.EXACT_VERIFY_PROBES, "FLASHTREE_EXACT_VERIFY=1", "0 (sglang's own verify attention)")
+        out.append(Patch(resolve(f"{TRITON}:TritonAttnBackend"), "__init__",
+                         lambda orig: exact_verify.make_triton_init(orig, adapter.exact_declined),
+                         "TritonAttnBackend.__init__"))
+    if adapter.stops_after_length and (toggles.tree_enabled or toggles.exact_verify or toggles.splitkv_verify):
+        from . import finish
+
+        # A speculative step (tree or chain) that reaches max_new_tokens stops at an accepted stop token, as plain
+        # decoding does: every flashtree server's greedy output is plain decoding's.
+        out.append(Patch(resolve(REQ), "update_finish_state", finish.make_update_finish_state, "Req.update_finish_state"))
+    return out
+
+
+def _tree_patches(adapter: SglangAdapter, toggles: TreeToggles) -> list[Patch]:
+    worker_cls = resolve(WORKER)
+    if toggles.draft_rows:
+        adapter.check_draft_rows(toggles.draft_rows)
+    narrow = bool(toggles.tree_budget or toggles.tree_width)  # trees narrower than the window
+    if narrow:  # verify graphs at their width
+        adapter.require(base.NARROW_VERIFY_PROBES, "FLASHTREE_TREE_BUDGET / FLASHTREE_TREE_WIDTH", "0 / auto")
+
+    def worker_init(orig):
+        # flashtree's tree state, then a FlashMap draft's switch to N noise draws (or its refusal).
+        return flashmap_draft.make_worker_init(decode.make_worker_init(orig, adapter, toggles), adapter, toggles)
+
+    return [
+        Patch(worker_cls, "__init__", worker_init, "DSparkWorkerV2.__init__"),
+        Patch(worker_cls, "init_cuda_graphs", lambda orig: startup.make_init_cuda_graphs(orig, narrow),
+              "DSparkWorkerV2.init_cuda_graphs"),
+        Patch(worker_cls, "_forward_decode", lambda orig: decode.make_forward_decode(orig, adapter, toggles),
+              "DSparkWorkerV2._forward_decode"),
+        Patch(resolve(SCHEDULER), "_add_request_to_queue",
+              lambda orig: admission.make_add_request_to_queue(orig, toggles), "Scheduler._add_request_to_queue"),
+        Patch(resolve(RESULTS), "_maybe_collect_customized_info", decode.make_collect_stats,
+              "SchedulerBatchResultProcessor._maybe_collect_customized_info"),
+        # Verify graphs on these backends are captured without a mask buffer; a tree needs one.
+        Patch(importlib.import_module(DFLASH_UTILS), "_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS",
+              lambda orig: _TaggableFrozenSet(orig - {"TritonAttnBackend"}),
+              "dflash_utils._DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS"),
+    ]
+
+
+def _splitkv_patch(adapter: SglangAdapter) -> Patch:
+    from . import splitkv
+
+    # on --enable-deterministic-inference servers split-KV verify takes exact verify's hook (splitkv.py)
+    adapter.require(base.EXACT_VERIFY_PROBES, "FLASHTREE_SPLITKV_VERIFY=1", "0 (sglang's own verify attention)")
+    kernel = splitkv.load_kernel()
+    decode_order = splitkv.load_kernel(splitkv.DECODE_ORDER_KERNEL)
+    return Patch(resolve(f"{TRITON}:TritonAttnBackend"), "__init__",
+                 lambda orig: splitkv.make_triton_init(orig, kernel, adapter.has_shared_kv, adapter.splitkv_declined,
+                                                       decode_order),
+                 "TritonAttnBackend.__init__")

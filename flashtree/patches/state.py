@@ -1,0 +1,80 @@
+"""A worker's tree state, split as flashinfer splits plan from run: `TreePlan`, fixed at DSparkWorkerV2 construction
+(sizes, policy, sampler, draft rows; pure functions of the batch size), and `TreeRun`, what the steps change or
+fill in later (counters, caches, captured graphs, the graph draws, the timer, the generator and noise state)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import torch
+
+from .toggles import TreeToggles
+
+
+@dataclass(frozen=True)
+class TreePlan:
+    adapter: object  # the release adapter
+    toggles: TreeToggles
+    gamma: int  # draft tokens per DSPARK block
+    depth: int  # K: draft tokens each candidate keeps (<= gamma), the tree's max depth
+    width: int  # W: verify tokens per request (root included) = DSPARK's window gamma + 1
+    page_size: int  # 1: commit by permuting req_to_token; > 1: commit by copying the accepted KV
+    tree_width: int  # the tree's own width (<= width); narrower trees are padded to `width`
+    policy: str  # the tree policy (flashtree.tree.build_tree), FLASHTREE_TREE_POLICY
+    sampler: Callable  # the eager draws' row sampler (logits, temperatures, generator) -> tokens
+    forward_rows: int  # rows of DSPARK's window the tree step's draft forward runs (gamma: DSPARK's own proposer)
+
+    def width_for(self, bs: int) -> int:
+        w = self.tree_width
+        if self.toggles.tree_budget > 0:
+            w = max(2, min(w, self.toggles.tree_budget // max(bs, 1)))
+        return w
+
+    def draws_for(self, bs: int) -> int:
+        """Candidates drawn per request in a batch of bs: N, scaled with the tree under a budget (N * w / W, at least
+        1), so draws at large batches cost in proportion to the verify tokens they feed."""
+        n = self.toggles.tree_n
+        if self.toggles.tree_budget > 0:
+            n = max(1, -(-n * self.width_for(bs) // self.tree_width))
+        return n
+
+    def widths_for(self, bs: int, verify_widths: Iterable[int] = ()) -> tuple[int, int]:
+        """(tree width, verify width) of a batch of bs requests. With a verify graph at a width >= the tree's (budget or
+        fixed width; `verify_widths`: those captured), the tree fills that width and verify runs there; otherwise the
+        tree is padded to DSPARK's window."""
+        w = self.width_for(bs)
+        fits = [v for v in verify_widths if v >= w]
+        if fits:
+            return min(fits), min(fits)
+        return w, self.width
+
+
+@dataclass
+class TreeRun:
+    """What a worker's tree steps change: `plan` is fixed, every other field is run state."""
+
+    plan: TreePlan
+    generator: torch.Generator  # the eager draws' and the sampled walk's (FLASHTREE_SEED)
+    noise: torch.Tensor | None = None  # FLASHTREE_FUSED_SAMPLER: the fused Markov draws' (seed, calls) state
+    timer: object | None = None  # FLASHTREE_STAGE_TIMES: a StageTimer
+    steps: int = 0
+    fallbacks: dict = field(default_factory=dict)
+    # FLASHTREE_GRAPH_DRAWS: the draws DSPARK's draft graph tail fills (graph_draws.py), or why there are none.
+    graph_draws: object | None = None
+    graph_draws_off: str | None = "FLASHTREE_GRAPH_DRAWS=0"
+    draw_paths: dict = field(default_factory=dict)  # steps whose N draws came from the graph tail / ran eagerly
+    chain_trees: dict = field(default_factory=dict)  # bs -> (chain VoteTree, zero anchors) for stage_chain_mask
+    # Trees narrower than the window (budget, fixed width): width -> target verify graph runner (verify_widths.py).
+    verify_runners: dict = field(default_factory=dict)
+    draft_rows: object | None = None  # FLASHTREE_DRAFT_ROWS below gamma: the D-row forward (draft_rows.DraftRows)
+
+    def widths_for(self, bs: int) -> tuple[int, int]:
+        return self.plan.widths_for(bs, self.verify_runners)
+
+    def __getattr__(self, name):
+        # Plan fields read off the worker's state (`worker._flashtree.page_size`, tests/patches/test_install.py); the
+        # step itself reads `run.plan`.
+        if name == "plan":
+            raise AttributeError(name)
+        return getattr(self.plan, name)

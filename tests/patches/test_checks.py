@@ -1,0 +1,67 @@
+"""Worker-start refusals (flashtree/patches/checks.py) through the installed DSparkWorkerV2.__init__ replacement, with
+each release's real ServerArgs: multi-GPU servers (tensor, pipeline, attention data parallelism) are refused with one
+message naming the setting; a single-GPU server starts."""
+
+from __future__ import annotations
+
+import inspect
+import types
+
+import pytest
+
+from flashtree.patches import adapters, plan
+from flashtree.patches.toggles import TreeToggles
+
+REFUSAL = ("flashtree: FLASHTREE_TREE_N is set but this server runs {settings}; the tree path is single-GPU only for "
+           "now: drop {flags} or unset FLASHTREE_TREE_N")
+
+
+def server_args(**kwargs):
+    from sglang.srt.server_args import ServerArgs
+
+    return ServerArgs(model_path="dummy", **kwargs)
+
+
+def start_worker(args):
+    """flashtree's DSparkWorkerV2.__init__ replacement around a stand-in for sglang's own (which needs a live server
+    and keeps `server_args` on the worker, as the last assertion of the test below checks)."""
+    adapter = adapters.select_adapter()
+    patch = next(p for p in plan.patches(adapter, TreeToggles(tree_n=4)) if p.key == "DSparkWorkerV2.__init__")
+    worker = types.SimpleNamespace(verify_num_draft_tokens=8, device="cpu", model_runner=types.SimpleNamespace(page_size=1),
+                                   _proposer=types.SimpleNamespace(draft_model=types.SimpleNamespace()))
+
+    def sglang_init(self, server_args):
+        self.server_args = server_args
+
+    patch.make(sglang_init)(worker, args)
+    return worker
+
+
+def dp_attention(release):
+    # 0.5.23 sizes attention DP by its width; earlier releases switch it on over --dp-size
+    if release == "0.5.23":
+        return server_args(attn_dp_size=2), "--attn-dp-size 2", "--attn-dp-size"
+    return server_args(dp_size=2, enable_dp_attention=True), "--enable-dp-attention", "--enable-dp-attention"
+
+
+@pytest.mark.parametrize("case", ["tp", "pp", "dp-attention", "tp-and-pp"])
+def test_multi_gpu_servers_are_refused_at_worker_start(case, sglang_release):
+    if case == "dp-attention":
+        args, settings, flags = dp_attention(sglang_release)
+    else:
+        args, settings, flags = {
+            "tp": (server_args(tp_size=2), "--tp-size 2", "--tp-size"),
+            "pp": (server_args(pp_size=2), "--pp-size 2", "--pp-size"),
+            "tp-and-pp": (server_args(tp_size=2, pp_size=4), "--tp-size 2 --pp-size 4", "--tp-size / --pp-size"),
+        }[case]
+    with pytest.raises(SystemExit) as err:
+        start_worker(args)
+    assert str(err.value) == REFUSAL.format(settings=settings, flags=flags)
+
+
+def test_single_gpu_server_starts_and_workers_keep_server_args():
+    from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2
+
+    worker = start_worker(server_args())
+    assert worker._flashtree.plan.width == 8 and worker._flashtree.plan.policy == "vote"
+    assert "self.server_args = server_args" in inspect.getsource(DSparkWorkerV2.__init__)  # what parallelism() reads
