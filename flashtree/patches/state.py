@@ -71,10 +71,3 @@ class TreeRun:
 
     def widths_for(self, bs: int) -> tuple[int, int]:
         return self.plan.widths_for(bs, self.verify_runners)
-
-    def __getattr__(self, name):
-        # Plan fields read off the worker's state (`worker._flashtree.page_size`, tests/patches/test_install.py); the
-        # step itself reads `run.plan`.
-        if name == "plan":
-            raise AttributeError(name)
-        return getattr(self.plan, name)

@@ -772,7 +772,7 @@ def test_n1_sampled_batches_keep_dspark_chain_sampling():
 
     assert fwd(worker, batch(False), None) == "dspark-result" and calls == ["dspark"]
     assert worker._flashtree.fallbacks == {"sampled-n1": 1}
-    assert decode.skip_reason(worker._flashtree, batch(True), (), {}) is None
+    assert decode.skip_reason(worker._flashtree.plan, batch(True), (), {}) is None
     plan = dataclasses.replace(worker._flashtree.plan, toggles=TreeToggles(tree_n=4))
     assert decode.skip_reason(plan, batch(False), (), {}) is None
 
@@ -968,8 +968,8 @@ def test_max_bs_skip_reason():
         return types.SimpleNamespace(forward_mode=mode, seq_lens=torch.zeros(bs, dtype=torch.int64), sampling_info=None,
                                      has_grammar=False, return_logprob=False)
 
-    assert [decode.skip_reason(state, batch(bs), (), {}) for bs in (1, 2, 3, 64)] == [None, None, "batch-size", "batch-size"]
-    assert decode.skip_reason(state, batch(5, ForwardMode.IDLE), (), {}) == "idle"  # idle keeps its own reason
+    assert [decode.skip_reason(state.plan, batch(bs), (), {}) for bs in (1, 2, 3, 64)] == [None, None, "batch-size", "batch-size"]
+    assert decode.skip_reason(state.plan, batch(5, ForwardMode.IDLE), (), {}) == "idle"  # idle keeps its own reason
     plan = dataclasses.replace(state.plan, toggles=TreeToggles(tree_n=4))  # 0 = no limit
     assert decode.skip_reason(plan, batch(4096), (), {}) is None
 

@@ -306,16 +306,16 @@ def test_worker_checks_width_depth_and_page_size():
     adapter = adapters.select_adapter()
     worker = types.SimpleNamespace(verify_num_draft_tokens=8, model_runner=types.SimpleNamespace(page_size=1), device="cpu")
     state = create_state(adapter, TreeToggles(tree_n=4), worker)
-    assert (state.gamma, state.width, state.tree_width) == (7, 8, 8)
-    assert create_state(adapter, TreeToggles(tree_n=4, tree_width=5), worker).tree_width == 5
+    assert (state.plan.gamma, state.plan.width, state.plan.tree_width) == (7, 8, 8)
+    assert create_state(adapter, TreeToggles(tree_n=4, tree_width=5), worker).plan.tree_width == 5
     with pytest.raises(SystemExit, match=r"FLASHTREE_TREE_WIDTH=9 exceeds DSPARK's verify window .* = 8\); allowed: 'auto' or an integer from 2 to 8"):
         create_state(adapter, TreeToggles(tree_n=4, tree_width=9), worker)
-    assert create_state(adapter, TreeToggles(tree_n=4), worker).depth == 7
-    assert create_state(adapter, TreeToggles(tree_n=4, tree_depth=3), worker).depth == 3
+    assert create_state(adapter, TreeToggles(tree_n=4), worker).plan.depth == 7
+    assert create_state(adapter, TreeToggles(tree_n=4, tree_depth=3), worker).plan.depth == 3
     with pytest.raises(SystemExit, match=r"FLASHTREE_TREE_DEPTH=8 exceeds DSPARK's draft block \(gamma = 7\); allowed: 'auto' or an integer from 1 to 7"):
         create_state(adapter, TreeToggles(tree_n=4, tree_depth=8), worker)
     worker.model_runner.page_size = 16  # its pool is checked at init_cuda_graphs (test_paged_kv_check_waits_for_the_pools)
-    assert create_state(adapter, TreeToggles(tree_n=4), worker).page_size == 16
+    assert create_state(adapter, TreeToggles(tree_n=4), worker).plan.page_size == 16
 
 
 def test_paged_kv_check_waits_for_the_pools(sglang_release):
@@ -349,7 +349,7 @@ def test_paged_kv_check_waits_for_the_pools(sglang_release):
     assert captured == []  # stopped before DSPARK's capture
     worker = build(types.SimpleNamespace(move_kv_cache=lambda tgt, src: None))
     init_cuda_graphs(worker)
-    assert captured == [worker] and worker._flashtree.page_size == 16
+    assert captured == [worker] and worker._flashtree.plan.page_size == 16
 
 
 def test_draft_rows_install_on_0_5_17_only(sglang_release, monkeypatch):
