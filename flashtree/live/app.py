@@ -90,20 +90,22 @@ class Run:
     def identity(self, instances) -> dict:
         p = self.cfg.phases.identity
         result, responses = identity.run_identity(self.ports(instances), self.prompts.ids[: p.prompts],
-                                                  p.max_new_tokens, p.in_flight)
+                                                  p.max_new_tokens, p.in_flight, p.timeout_s)
         for name, rs in responses.items():
             self.keep("identity", name, p.in_flight, 0, rs)
         return result
 
     def sampled(self, instances) -> dict:
         p = self.cfg.phases.sampled
-        result, _ = sampled.run_sampled(self.ports(instances), self.prompts.ids[0], p.samples, p.tokens, p.temperature)
+        result, _ = sampled.run_sampled(self.ports(instances), self.prompts.ids[0], p.samples, p.tokens, p.temperature,
+                                        p.timeout_s)
         return result
 
     def grammar(self, instances) -> dict:
         p = self.cfg.phases.grammar
         tree = {i.name: self.cfg.servers[i.server].tree_n is not None for i in instances}
-        return grammar.run_grammar(self.ports(instances), tree, self.prompts.ids, p.regex, p.max_new_tokens)
+        return grammar.run_grammar(self.ports(instances), tree, self.prompts.ids, p.regex, p.max_new_tokens,
+                                   p.timeout_s)
 
     def speed(self, instances, phase: str = "speed") -> dict:
         from tqdm import tqdm

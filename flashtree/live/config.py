@@ -111,31 +111,35 @@ class PromptsConfig:
 
 
 @dataclass
-class IdentityPhase:
-    """Greedy outputs of every server token for token against the first (no speculation)."""
+class Phase:
+    """What every phase has: the servers it measures (by name), their precision profile, extra environment."""
 
     servers: list[str] = field(default_factory=list)
+    precision: str = "bf16"
+    env: dict[str, str] = field(default_factory=dict)  # added to these servers' (e.g. FLASHTREE_STAGE_TIMES)
+    timeout_s: float = 300.0  # bound of the phase's requests
+
+
+@dataclass
+class IdentityPhase(Phase):
+    """Greedy outputs of every server token for token against the first (no speculation)."""
+
     precision: str = "fp32"
     prompts: int = 50
     max_new_tokens: int = 128
     in_flight: int = 8  # requests in flight per server
-    env: dict[str, str] = field(default_factory=dict)
-    timeout_s: float = 150.0
 
 
 @dataclass
-class SpeedPhase:
+class SpeedPhase(Phase):
     """Each server alone at each concurrency: tokens/s, time per output token, tau."""
 
-    servers: list[str] = field(default_factory=list)
-    precision: str = "bf16"
     concurrencies: list[int] = field(default_factory=lambda: [1, 8, 32])
     rounds: int = 1
     min_requests: int = 16  # requests per level at least (4 x c otherwise)
     max_new_tokens: int = 256
     backend: str = "bench_serving"  # bench_serving (sglang's, needs a tokenizer) | ids (flashtree's input-id client)
-    env: dict[str, str] = field(default_factory=dict)
-    timeout_s: float = 600.0
+    timeout_s: float = 600.0  # the whole phase; levels not reached by then are recorded as errors
 
     def __post_init__(self) -> None:
         _check(self.backend in SPEED_BACKENDS, "speed.backend", self.backend, f"use one of {', '.join(SPEED_BACKENDS)}")
@@ -144,27 +148,21 @@ class SpeedPhase:
 
 
 @dataclass
-class SampledPhase:
+class SampledPhase(Phase):
     """Temperature sampling: tokens 2.. of one prompt, each server against the first (two-sample chi-square)."""
 
-    servers: list[str] = field(default_factory=list)
-    precision: str = "bf16"
     samples: int = 600
     tokens: int = 4
     temperature: float = 0.7
-    env: dict[str, str] = field(default_factory=dict)
-    timeout_s: float = 300.0
 
 
 @dataclass
-class GrammarPhase:
+class GrammarPhase(Phase):
     """A regex-constrained request to each server: the tree path refuses it (and keeps serving), the others serve it."""
 
-    servers: list[str] = field(default_factory=list)
     precision: str = "fp32"
     regex: str = "(ab)+"
     max_new_tokens: int = 8
-    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

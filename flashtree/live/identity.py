@@ -36,18 +36,19 @@ def compare(ref: list[dict], got: list[dict]) -> dict:
     }
 
 
-def greedy_outputs(port: int, prompts: list, max_new_tokens: int, in_flight: int) -> list[dict]:
+def greedy_outputs(port: int, prompts: list, max_new_tokens: int, in_flight: int, timeout_s: float) -> list[dict]:
     params = {"max_new_tokens": max_new_tokens, "temperature": 0.0}
     with cf.ThreadPoolExecutor(in_flight) as pool:
-        return list(pool.map(lambda ids: generate(port, ids, params), prompts))
+        return list(pool.map(lambda ids: generate(port, ids, params, timeout=timeout_s), prompts))
 
 
-def run_identity(ports: dict[str, int], prompts: list, max_new_tokens: int, in_flight: int = 8):
+def run_identity(ports: dict[str, int], prompts: list, max_new_tokens: int, in_flight: int = 8,
+                 timeout_s: float = 300.0):
     """All servers at once (the first is the reference) -> (result, responses per server)."""
     names = list(ports)
     responses, errors = {}, {}
     with cf.ThreadPoolExecutor(len(names)) as pool:
-        futures = {pool.submit(greedy_outputs, ports[n], prompts, max_new_tokens, in_flight): n for n in names}
+        futures = {pool.submit(greedy_outputs, ports[n], prompts, max_new_tokens, in_flight, timeout_s): n for n in names}
         for fut in cf.as_completed(futures):
             try:
                 responses[futures[fut]] = fut.result()

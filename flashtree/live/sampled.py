@@ -78,17 +78,18 @@ def compare_samples(ref: list[list[int]], got: list[list[int]], tokens: int) -> 
     return {"status": "pass" if ok else "fail", "per_position": per_pos}
 
 
-def draws(port: int, prompt: list, samples: int, tokens: int, temperature: float) -> list[dict]:
+def draws(port: int, prompt: list, samples: int, tokens: int, temperature: float, timeout_s: float) -> list[dict]:
     # One seed per request: under --enable-deterministic-inference sglang seeds every request alike by default,
     # which would make the reference samples one repeated draw.
     params = [{"max_new_tokens": tokens, "temperature": temperature, "ignore_eos": True, "sampling_seed": i}
               for i in range(samples)]
-    return generate(port, [prompt] * samples, params, timeout=600)
+    return generate(port, [prompt] * samples, params, timeout=timeout_s)
 
 
-def run_sampled(ports: dict[str, int], prompt: list, samples: int, tokens: int, temperature: float):
+def run_sampled(ports: dict[str, int], prompt: list, samples: int, tokens: int, temperature: float,
+                timeout_s: float = 300.0):
     """-> (result, responses per server); the first server is the reference."""
-    responses = {name: draws(port, prompt, samples, tokens, temperature) for name, port in ports.items()}
+    responses = {name: draws(port, prompt, samples, tokens, temperature, timeout_s) for name, port in ports.items()}
     ref = next(iter(ports))
     outs = {name: [r["output_ids"] for r in rs] for name, rs in responses.items()}
     result = {"reference": ref, "samples": samples, "temperature": temperature, "servers": {}}

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from flashtree.live import app, speed
+from flashtree.live.grammar import run_grammar
 from flashtree.live.commands import Instance
 from flashtree.live.config import to_live_config
 from flashtree.live.identity import compare, first_divergence, run_identity
@@ -81,6 +82,15 @@ def test_sampled_against_stand_ins(ports):
     res = result["servers"]["tree"]
     assert res["status"] == "pass" and [p["position"] for p in res["per_position"]] == [2, 3, 4]
     assert result["reference"] == "plain" and "plain" not in result["servers"]
+
+
+def test_grammar_refused_by_the_tree_path_only(ports):
+    tree = {"plain": False, "tree": True, "broken": True}  # `broken` serves the regex: a tree server must not
+    res = run_grammar(ports, tree, PROMPTS, "(ab)+", 8)["servers"]
+    assert res["plain"]["status"] == "pass" and res["plain"]["http"] == 200
+    assert res["tree"]["status"] == "pass" and res["tree"]["http"] == 400 and res["tree"]["serving_after"]
+    assert "flashtree" in res["tree"]["response"] and res["broken"]["status"] == "fail"
+    assert run_grammar({"tree": ports["tree"]}, {"tree": False}, PROMPTS, "(ab)+", 8)["servers"]["tree"]["status"] == "fail"
 
 
 def test_ids_client_rate_time_and_tau_per_level(ports):

@@ -116,6 +116,19 @@ def test_llama_and_4k_variants():
     assert long.prompts.input_len == 4096 and long.model.name == "qwen3-8b-dummy"
 
 
+def test_tiny_presets():
+    check = to_live_config(compose("+preset=tiny-check", "live.work_dir=/w"))
+    plan = phase_instances(check)
+    assert list(plan) == ["identity", "sampled", "grammar"] and check.prompts.path == "/w/models/prompts.json"
+    assert {i.name for i in all_instances(plan)} == {"fp32-plain", "fp32-chain", "fp32-tree8", "fp32-tree8-splitkv"}
+    tree = plan["identity"][2]
+    assert tree.argv[tree.argv.index("--model-path") + 1] == "/w/models/target"
+    assert tree.argv[tree.argv.index("--speculative-num-draft-tokens") + 1] == "8"  # the tiny draft's block 7 + 1
+    profile = phase_instances(to_live_config(compose("+preset=tiny-profile", "live.out_dir=/o")))["speed"]
+    assert [i.name for i in profile] == ["bf16-chain-speed", "bf16-tree1-speed", "bf16-tree8-speed"]
+    assert profile[0].env == {"FT_PROFILE_STEPS": "100:400", "FT_PROFILE_OUT": "/o/logs"}
+
+
 @pytest.mark.parametrize("override, key", [
     ("phases.speed.servers=[chain,nope]", "phases.speed.servers"),
     ("phases.identity.precision=fp16", "phases.identity.precision"),
