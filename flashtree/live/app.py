@@ -115,8 +115,8 @@ class Run:
         deadline = time.monotonic() + p.timeout_s
         names = [i.name for i in instances]
         runs = {n: {c: [] for c in p.concurrencies} for n in names}
-        result = {"max_new_tokens": p.max_new_tokens, "rounds": p.rounds, "client": p.backend,
-                  "label": self.cfg.model.label, "servers": {}}
+        result = {"model": self.cfg.model.name, "max_new_tokens": p.max_new_tokens, "rounds": p.rounds,
+                  "client": p.backend, "label": self.cfg.model.label, "servers": {}}
         bar = tqdm(total=p.rounds * len(names) * len(p.concurrencies), desc=phase, file=sys.stdout)
         for rnd in range(p.rounds):
             # every other round in reverse order, so drift over the run falls on every server alike

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 import pandas as pd
 import pytest
@@ -19,7 +20,7 @@ from flashtree.live.sampled import chi2_sf, compare_samples, run_sampled, two_sa
 from flashtree.live.servers import ServerManager
 from flashtree.live.tables import live_steps, request_record, summary
 
-from .helpers import compose, fake
+from .helpers import ROOT, compose, fake
 
 PROMPTS = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [3, 3]]
 
@@ -206,3 +207,10 @@ def test_the_app_with_stand_in_servers(tmp_path, monkeypatch):
     assert {p.name for p in (tmp_path / "logs").glob("server_*.log")} == {
         "server_fp32-plain.log", "server_fp32-tree8.log", "server_fp32-chain.log", "server_bf16-chain.log",
         "server_bf16-tree8.log", "server_bf16-plain.log"}
+    sys.path.insert(0, str(ROOT / "benchmarks" / "live"))
+    try:
+        import plot_live
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks" / "live"))
+    plot_live.main([str(tmp_path), "--out", str(tmp_path / "fig")])  # the figures read the app's results too
+    assert (tmp_path / "fig" / "speed.png").stat().st_size > 10_000
