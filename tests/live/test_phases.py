@@ -214,3 +214,21 @@ def test_the_app_with_stand_in_servers(tmp_path, monkeypatch):
         sys.path.remove(str(ROOT / "benchmarks" / "live"))
     plot_live.main([str(tmp_path), "--out", str(tmp_path / "fig")])  # the figures read the app's results too
     assert (tmp_path / "fig" / "speed.png").stat().st_size > 10_000
+
+
+def test_prepare_models_checks_the_staged_checkpoints(tmp_path):
+    from flashtree.dspark.config import DSparkConfig
+    from flashtree.experiments.config import ConfigError
+
+    cfg = to_live_config(compose(f"model.target={tmp_path / 't'}", f"model.draft={tmp_path / 'd'}"))
+    with pytest.raises(ConfigError, match="^model.target=.*no config.json there"):
+        app.prepare_models(cfg, tmp_path)
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "config.json").write_text("{}")
+    DSparkConfig(hidden_size=64, vocab_size=100, num_target_layers=4, target_layer_ids=(1, 2), block_size=15).save(
+        tmp_path / "d")
+    with pytest.raises(ConfigError, match="^model.draft_block_size=8: the draft .* has block_size 15"):
+        app.prepare_models(cfg, tmp_path)
+    app.prepare_models(to_live_config(compose(f"model.target={tmp_path / 't'}", f"model.draft={tmp_path / 'd'}",
+                                              "model.draft_block_size=15")), tmp_path)
+    assert json.loads((tmp_path / "draft_config.json").read_text())["block_size"] == 15
