@@ -25,7 +25,9 @@ STAGE_LINE = "stage times"  # FLASHTREE_STAGE_TIMES log lines
 def describe(cfg: LiveConfig, plan: dict[str, list[Instance]]) -> str:
     """What a run would start and measure (the dry run's output)."""
     lines = [f"model {cfg.model.name}: target {cfg.model.target}, draft {cfg.model.draft}"
-             + (f" ({cfg.model.label})" if cfg.model.label else ""), "servers:"]
+             + (f" ({cfg.model.label})" if cfg.model.label else ""),
+             f"prompts: {cfg.prompts.source}, {cfg.prompts.count}"
+             + (f" x {cfg.prompts.input_len} tokens" if cfg.prompts.source == "random" else ""), "servers:"]
     for inst in all_instances(plan):
         lines += [f"  {inst.name}: {cfg.servers[inst.server].description}", f"    {shell_line(inst, 'PORT')}"]
     lines.append("phases:")

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from flashtree.experiments.config import ConfigError
+from flashtree.live import app
 from flashtree.live.commands import all_instances, instance, phase_instances
 from flashtree.live.config import to_live_config
 
@@ -114,6 +115,7 @@ def test_llama_and_4k_variants():
     assert llama.phases.speed.servers == ["plain", "chain-sim-acc1", "tree8"]
     long = to_live_config(compose("+preset=qwen3-8b-dummy-4k"))
     assert long.prompts.input_len == 4096 and long.model.name == "qwen3-8b-dummy"
+    assert "prompts: random, 256 x 4096 tokens" in app.describe(long, phase_instances(long))
 
 
 def test_tiny_presets():
