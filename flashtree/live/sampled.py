@@ -89,11 +89,17 @@ def draws(port: int, prompt: list, samples: int, tokens: int, temperature: float
 def run_sampled(ports: dict[str, int], prompt: list, samples: int, tokens: int, temperature: float,
                 timeout_s: float = 300.0):
     """-> (result, responses per server); the first server is the reference."""
-    responses = {name: draws(port, prompt, samples, tokens, temperature, timeout_s) for name, port in ports.items()}
+    responses, errors = {}, {}
+    for name, port in ports.items():
+        try:
+            responses[name] = draws(port, prompt, samples, tokens, temperature, timeout_s)
+        except Exception as err:  # noqa: BLE001 - recorded; the other servers still count
+            errors[name] = f"{type(err).__name__}: {err}"
     ref = next(iter(ports))
     outs = {name: [r["output_ids"] for r in rs] for name, rs in responses.items()}
-    result = {"reference": ref, "samples": samples, "temperature": temperature, "servers": {}}
+    result = {"reference": ref, "samples": samples, "temperature": temperature, "errors": errors, "servers": {}}
     for name in ports:
         if name != ref:
-            result["servers"][name] = compare_samples(outs[ref], outs[name], tokens)
+            result["servers"][name] = (compare_samples(outs[ref], outs[name], tokens)
+                                       if name in outs and ref in outs else {"status": "not-run"})
     return result, responses

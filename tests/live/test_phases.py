@@ -83,6 +83,8 @@ def test_sampled_against_stand_ins(ports):
     res = result["servers"]["tree"]
     assert res["status"] == "pass" and [p["position"] for p in res["per_position"]] == [2, 3, 4]
     assert result["reference"] == "plain" and "plain" not in result["servers"]
+    dead = run_sampled({"plain": ports["plain"], "gone": 9}, PROMPTS[0], 10, 4, 0.7, timeout_s=5)[0]
+    assert dead["servers"]["gone"] == {"status": "not-run"} and "gone" in dead["errors"]
 
 
 def test_grammar_refused_by_the_tree_path_only(ports):

@@ -63,6 +63,7 @@ def test_the_best_preset_runs_identity_then_speed(best):
     assert [i.name for i in plan["speed"]] == ["bf16-chain", "bf16-tree64-w64-budget512-rows8",
                                                "bf16-tree64-w64-budget512-splitkv-rows8"]
     assert best.phases.speed.rounds == 6 and best.phases.speed.concurrencies == [1, 8, 32]
+    assert best.phases.speed.backend == "ids"
 
 
 def test_every_named_server_composes_in_both_precisions():
@@ -118,6 +119,14 @@ def test_llama_and_4k_variants():
     assert "prompts: random, 256 x 4096 tokens" in app.describe(long, phase_instances(long))
 
 
+def test_the_default_speed_phase_runs_bench_serving():
+    lines = app.describe(cfg := to_live_config(compose()), phase_instances(cfg)).splitlines()
+    bench = [x for x in lines if "-m sglang.bench_serving" in x]
+    assert len(bench) == 2  # stage and speed
+    assert "--dataset-name custom --dataset-path OUT/prompts.jsonl --apply-chat-template --sharegpt-output-len 256" \
+        in bench[1] and "--port PORT" in bench[1]
+
+
 def test_tiny_presets():
     check = to_live_config(compose("+preset=tiny-check", "live.work_dir=/w"))
     plan = phase_instances(check)
@@ -158,5 +167,5 @@ def test_dry_run_prints_servers_and_commands_and_starts_nothing(tmp_path):
     assert ("FLASHTREE_TREE_N=64 FLASHTREE_TREE_DEPTH=8 FLASHTREE_TREE_BUDGET=512 FLASHTREE_DRAFT_ROWS=8 "
             "FLASHTREE_DRAFT_TEMPERATURE=0.7 FLASHTREE_FUSED_SAMPLER=1 FLASHTREE_GRAPH_DRAWS=1 ") in out
     assert "--speculative-num-draft-tokens 64" in out and "--port PORT" in out
-    assert "identity: fp32-plain, fp32-chain-splitkv" in out and "-m sglang.bench_serving --backend sglang" in out
+    assert "identity: fp32-plain, fp32-chain-splitkv" in out and "client ids" in out
     assert not (tmp_path / "out").exists()  # nothing written, nothing started
