@@ -1,7 +1,8 @@
-"""Figures of a live SmolLM2 run: tokens/s per server and concurrency, and where a tree step's time goes.
+"""Figures of a live run: tokens/s per server and concurrency, and where a tree step's time goes.
 
 usage: python benchmarks/live/plot_live.py RESULTS_DIR [--out DIR]
-RESULTS_DIR holds speed_results.json and stage_times.txt (scripts/live_smollm2_h200.sh); figures: speed.png (bars: the
+RESULTS_DIR holds speed_results.json and stage_times.txt (experiments/live.py's live.out_dir, or a recorded run of
+the earlier scripts under benchmarks/live/results-*); figures: speed.png (bars: the
 mean over rounds; dots: each round, since rounds of one server can differ by more than servers do), stages.png (mean
 ms per tree step per stage per stage-timed tree server, at batch size 1 and, where the stage phase ran at concurrency
 32, at 28-32 requests; only when a server ran with FLASHTREE_STAGE_TIMES).
@@ -15,7 +16,8 @@ import re
 from pathlib import Path
 
 LINE = re.compile(r"steps (\d+)-\d+; mean bs ([\d.]+)\): (.*); total")
-TAG = re.compile(r"^\[server_(\S+)\] ")  # scripts/live_lib.sh's pack_logs tags each line (runs after run 5)
+TAG = re.compile(r"^\[server_(\S+)\] ")  # each line tagged with its server's log (runs after run 5)
+PREFIXES = ("b_", "bf16-")  # the precision of a recorded tag / of the app's instance names
 
 
 # stages.png's panels: (title, mean batch size of the windows, tolerance)
@@ -39,6 +41,12 @@ def stage_means(path: Path, batch: float = 1.0, tolerance: float = 0.15) -> dict
     return {name: {k: sum(w[k] for w in ws) / len(ws) for k in ws[0]} for name, ws in blocks if ws}
 
 
+def short(tag: str) -> str:
+    for prefix in PREFIXES:
+        tag = tag.removeprefix(prefix)
+    return tag
+
+
 def main(argv=None) -> None:
     import matplotlib
 
@@ -52,7 +60,8 @@ def main(argv=None) -> None:
     out = args.out or args.results
     out.mkdir(parents=True, exist_ok=True)
 
-    speed = json.loads((args.results / "speed_results.json").read_text())["servers"]
+    result = json.loads((args.results / "speed_results.json").read_text())
+    speed = result["servers"]
     tags = list(speed)
     concs = [r["concurrency"] for r in speed[tags[0]]]
     fig, axes = plt.subplots(1, len(concs), figsize=(4.2 * len(concs), 3.4), squeeze=False)
@@ -62,10 +71,11 @@ def main(argv=None) -> None:
         for x, t in enumerate(tags):
             rounds = speed[t][i].get("tokens_per_s_rounds", [])
             ax.plot([x] * len(rounds), rounds, "k.", ms=4)
-        ax.set_xticks(range(len(tags)), [t.removeprefix("b_") for t in tags], rotation=45, ha="right")
+        ax.set_xticks(range(len(tags)), [short(t) for t in tags], rotation=45, ha="right")
         ax.set_title(f"concurrency {concs[i]}")
         ax.set_ylabel("output tokens / s")
-    fig.suptitle("SmolLM2-135M on sglang 0.5.17, H200, bf16")
+    label = f" ({result['label']})" if result.get("label") else ""
+    fig.suptitle(f"{result.get('model', 'smollm2-135m')} on sglang 0.5.17, H200, bf16{label}")
     fig.tight_layout()
     fig.savefig(out / "speed.png", dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -78,7 +88,7 @@ def main(argv=None) -> None:
         return
     fig, axes = plt.subplots(len(panels), 1, figsize=(6.5, 2.2 + 1.2 * len(panels)), squeeze=False, sharex=True)
     for ax, (title, means) in zip(axes[:, 0], panels):
-        names = [t.removeprefix("b_") for t in means]
+        names = [short(t) for t in means]
         rows = list(means.values())
         left = [0.0] * len(rows)
         for k in rows[0]:

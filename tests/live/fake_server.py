@@ -1,20 +1,35 @@
-"""A stand-in for sglang's HTTP server, to check client.py on a machine without a GPU.
+"""A stand-in for sglang's HTTP server, to check flashtree.live without a GPU.
 
-usage: python fake_server.py PORT MODE     MODE: plain | tree | broken (greedy outputs differ) | refuse-all
+usage: python fake_server.py MODE [--start-delay S] [--host H] --port PORT
+MODE: plain | tree | broken (greedy outputs differ at token 4) | die (prints a line and exits 3 at once)
 Greedy output = a function of the prompt; sampled output = draws from a fixed per-position distribution; `tree` adds
 flashtree statistics to meta_info and refuses regex requests the way flashtree's admission does (HTTP 400).
+/health answers only after --start-delay seconds (a server still starting); GET /stats counts POST /generate calls.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import sys
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-PORT, MODE = int(sys.argv[1]), sys.argv[2]
+ap = argparse.ArgumentParser()
+ap.add_argument("mode")
+ap.add_argument("--start-delay", type=float, default=0.0)
+ap.add_argument("--host", default="127.0.0.1")
+ap.add_argument("--port", type=int, required=True)
+args = ap.parse_args()
+MODE, PORT = args.mode, args.port
+print(f"fake sglang server {MODE} on {args.host}:{PORT}", flush=True)
+if MODE == "die":
+    print("RuntimeError: the stand-in was told to die while starting", flush=True)
+    sys.exit(3)
+T0 = time.monotonic()
 rng = random.Random(PORT)
-served = {"generate": 0}  # POST /generate calls so far (GET /stats): lets tests count a client's requests
+served = {"generate": 0}
 
 
 def one(ids, sp):
@@ -26,7 +41,7 @@ def one(ids, sp):
         if MODE == "broken":
             out[3] += 1
     meta = {"id": "x", "spec_accept_length": 2.5, "spec_accept_histogram": [1, 2, 3], "completion_tokens": n,
-            "spec_verify_ct": (n + 1) // 2}
+            "spec_verify_ct": (n + 1) // 2, "finish_reason": {"type": "length"}}
     if MODE == "tree":
         meta["flashtree"] = [[8, 3, 7, 2], [8, 2, 7, 0]]
     return {"text": "ab" * (n // 2), "output_ids": out, "meta_info": meta}
@@ -45,8 +60,9 @@ class H(BaseHTTPRequestHandler):
         self.wfile.write(raw)
 
     def do_GET(self):
-        routes = {"/health": {}, "/stats": served}
-        self._send(200, routes[self.path]) if self.path in routes else self._send(404, {})
+        if self.path == "/health":
+            return self._send(200 if time.monotonic() - T0 >= args.start_delay else 503, {})
+        self._send(200, served) if self.path == "/stats" else self._send(404, {})
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -61,4 +77,4 @@ class H(BaseHTTPRequestHandler):
         return self._send(200, one(ids, sp))
 
 
-ThreadingHTTPServer(("127.0.0.1", PORT), H).serve_forever()
+ThreadingHTTPServer((args.host, PORT), H).serve_forever()

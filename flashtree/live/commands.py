@@ -1,0 +1,103 @@
+"""From named presets to processes: the `python -m sglang.launch_server` command line and environment of each server.
+
+A server instance is one named server (`configs/live/servers/`) in one precision profile of the model, with the extra
+environment of the phase that runs it; instances that agree on all three are one process shared by the phases.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+from flashtree.live.config import LiveConfig, ModelConfig, PrecisionConfig, ServerConfig
+
+HOST = "127.0.0.1"  # every server listens on loopback only
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One server process: `name` (precision-server[-phase]) is its log's and its results' label."""
+
+    name: str
+    server: str
+    precision: str
+    argv: tuple[str, ...]  # launch command without --host / --port
+    env: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+    label: str = ""
+
+    def command(self, port: int) -> list[str]:
+        return [*self.argv, "--host", HOST, "--port", str(port)]
+
+
+def toggles(server: ServerConfig) -> dict[str, str]:
+    """flashtree's FLASHTREE_* toggles of `server` (flashtree/patches/README.md), then its extra environment."""
+    env: dict[str, str] = {}
+    if server.tree_n is not None:
+        env["FLASHTREE_TREE_N"] = str(server.tree_n)
+    for key, value in (("FLASHTREE_TREE_DEPTH", server.depth), ("FLASHTREE_TREE_BUDGET", server.budget),
+                       ("FLASHTREE_DRAFT_ROWS", server.draft_rows), ("FLASHTREE_TREE_MAX_BS", server.max_bs),
+                       ("FLASHTREE_DRAFT_TEMPERATURE", server.draft_temperature)):
+        if value is not None:
+            env[key] = str(value)
+    for key, on in (("FLASHTREE_SPLITKV_VERIFY", server.split_kv), ("FLASHTREE_EXACT_VERIFY", server.exact_verify),
+                    ("FLASHTREE_FUSED_SAMPLER", server.fused_sampler)):
+        if on:
+            env[key] = "1"
+    if server.graph_draws is not None:
+        env["FLASHTREE_GRAPH_DRAWS"] = "1" if server.graph_draws else "0"
+    env.update({str(k): str(v) for k, v in server.env.items()})
+    return env
+
+
+def window(server: ServerConfig, model: ModelConfig) -> int:
+    """DSPARK's verify window W (--speculative-num-draft-tokens): the server's, else the draft's block + 1."""
+    return server.window if server.window is not None else model.draft_block_size + 1
+
+
+def launch_args(server: ServerConfig, model: ModelConfig, precision: PrecisionConfig, python: str) -> list[str]:
+    argv = [python, "-m", "sglang.launch_server", "--model-path", model.target, *model.args,
+            "--page-size", str(server.page_size), "--mem-fraction-static", str(model.mem_fraction_static),
+            "--dtype", precision.dtype, "--max-running-requests", str(precision.max_running_requests),
+            "--cuda-graph-bs-decode", *map(str, precision.cuda_graph_bs), *precision.args]
+    if model.dummy is not None:
+        argv += ["--load-format", "dummy", "--skip-tokenizer-init"]
+    if server.speculative:
+        w = window(server, model)
+        argv += ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", model.draft,
+                 "--speculative-num-draft-tokens", str(w), "--speculative-draft-attention-backend", "triton"]
+        if w - 1 != model.draft_block_size:  # sglang otherwise refuses a window other than the draft's block + 1
+            argv += ["--speculative-dspark-block-size", str(w - 1)]
+        if model.dummy is not None:
+            argv += ["--speculative-draft-load-format", "dummy"]
+    return argv + list(server.args)
+
+
+def instance(cfg: LiveConfig, server: str, precision: str, phase: str, phase_env: dict) -> Instance:
+    python = cfg.live.python or sys.executable
+    argv = launch_args(cfg.servers[server], cfg.model, cfg.model.precisions[precision], python)
+    env = {**toggles(cfg.servers[server]), **{str(k): str(v) for k, v in phase_env.items()}}
+    name = f"{precision}-{server}" + (f"-{phase}" if phase_env else "")
+    return Instance(name, server, precision, tuple(argv), env, cfg.model.label)
+
+
+def phase_instances(cfg: LiveConfig) -> dict[str, list[Instance]]:
+    """phase -> its server instances, in the phase's order (the first is the reference of identity / sampled)."""
+    return {p: [instance(cfg, s, getattr(cfg.phases, p).precision, p, getattr(cfg.phases, p).env)
+                for s in getattr(cfg.phases, p).servers] for p in cfg.run}
+
+
+def all_instances(plan: dict[str, list[Instance]]) -> list[Instance]:
+    """Every distinct instance of a plan, in first-use order."""
+    seen: dict[str, Instance] = {}
+    for instances in plan.values():
+        for inst in instances:
+            seen.setdefault(inst.name, inst)
+    return list(seen.values())
+
+
+def shell_line(inst: Instance, port: int) -> str:
+    """The instance as one copy-pasteable shell line (env, then command)."""
+    import shlex
+
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in inst.env.items())
+    return (env + " " if env else "") + shlex.join(inst.command(port))

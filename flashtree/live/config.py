@@ -1,0 +1,235 @@
+"""Structured config of the live benchmark (`experiments/live.py`): named sglang servers, the model they serve, the
+phases that measure them. Hydra composes the YAML presets under `configs/live/` on top of these schemas; value checks
+run in `__post_init__` (called by `to_live_config`) and name the offending key.
+
+Importing this module needs no hydra (`register` imports it when called).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from omegaconf import MISSING
+
+from flashtree.experiments.config import _check, to_run_config
+from flashtree.live.dummy import ARCHITECTURES, DummyShapes
+
+PHASES = ("identity", "stage", "speed", "sampled", "grammar")
+SPEED_BACKENDS = ("bench_serving", "ids")
+PROMPT_SOURCES = ("gsm8k", "random", "file")
+
+
+@dataclass
+class ServerConfig:
+    """One named sglang server: whether it speculates and, if so, flashtree's tree toggles on DSPARK.
+
+    Unset fields leave the toggle unset (sglang's or flashtree's default). The precision profile (dtype, batch sizes,
+    deterministic inference) comes from the phase that runs the server, the paths and shared flags from the model.
+    """
+
+    description: str = ""
+    speculative: bool = True  # false: no speculation (the reference server)
+    tree_n: Optional[int] = None  # FLASHTREE_TREE_N: candidate blocks per step; null: DSPARK's own chain
+    window: Optional[int] = None  # --speculative-num-draft-tokens W (the root included); null: the draft block + 1
+    depth: Optional[int] = None  # FLASHTREE_TREE_DEPTH: draft positions each candidate keeps
+    budget: Optional[int] = None  # FLASHTREE_TREE_BUDGET: batch-wide verify tokens
+    draft_rows: Optional[int] = None  # FLASHTREE_DRAFT_ROWS: rows of the window the tree step's draft forward runs
+    draft_temperature: Optional[float] = None  # FLASHTREE_DRAFT_TEMPERATURE of draws 1 .. N-1
+    max_bs: Optional[int] = None  # FLASHTREE_TREE_MAX_BS: larger decode batches run DSPARK's chain step
+    split_kv: bool = False  # FLASHTREE_SPLITKV_VERIFY=1
+    exact_verify: bool = False  # FLASHTREE_EXACT_VERIFY=1
+    fused_sampler: bool = False  # FLASHTREE_FUSED_SAMPLER=1
+    graph_draws: Optional[bool] = None  # FLASHTREE_GRAPH_DRAWS=1/0 (the N draws inside DSPARK's draft graph)
+    page_size: int = 1
+    env: dict[str, str] = field(default_factory=dict)  # more environment, e.g. SGLANG_SIMULATE_ACC_LEN
+    args: list[str] = field(default_factory=list)  # more sglang flags
+
+    def check(self, name: str) -> None:
+        key = f"servers.{name}"
+        tree_keys = ("depth", "budget", "draft_rows", "draft_temperature", "max_bs", "graph_draws")
+        if not self.speculative:
+            set_keys = [k for k in ("tree_n", "window", *tree_keys) if getattr(self, k) is not None]
+            _check(not set_keys and not (self.split_kv or self.exact_verify or self.fused_sampler), key, set_keys,
+                   "a server without speculation takes no speculation or tree setting")
+        if self.tree_n is None:
+            set_keys = [k for k in tree_keys if getattr(self, k) is not None] + (["fused_sampler"] * self.fused_sampler)
+            _check(not set_keys, f"{key}.tree_n", None, f"{set_keys} need the tree path (set tree_n)")
+        else:
+            _check(1 <= self.tree_n <= 256, f"{key}.tree_n", self.tree_n, "must be in 1..256")
+        _check(self.window is None or self.window >= 2, f"{key}.window", self.window, "must be >= 2")
+        _check(not (self.split_kv and self.exact_verify), key, "split_kv+exact_verify",
+               "choose one: split-KV verify is already exact on a deterministic server")
+        _check(self.page_size >= 1, f"{key}.page_size", self.page_size, "must be >= 1")
+
+
+@dataclass
+class PrecisionConfig:
+    """A serving profile: dtype and the batch shapes captured in CUDA graphs."""
+
+    dtype: str = "bfloat16"
+    max_running_requests: int = 32
+    cuda_graph_bs: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 24, 32])
+    args: list[str] = field(default_factory=list)  # e.g. --enable-deterministic-inference
+
+
+@dataclass
+class ModelConfig:
+    name: str = "smollm2-135m"
+    target: str = MISSING  # target checkpoint folder (for a dummy model: where its config is written)
+    draft: str = MISSING  # DSPARK draft checkpoint folder (likewise)
+    draft_block_size: int = 8  # the draft's block_size (checked against its config.json at start)
+    mem_fraction_static: float = 0.08
+    args: list[str] = field(default_factory=list)  # flags every server of this model gets
+    precisions: dict[str, PrecisionConfig] = field(default_factory=dict)  # profile name -> profile
+    dummy: Optional[DummyShapes] = None  # set: write configs, load dummy weights, no tokenizer (input ids)
+    label: str = ""  # written on every result row of this model's servers
+
+    def check(self) -> None:
+        if self.dummy is not None:
+            _check(self.dummy.architecture in ARCHITECTURES, "model.dummy.architecture", self.dummy.architecture,
+                   f"use one of {', '.join(ARCHITECTURES)}")
+        _check(self.draft_block_size >= 1, "model.draft_block_size", self.draft_block_size, "must be >= 1")
+        _check(0 < self.mem_fraction_static < 1, "model.mem_fraction_static", self.mem_fraction_static,
+               "must be in (0, 1)")
+        _check(bool(self.precisions), "model.precisions", {}, "needs at least one precision profile")
+
+
+@dataclass
+class PromptsConfig:
+    source: str = "gsm8k"  # gsm8k (held-out split, chat template, token ids) | random (token ids) | file
+    path: Optional[str] = None  # file: JSON {"prompts": [[token ids], ...]}
+    split: Optional[str] = "second_half"  # gsm8k
+    count: int = 200
+    input_len: int = 512  # random
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check(self.source in PROMPT_SOURCES, "prompts.source", self.source, f"use one of {', '.join(PROMPT_SOURCES)}")
+        _check(self.count >= 1, "prompts.count", self.count, "must be >= 1")
+        _check(self.source != "file" or bool(self.path), "prompts.path", self.path, "source file needs a path")
+
+
+@dataclass
+class Phase:
+    """What every phase has: the servers it measures (by name), their precision profile, extra environment."""
+
+    servers: list[str] = field(default_factory=list)
+    precision: str = "bf16"
+    env: dict[str, str] = field(default_factory=dict)  # added to these servers' (e.g. FLASHTREE_STAGE_TIMES)
+    timeout_s: float = 300.0  # bound of the phase's requests
+
+
+@dataclass
+class IdentityPhase(Phase):
+    """Greedy outputs of every server token for token against the first (no speculation)."""
+
+    precision: str = "fp32"
+    prompts: int = 50
+    max_new_tokens: int = 128
+    in_flight: int = 8  # requests in flight per server
+
+
+@dataclass
+class SpeedPhase(Phase):
+    """Each server alone at each concurrency: tokens/s, time per output token, tau."""
+
+    concurrencies: list[int] = field(default_factory=lambda: [1, 8, 32])
+    rounds: int = 1
+    min_requests: int = 16  # requests per level at least (4 x c otherwise)
+    max_new_tokens: int = 256
+    backend: str = "bench_serving"  # bench_serving (sglang's, needs a tokenizer) | ids (flashtree's input-id client)
+    timeout_s: float = 600.0  # the whole phase; levels not reached by then are recorded as errors
+
+    def __post_init__(self) -> None:
+        _check(self.backend in SPEED_BACKENDS, "speed.backend", self.backend, f"use one of {', '.join(SPEED_BACKENDS)}")
+        _check(self.rounds >= 1, "speed.rounds", self.rounds, "must be >= 1")
+        _check(all(c >= 1 for c in self.concurrencies), "speed.concurrencies", list(self.concurrencies), "must be >= 1")
+
+
+@dataclass
+class SampledPhase(Phase):
+    """Temperature sampling: tokens 2.. of one prompt, each server against the first (two-sample chi-square)."""
+
+    samples: int = 600
+    tokens: int = 4
+    temperature: float = 0.7
+
+
+@dataclass
+class GrammarPhase(Phase):
+    """A regex-constrained request to each server: the tree path refuses it (and keeps serving), the others serve it."""
+
+    precision: str = "fp32"
+    regex: str = "(ab)+"
+    max_new_tokens: int = 8
+
+
+@dataclass
+class PhasesConfig:
+    identity: IdentityPhase = field(default_factory=IdentityPhase)
+    stage: SpeedPhase = field(default_factory=SpeedPhase)  # the speed phase on FLASHTREE_STAGE_TIMES servers
+    speed: SpeedPhase = field(default_factory=SpeedPhase)
+    sampled: SampledPhase = field(default_factory=SampledPhase)
+    grammar: GrammarPhase = field(default_factory=GrammarPhase)
+
+
+@dataclass
+class RunOptions:
+    out_dir: str = "outputs/live"  # results: tables, phase JSON, server logs
+    work_dir: str = "/tmp/flashtree_live"  # written model configs, prompts, per-server JIT caches
+    dry_run: bool = False  # print the servers and commands, start nothing
+    python: Optional[str] = None  # interpreter of `-m sglang.launch_server` / `-m sglang.bench_serving` (default: this one)
+    start_timeout_s: float = 300.0  # every server up within this, or the run stops naming the one that is not
+    stagger_s: float = 6.0  # between server starts (concurrent starts race sglang's memory check)
+    stop_timeout_s: float = 15.0
+
+
+@dataclass
+class LiveConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    servers: dict[str, ServerConfig] = field(default_factory=dict)  # the catalog the phases pick from, by name
+    prompts: PromptsConfig = field(default_factory=PromptsConfig)
+    phases: PhasesConfig = field(default_factory=PhasesConfig)
+    run: list[str] = field(default_factory=lambda: list(PHASES))  # phases to run, in this order
+    live: RunOptions = field(default_factory=RunOptions)
+
+    def __post_init__(self) -> None:
+        self.model.check()
+        for name in self.run:
+            _check(name in PHASES, "run", list(self.run), f"unknown phase {name!r}; phases: {', '.join(PHASES)}")
+        for name, server in self.servers.items():
+            server.check(name)
+        for phase_name in self.run:
+            phase = getattr(self.phases, phase_name)
+            key = f"phases.{phase_name}"
+            _check(bool(phase.servers), f"{key}.servers", [], "lists no server")
+            for s in phase.servers:
+                _check(s in self.servers, f"{key}.servers", list(phase.servers),
+                       f"no server named {s!r} (defined: {', '.join(sorted(self.servers))})")
+            _check(phase.precision in self.model.precisions, f"{key}.precision", phase.precision,
+                   f"model {self.model.name} has precisions {', '.join(self.model.precisions)}")
+            if phase_name in ("identity", "sampled"):
+                _check(len(phase.servers) >= 2, f"{key}.servers", list(phase.servers),
+                       "needs the reference (first) and at least one server to compare")
+        if self.model.dummy is not None:
+            _check(self.prompts.source == "random", "prompts.source", self.prompts.source,
+                   "a dummy-weight model has no tokenizer: use random token ids")
+            for phase_name in ("speed", "stage"):
+                if phase_name in self.run:
+                    _check(getattr(self.phases, phase_name).backend == "ids", f"phases.{phase_name}.backend",
+                           getattr(self.phases, phase_name).backend,
+                           "bench_serving needs a tokenizer, which a dummy-weight server has not: use ids")
+
+
+def register() -> None:
+    """Put the schema in Hydra's ConfigStore (configs/live/*.yaml extend it)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="live_schema", node=LiveConfig)
+
+
+def to_live_config(cfg) -> LiveConfig:
+    """DictConfig -> validated LiveConfig (raises ConfigError naming the key)."""
+    return to_run_config(cfg)

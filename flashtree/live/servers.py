@@ -1,0 +1,146 @@
+"""Start, health-check and stop sglang servers: one subprocess per instance, a free port on 127.0.0.1 each, one log
+file each, bounded waits. A server that dies or does not answer /health in time stops the run with an error naming
+it and quoting its log's tail; every server started is stopped on exit, error or Ctrl-C (use it as a context manager).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from flashtree.live.commands import HOST, Instance
+from flashtree.live.http_json import healthy
+
+LOG_TAIL_LINES = 30
+
+
+class ServerStartError(RuntimeError):
+    """A server died while starting or was not healthy in time; the message names it and quotes its log."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(text[-lines:])
+
+
+@dataclass
+class Running:
+    instance: Instance
+    port: int
+    process: subprocess.Popen
+    log: Path
+    started: float
+
+
+class ServerManager:
+    """`with ServerManager(log_dir) as m: m.start(inst); m.wait_healthy(timeout_s)`; stops all on leaving."""
+
+    def __init__(self, log_dir, *, work_dir=None, stagger_s: float = 0.0, stop_timeout_s: float = 15.0,
+                 poll_s: float = 1.0):
+        self.log_dir = Path(log_dir)
+        self.work_dir = Path(work_dir) if work_dir else self.log_dir
+        self.stagger_s, self.stop_timeout_s, self.poll_s = stagger_s, stop_timeout_s, poll_s
+        self.running: dict[str, Running] = {}
+        self._old_sigterm = None
+
+    def __enter__(self) -> "ServerManager":
+        # a SIGTERM (e.g. `timeout`) unwinds like Ctrl-C, so the servers still stop
+        self._old_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.stop_all()
+        finally:
+            signal.signal(signal.SIGTERM, self._old_sigterm or signal.SIG_DFL)
+
+    def environment(self, inst: Instance) -> dict[str, str]:
+        """This process's environment without any FLASHTREE_* toggle, plus the instance's own."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHTREE_")}
+        cache = self.work_dir / "tvmffi" / inst.name  # one JIT cache per server: concurrent starts race on a shared one
+        cache.mkdir(parents=True, exist_ok=True)
+        env.update(TVM_FFI_CACHE_DIR=str(cache), FT_PROFILE_TAG=inst.name, **inst.env)
+        return env
+
+    def start(self, inst: Instance) -> Running:
+        if inst.name in self.running:
+            return self.running[inst.name]
+        if self.running and self.stagger_s:
+            time.sleep(self.stagger_s)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        port, log = free_port(), self.log_dir / f"server_{inst.name}.log"
+        with open(log, "ab") as out:
+            # own process group: stopping it reaches sglang's scheduler and detokenizer children too
+            proc = subprocess.Popen(inst.command(port), env=self.environment(inst), stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        self.running[inst.name] = Running(inst, port, proc, log, time.monotonic())
+        print(f"[live] started {inst.name} (pid {proc.pid}, port {port}, log {log})", flush=True)
+        return self.running[inst.name]
+
+    def wait_healthy(self, timeout_s: float, names=None) -> None:
+        """Until every named server (default: all) answers /health; ServerStartError on the first that dies, or on
+        the timeout (naming those not up)."""
+        waiting = set(names or self.running)
+        deadline = time.monotonic() + timeout_s
+        while waiting:
+            for name in sorted(waiting):
+                r = self.running[name]
+                code = r.process.poll()
+                if code is not None:
+                    raise ServerStartError(self._why(r, f"exited with status {code} while starting"))
+                if healthy(r.port):
+                    waiting.discard(name)
+                    print(f"[live] {name} healthy after {time.monotonic() - r.started:.0f} s", flush=True)
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                name = sorted(waiting)[0]
+                raise ServerStartError(self._why(self.running[name], f"not healthy after {timeout_s:.0f} s"
+                                                 + (f" (also not up: {', '.join(sorted(waiting - {name}))})"
+                                                    if len(waiting) > 1 else "")))
+            time.sleep(self.poll_s)
+
+    @staticmethod
+    def _why(r: Running, what: str) -> str:
+        return (f"server {r.instance.name} {what}; command: {' '.join(r.instance.command(r.port))}\n"
+                f"--- last lines of {r.log}:\n{log_tail(r.log)}")
+
+    def port(self, name: str) -> int:
+        return self.running[name].port
+
+    def stop(self, name: str) -> None:
+        r = self.running.pop(name, None)
+        if r is None:
+            return
+        for sig in (signal.SIGTERM, signal.SIGKILL):  # then whatever of the server's process group is left
+            try:
+                os.killpg(r.process.pid, sig)  # the group this manager created for the server
+            except ProcessLookupError:
+                break
+            try:
+                r.process.wait(timeout=self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        print(f"[live] stopped {name}", flush=True)
+
+    def stop_all(self) -> None:
+        for name in list(self.running):
+            self.stop(name)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")

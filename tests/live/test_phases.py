@@ -1,0 +1,236 @@
+"""Identity, sampled and speed phases against stand-in servers and on canned responses; bench_serving's command and
+its 0.5.17 output line; the whole app (phases, rounds, tables) with stand-ins in place of sglang."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import pandas as pd
+import pytest
+
+from flashtree.live import app, speed
+from flashtree.live.grammar import run_grammar
+from flashtree.live.commands import Instance
+from flashtree.live.config import to_live_config
+from flashtree.live.identity import compare, first_divergence, run_identity
+from flashtree.live.prompts import Prompts
+from flashtree.live.sampled import chi2_sf, compare_samples, run_sampled, two_sample_chi2
+from flashtree.live.servers import ServerManager
+from flashtree.live.tables import live_steps, request_record, summary
+
+from .helpers import ROOT, compose, fake
+
+PROMPTS = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [3, 3]]
+
+
+@pytest.fixture(scope="module")
+def ports(tmp_path_factory):
+    with ServerManager(tmp_path_factory.mktemp("logs")) as m:
+        for mode in ("plain", "tree", "broken"):
+            m.start(fake(mode, mode))
+        m.wait_healthy(30)
+        yield {mode: m.port(mode) for mode in ("plain", "tree", "broken")}
+
+
+def served(port: int) -> int:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=10) as r:
+        return json.loads(r.read())["generate"]
+
+
+def test_identity_passes_agreeing_servers_and_fails_a_divergent_one(ports):
+    result, responses = run_identity(ports, PROMPTS, max_new_tokens=16)
+    res = result["servers"]
+    assert res["plain"]["status"] == "reference" and res["tree"]["status"] == "pass"
+    assert res["broken"]["status"] == "fail" and res["broken"]["mismatched"] == 4
+    assert res["broken"]["first_mismatches"][0] == (0, 3)  # the stand-in's divergence: token 4
+    detail = res["broken"]["mismatch_details"][0]
+    assert detail["prompt"] == 0 and detail["at"] == 3 and detail["reference"][:2] == detail["got"][:2]
+    assert detail["reference"][2] != detail["got"][2]  # the window starts two tokens before the divergence
+    assert detail["finish"] == "length" and len(responses["tree"]) == 4
+
+
+def test_identity_on_canned_responses():
+    def resp(ids):
+        return {"output_ids": ids, "meta_info": {"finish_reason": {"type": "stop"}}}
+
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None and first_divergence([1, 2], [1, 2, 3]) == 2
+    same = compare([resp([1, 2, 3])], [resp([1, 2, 3])])
+    assert same["status"] == "pass" and same["tokens"] == 3
+    short = compare([resp([1, 2, 3]), resp([4])], [resp([1, 2])])  # a missing prompt fails too
+    assert short["status"] == "fail" and short["first_mismatches"] == [(0, 2)]
+
+
+def test_chi_square_logic():
+    assert chi2_sf(3.841, 1) == pytest.approx(0.05, abs=1e-3) and chi2_sf(18.307, 10) == pytest.approx(0.05, abs=1e-3)
+    assert chi2_sf(0.0, 3) == 1.0
+    xs = [5] * 50 + [6] * 30 + [7] * 20
+    stat, dof, p, cells = two_sample_chi2(xs, list(reversed(xs)))
+    assert stat == 0 and p == 1.0 and cells == 3 and dof == 2
+    stat, _, p, _ = two_sample_chi2(xs, [5] * 90 + [6] * 10)
+    assert p < 1e-3
+    draws = [[0, t, t, t] for t in xs]
+    ok = compare_samples(draws, draws[::-1], 4)
+    assert ok["status"] == "pass" and [x["position"] for x in ok["per_position"]] == [2, 3, 4]
+    assert compare_samples(draws, [[0, 5, 5, 5]] * 100, 4)["status"] == "fail"
+
+
+def test_sampled_against_stand_ins(ports):
+    result, _ = run_sampled({"plain": ports["plain"], "tree": ports["tree"]}, PROMPTS[0], 600, 4, 0.7)
+    res = result["servers"]["tree"]
+    assert res["status"] == "pass" and [p["position"] for p in res["per_position"]] == [2, 3, 4]
+    assert result["reference"] == "plain" and "plain" not in result["servers"]
+    dead = run_sampled({"plain": ports["plain"], "gone": 9}, PROMPTS[0], 10, 4, 0.7, timeout_s=5)[0]
+    assert dead["servers"]["gone"] == {"status": "not-run"} and "gone" in dead["errors"]
+
+
+def test_grammar_refused_by_the_tree_path_only(ports):
+    tree = {"plain": False, "tree": True, "broken": True}  # `broken` serves the regex: a tree server must not
+    res = run_grammar(ports, tree, PROMPTS, "(ab)+", 8)["servers"]
+    assert res["plain"]["status"] == "pass" and res["plain"]["http"] == 200
+    assert res["tree"]["status"] == "pass" and res["tree"]["http"] == 400 and res["tree"]["serving_after"]
+    assert "flashtree" in res["tree"]["response"] and res["broken"]["status"] == "fail"
+    assert run_grammar({"tree": ports["tree"]}, {"tree": False}, PROMPTS, "(ab)+", 8)["servers"]["tree"]["status"] == "fail"
+
+
+def test_ids_client_rate_time_and_tau_per_level(ports):
+    before = served(ports["tree"])
+    row, rs = speed.ids_level(ports["tree"], PROMPTS, conc=1, max_new_tokens=256, min_requests=8, burst=True)
+    assert row["requests"] == 8 and row["output_tokens"] == 8 * 256 and row["tokens_per_s"] > 0
+    assert row["ms_per_token"] > 0 and row["tau"] == pytest.approx(2.0, rel=0.01)  # 2 tokens per verify step
+    assert row["client"] == "ids" and len(rs) == 8 and rs[0]["meta_info"]["flashtree"]
+    row, _ = speed.ids_level(ports["tree"], PROMPTS, conc=3, max_new_tokens=16, min_requests=8, burst=True)
+    assert row["requests"] == 12
+    # c = 1: 2 warm-up requests + 8; c = 3: a warm-up burst of 3, 2 warm-up requests + 12
+    assert served(ports["tree"]) - before == (2 + 8) + (3 + 2 + 12)
+
+
+def test_merge_rounds_averages_rates_and_pools_tau():
+    rows = [{"concurrency": 2, "tokens_per_s": 100.0, "ms_per_token": 2.0, "requests": 8, "output_tokens": 800,
+             "verify_steps": 400, "tau": 2.0},
+            {"concurrency": 2, "tokens_per_s": 200.0, "ms_per_token": 4.0, "requests": 8, "output_tokens": 800,
+             "verify_steps": 200, "tau": 4.0}]
+    m = speed.merge_rounds(rows + [{"concurrency": 2, "error": "x"}])
+    assert m["tokens_per_s"] == 150.0 and m["ms_per_token"] == 3.0 and m["requests"] == 16
+    assert m["tau"] == pytest.approx(1600 / 600, abs=1e-3) and m["tokens_per_s_rounds"] == [100.0, 200.0]
+    assert speed.merge_rounds([{"concurrency": 1, "error": "x"}]) == {"concurrency": 1, "error": "x"}
+
+
+# One result line of sglang 0.5.17's `bench_serving --output-file` (the keys of its `result` dict).
+BENCH_LINE = json.dumps({
+    "tag": None, "backend": "sglang", "dataset_name": "custom", "request_rate": float("inf"), "max_concurrency": 8,
+    "sharegpt_output_len": 256, "random_input_len": 1024, "random_output_len": 1024, "random_range_ratio": 0.0,
+    "server_info": {"internal_states": [{"avg_spec_accept_length": 3.91}]}, "duration": 2.5312, "completed": 32,
+    "total_input_tokens": 3310, "total_input_text_tokens": 3310, "total_input_vision_tokens": 0,
+    "total_output_tokens": 8192, "total_output_tokens_retokenized": 8190, "request_throughput": 12.64,
+    "input_throughput": 1307.6, "output_throughput": 3236.4, "total_throughput": 4544.0,
+    "mean_e2e_latency_ms": 611.2, "median_e2e_latency_ms": 605.0, "std_e2e_latency_ms": 20.1,
+    "p90_e2e_latency_ms": 640.0, "p95_e2e_latency_ms": 650.0, "p99_e2e_latency_ms": 660.0, "mean_ttft_ms": 31.5,
+    "median_ttft_ms": 30.2, "std_ttft_ms": 3.3, "p90_ttft_ms": 35.0, "p95_ttft_ms": 36.0, "p99_ttft_ms": 38.0,
+    "mean_tpot_ms": 2.2734, "median_tpot_ms": 2.2511, "std_tpot_ms": 0.1, "p90_tpot_ms": 2.4, "p95_tpot_ms": 2.5,
+    "p99_tpot_ms": 2.6, "mean_itl_ms": 8.9, "median_itl_ms": 8.1, "std_itl_ms": 3.0, "p90_itl_ms": 12.0,
+    "p95_itl_ms": 13.0, "p99_itl_ms": 15.0, "concurrency": 7.7, "accept_length": 3.91,
+    "max_output_tokens_per_s": 3600.0, "max_concurrent_requests": 8})
+
+
+def test_bench_serving_command_and_output_line():
+    cmd = speed.bench_serving_command("python3", 30021, model="/m", dataset="/o/prompts.jsonl", conc=8,
+                                      num_prompts=32, max_new_tokens=256, output_file="/o/b.jsonl")
+    assert cmd == ["python3", "-m", "sglang.bench_serving", "--backend", "sglang", "--host", "127.0.0.1", "--port",
+                   "30021", "--model", "/m", "--tokenizer", "/m", "--dataset-name", "custom", "--dataset-path",
+                   "/o/prompts.jsonl", "--apply-chat-template", "--sharegpt-output-len", "256", "--num-prompts", "32",
+                   "--max-concurrency", "8", "--warmup-requests", "8", "--seed", "0", "--output-file", "/o/b.jsonl",
+                   "--disable-tqdm"]
+    row = speed.parse_bench_serving(BENCH_LINE)
+    assert row == {"concurrency": 8, "requests": 32, "output_tokens": 8192, "wall_s": 2.531, "tokens_per_s": 3236.4,
+                   "tpot_ms": 2.273, "median_tpot_ms": 2.251, "ttft_ms": 31.5, "tau": 3.91, "client": "bench_serving"}
+
+
+def test_custom_dataset_file_reads_as_bench_serving_does(tmp_path):
+    path = speed.write_custom_dataset(["What is 2 + 2?", "A train leaves at noon."], tmp_path / "p.jsonl")
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [x["conversations"][0]["content"] for x in lines] == ["What is 2 + 2?", "A train leaves at noon."]
+    assert all(len(x["conversations"]) == 2 for x in lines)  # bench_serving drops conversations of < 2 turns
+
+
+def test_steps_table_and_summary_from_request_records():
+    tree = {"meta_info": {"flashtree": [[8, 3, 7, 2], [8, 2, 7, 0]], "completion_tokens": 4, "spec_verify_ct": 2}}
+    chain = {"meta_info": {"completion_tokens": 4, "spec_verify_ct": 3}}
+    records = [request_record("bf16-tree8", "speed", 1, 0, 0, tree), request_record("bf16-tree8", "speed", 1, 1, 0, tree),
+               request_record("bf16-chain", "speed", 1, 0, 0, chain)]
+    steps = live_steps(records, {})
+    assert list(steps.columns) == ["server", "concurrency", "round", "request", "step", "candidates", "distinct",
+                                   "tree_size", "accept_len"]
+    assert len(steps) == 4 and steps["accept_len"].tolist() == [2, 0, 2, 0] and steps["round"].tolist() == [0, 0, 1, 1]
+    s = summary(steps, records, "dummy weights, simulated acceptance")
+    assert s["label"] == "dummy weights, simulated acceptance"
+    tree8 = s["servers"]["bf16-tree8"]["1"]
+    assert tree8["tau"] == pytest.approx(2.0) and tree8["tree_steps"] == 4 and tree8["sglang_tau"] == 2.0
+    assert s["servers"]["bf16-chain"]["1"]["sglang_tau"] == pytest.approx(4 / 3)
+
+
+def test_the_app_with_stand_in_servers(tmp_path, monkeypatch):
+    """identity + speed (ids client, 2 rounds) + sampled end to end: results, tables, exit status."""
+    cfg = to_live_config(compose(
+        "run=[identity,speed,sampled]", "phases.identity.servers=[plain,tree8,chain]", "phases.identity.prompts=4",
+        "phases.identity.max_new_tokens=16", "phases.speed.servers=[chain,tree8]", "phases.speed.backend=ids",
+        "phases.speed.concurrencies=[1,2]", "phases.speed.rounds=2", "phases.speed.min_requests=4",
+        "phases.speed.max_new_tokens=32", "phases.sampled.servers=[plain,tree8]", f"live.out_dir={tmp_path}",
+        f"live.work_dir={tmp_path / 'work'}", "live.stagger_s=0", "live.start_timeout_s=60"))
+    modes = {"plain": "plain", "tree8": "tree", "chain": "broken"}
+    real = app.phase_instances
+
+    def stand_ins(c):
+        return {p: [Instance(i.name, i.server, i.precision, fake(i.name, modes[i.server]).argv, i.env, i.label)
+                    for i in insts] for p, insts in real(c).items()}
+
+    monkeypatch.setattr(app, "phase_instances", stand_ins)
+    monkeypatch.setattr(app, "prepare_models", lambda cfg, out: None)
+    monkeypatch.setattr(app, "load", lambda cfg: Prompts(PROMPTS, None, "canned"))
+    assert app.run(cfg) == 1  # the chain stand-in diverges
+    ident = json.loads((tmp_path / "identity_results.json").read_text())["servers"]
+    assert ident["fp32-tree8"]["status"] == "pass" and ident["fp32-chain"]["status"] == "fail"
+    res = json.loads((tmp_path / "speed_results.json").read_text())
+    assert res["rounds"] == 2 and list(res["servers"]) == ["bf16-chain", "bf16-tree8"]
+    for rows in res["servers"].values():
+        assert [r["concurrency"] for r in rows] == [1, 2] and [r["requests"] for r in rows] == [8, 16]
+        assert all(len(r["tokens_per_s_rounds"]) == 2 for r in rows)
+    assert json.loads((tmp_path / "sampled_results.json").read_text())["servers"]["bf16-tree8"]["status"] == "pass"
+    steps = pd.read_parquet(tmp_path / "steps.parquet")
+    assert set(steps["server"]) == {"fp32-tree8", "bf16-tree8"}
+    speed_steps = steps[steps["server"] == "bf16-tree8"]
+    assert len(speed_steps) == 2 * 2 * (4 + 8)  # 2 steps per request, 2 rounds, 4 + 8 timed requests
+    summary_js = json.loads((tmp_path / "summary.json").read_text())
+    assert summary_js["servers"]["bf16-tree8"]["2"]["tau"] == pytest.approx(2.0)
+    assert not math.isnan(summary_js["servers"]["fp32-tree8"]["8"]["tau"])
+    assert {p.name for p in (tmp_path / "logs").glob("server_*.log")} == {
+        "server_fp32-plain.log", "server_fp32-tree8.log", "server_fp32-chain.log", "server_bf16-chain.log",
+        "server_bf16-tree8.log", "server_bf16-plain.log"}
+    sys.path.insert(0, str(ROOT / "benchmarks" / "live"))
+    try:
+        import plot_live
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks" / "live"))
+    plot_live.main([str(tmp_path), "--out", str(tmp_path / "fig")])  # the figures read the app's results too
+    assert (tmp_path / "fig" / "speed.png").stat().st_size > 10_000
+
+
+def test_prepare_models_checks_the_staged_checkpoints(tmp_path):
+    from flashtree.dspark.config import DSparkConfig
+    from flashtree.experiments.config import ConfigError
+
+    cfg = to_live_config(compose(f"model.target={tmp_path / 't'}", f"model.draft={tmp_path / 'd'}"))
+    with pytest.raises(ConfigError, match="^model.target=.*no config.json there"):
+        app.prepare_models(cfg, tmp_path)
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "config.json").write_text("{}")
+    DSparkConfig(hidden_size=64, vocab_size=100, num_target_layers=4, target_layer_ids=(1, 2), block_size=15).save(
+        tmp_path / "d")
+    with pytest.raises(ConfigError, match="^model.draft_block_size=8: the draft .* has block_size 15"):
+        app.prepare_models(cfg, tmp_path)
+    app.prepare_models(to_live_config(compose(f"model.target={tmp_path / 't'}", f"model.draft={tmp_path / 'd'}",
+                                              "model.draft_block_size=15")), tmp_path)
+    assert json.loads((tmp_path / "draft_config.json").read_text())["block_size"] == 15

@@ -1,0 +1,171 @@
+"""The live presets compose into the exact sglang command lines and environments, and the dry run prints them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from flashtree.experiments.config import ConfigError
+from flashtree.live import app
+from flashtree.live.commands import all_instances, instance, phase_instances
+from flashtree.live.config import to_live_config
+
+from .helpers import ROOT, compose
+
+PY = sys.executable
+SMOLLM2 = "/cache/models/smollm2-135m"
+BASE = [PY, "-m", "sglang.launch_server", "--model-path", SMOLLM2, "--attention-backend", "triton",
+        "--sampling-backend", "pytorch", "--max-total-tokens", "65536", "--context-length", "2048",
+        "--cuda-graph-backend-prefill", "disabled", "--log-level", "info", "--sleep-on-idle", "--page-size", "1",
+        "--mem-fraction-static", "0.08"]
+BF16 = ["--dtype", "bfloat16", "--max-running-requests", "32", "--cuda-graph-bs-decode", "1", "2", "4", "8", "16",
+        "24", "32"]
+FP32 = ["--dtype", "float32", "--max-running-requests", "8", "--cuda-graph-bs-decode", "1", "2", "4", "8",
+        "--enable-deterministic-inference"]
+DSPARK = ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", "/drafts/smollm2"]
+
+
+@pytest.fixture(scope="module")
+def best():
+    return to_live_config(compose("+preset=best", f"model.target={SMOLLM2}", "model.draft=/drafts/smollm2"))
+
+
+def test_the_best_measured_server_command_and_env(best):
+    inst = instance(best, "tree64-w64-budget512-rows8", "bf16", "speed", {})
+    assert inst.name == "bf16-tree64-w64-budget512-rows8"
+    assert inst.command(30044) == [
+        *BASE, *BF16, *DSPARK, "--speculative-num-draft-tokens", "64", "--speculative-draft-attention-backend",
+        "triton", "--speculative-dspark-block-size", "63", "--host", "127.0.0.1", "--port", "30044"]
+    assert inst.env == {"FLASHTREE_TREE_N": "64", "FLASHTREE_TREE_DEPTH": "8", "FLASHTREE_TREE_BUDGET": "512",
+                        "FLASHTREE_DRAFT_ROWS": "8", "FLASHTREE_DRAFT_TEMPERATURE": "0.7",
+                        "FLASHTREE_FUSED_SAMPLER": "1", "FLASHTREE_GRAPH_DRAWS": "1"}
+
+
+def test_chain_plain_and_exact_identity_servers(best):
+    chain = instance(best, "chain", "bf16", "speed", {})
+    assert chain.command(1) == [*BASE, *BF16, *DSPARK, "--speculative-num-draft-tokens", "9",
+                                "--speculative-draft-attention-backend", "triton", "--host", "127.0.0.1", "--port", "1"]
+    assert chain.env == {}  # DSPARK's own chain: no toggle at all
+    plain = instance(best, "plain", "fp32", "identity", {})
+    assert plain.command(2) == [*BASE, *FP32, "--host", "127.0.0.1", "--port", "2"] and plain.env == {}
+    exact = instance(best, "tree64-w64-exact-rows8", "fp32", "identity", {})
+    assert exact.argv[len(BASE):len(BASE) + len(FP32)] == tuple(FP32)
+    assert exact.env["FLASHTREE_EXACT_VERIFY"] == "1" and "FLASHTREE_TREE_BUDGET" not in exact.env
+
+
+def test_the_best_preset_runs_identity_then_speed(best):
+    plan = phase_instances(best)
+    assert list(plan) == ["identity", "speed"]
+    assert [i.name for i in plan["identity"]] == ["fp32-plain", "fp32-chain-splitkv", "fp32-tree64-w64-exact-rows8",
+                                                  "fp32-tree64-w64-splitkv-rows8"]
+    assert [i.name for i in plan["speed"]] == ["bf16-chain", "bf16-tree64-w64-budget512-rows8",
+                                               "bf16-tree64-w64-budget512-splitkv-rows8"]
+    assert best.phases.speed.rounds == 6 and best.phases.speed.concurrencies == [1, 8, 32]
+    assert best.phases.speed.backend == "ids"
+
+
+def test_every_named_server_composes_in_both_precisions():
+    cfg = to_live_config(compose())
+    assert len(cfg.servers) >= 39  # every configuration of the runs in BENCHMARKS.md (benchmarks/live/README.md)
+    for name in cfg.servers:
+        for precision in ("fp32", "bf16"):
+            inst = instance(cfg, name, precision, "speed", {})
+            assert inst.argv[:3] == (PY, "-m", "sglang.launch_server")
+    paged = instance(cfg, "tree64-w64-budget512-page16", "bf16", "speed", {})
+    assert paged.argv[paged.argv.index("--page-size") + 1] == "16"
+    # the default run: stage servers carry the phase's env and are their own processes
+    plan = phase_instances(cfg)
+    stage = {i.name: i for i in plan["stage"]}
+    assert stage["bf16-tree8-stage"].env["FLASHTREE_STAGE_TIMES"] == "100"
+    names = [i.name for i in all_instances(plan)]
+    assert len(names) == len(set(names)) and "bf16-plain" in names and "bf16-tree8" in names
+
+
+def test_qwen3_8b_dummy_preset():
+    cfg = to_live_config(compose("+preset=qwen3-8b-dummy", "live.work_dir=/w"))
+    plan = phase_instances(cfg)
+    assert list(plan) == ["speed"] and cfg.phases.speed.concurrencies == [1, 8, 32, 64]
+    assert cfg.phases.speed.backend == "ids" and cfg.phases.speed.max_new_tokens == 192
+    assert cfg.prompts.source == "random" and cfg.prompts.input_len == 512
+    plain, chain, tree = plan["speed"]
+    target, draft = "/w/models/qwen3-8b-dummy/target", "/w/models/qwen3-8b-dummy/draft"
+    common = [PY, "-m", "sglang.launch_server", "--model-path", target, "--attention-backend", "triton",
+              "--sampling-backend", "pytorch", "--context-length", "8192", "--cuda-graph-backend-prefill", "disabled",
+              "--log-level", "info", "--sleep-on-idle", "--page-size", "1", "--mem-fraction-static", "0.22",
+              "--dtype", "bfloat16", "--max-running-requests", "64", "--cuda-graph-bs-decode", "1", "2", "4", "8",
+              "16", "24", "32", "48", "64", "--load-format", "dummy", "--skip-tokenizer-init"]
+    spec = ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", draft,
+            "--speculative-num-draft-tokens", "8", "--speculative-draft-attention-backend", "triton",
+            "--speculative-draft-load-format", "dummy"]
+    assert plain.command(5) == [*common, "--host", "127.0.0.1", "--port", "5"]
+    assert chain.command(6) == [*common, *spec, "--host", "127.0.0.1", "--port", "6"]
+    assert chain.env == {"SGLANG_SIMULATE_ACC_LEN": "1.0"}
+    assert tree.command(7) == [*common, *spec, "--host", "127.0.0.1", "--port", "7"]
+    assert tree.env == {"FLASHTREE_TREE_N": "8", "FLASHTREE_FUSED_SAMPLER": "1", "FLASHTREE_GRAPH_DRAWS": "1"}
+    assert {i.label for i in plan["speed"]} == {"dummy weights, simulated acceptance"}
+
+
+def test_llama_and_4k_variants():
+    llama = to_live_config(compose("+preset=llama31-8b-dummy"))
+    assert llama.model.name == "llama31-8b-dummy" and llama.model.dummy.architecture == "llama"
+    assert (llama.model.dummy.vocab_size, llama.model.dummy.num_hidden_layers, llama.model.dummy.intermediate_size) \
+        == (128256, 32, 14336)
+    assert llama.model.dummy.hidden_size == 4096 and llama.model.dummy.num_key_value_heads == 8
+    assert llama.phases.speed.servers == ["plain", "chain-sim-acc1", "tree8"]
+    long = to_live_config(compose("+preset=qwen3-8b-dummy-4k"))
+    assert long.prompts.input_len == 4096 and long.model.name == "qwen3-8b-dummy"
+    assert "prompts: random, 256 x 4096 tokens" in app.describe(long, phase_instances(long))
+
+
+def test_the_default_speed_phase_runs_bench_serving():
+    lines = app.describe(cfg := to_live_config(compose()), phase_instances(cfg)).splitlines()
+    bench = [x for x in lines if "-m sglang.bench_serving" in x]
+    assert len(bench) == 2  # stage and speed
+    assert "--dataset-name custom --dataset-path OUT/prompts.jsonl --apply-chat-template --sharegpt-output-len 256" \
+        in bench[1] and "--port PORT" in bench[1]
+
+
+def test_tiny_presets():
+    check = to_live_config(compose("+preset=tiny-check", "live.work_dir=/w"))
+    plan = phase_instances(check)
+    assert list(plan) == ["identity", "sampled", "grammar"] and check.prompts.path == "/w/models/prompts.json"
+    assert {i.name for i in all_instances(plan)} == {"fp32-plain", "fp32-chain", "fp32-tree8", "fp32-tree8-splitkv"}
+    tree = plan["identity"][2]
+    assert tree.argv[tree.argv.index("--model-path") + 1] == "/w/models/target"
+    assert tree.argv[tree.argv.index("--speculative-num-draft-tokens") + 1] == "8"  # the tiny draft's block 7 + 1
+    profile = phase_instances(to_live_config(compose("+preset=tiny-profile", "live.out_dir=/o")))["speed"]
+    assert [i.name for i in profile] == ["bf16-chain-speed", "bf16-tree1-speed", "bf16-tree8-speed"]
+    assert profile[0].env == {"FT_PROFILE_STEPS": "100:400", "FT_PROFILE_OUT": "/o/logs"}
+
+
+@pytest.mark.parametrize("override, key", [
+    ("phases.speed.servers=[chain,nope]", "phases.speed.servers"),
+    ("phases.identity.precision=fp16", "phases.identity.precision"),
+    ("servers.chain.fused_sampler=true", "servers.chain.tree_n"),
+    ("run=[identity,warp]", "run"),
+])
+def test_bad_values_name_their_key(override, key):
+    with pytest.raises(ConfigError, match=f"^{key}="):
+        to_live_config(compose(override))
+
+
+def test_a_dummy_model_refuses_bench_serving():
+    with pytest.raises(ConfigError, match="^phases.speed.backend=.*tokenizer"):
+        to_live_config(compose("+preset=qwen3-8b-dummy", "phases.speed.backend=bench_serving"))
+
+
+def test_dry_run_prints_servers_and_commands_and_starts_nothing(tmp_path):
+    run = subprocess.run([PY, str(ROOT / "experiments" / "live.py"), "+preset=best", "live.dry_run=true",
+                          f"live.out_dir={tmp_path / 'out'}", f"hydra.run.dir={tmp_path / 'hydra'}",
+                          "model.draft=/drafts/smollm2"],
+                         capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
+    assert "bf16-tree64-w64-budget512-rows8: the best measured" in out
+    assert ("FLASHTREE_TREE_N=64 FLASHTREE_TREE_DEPTH=8 FLASHTREE_TREE_BUDGET=512 FLASHTREE_DRAFT_ROWS=8 "
+            "FLASHTREE_DRAFT_TEMPERATURE=0.7 FLASHTREE_FUSED_SAMPLER=1 FLASHTREE_GRAPH_DRAWS=1 ") in out
+    assert "--speculative-num-draft-tokens 64" in out and "--port PORT" in out
+    assert "identity: fp32-plain, fp32-chain-splitkv" in out and "client ids" in out
+    assert not (tmp_path / "out").exists()  # nothing written, nothing started

@@ -1,0 +1,72 @@
+"""The server manager against stand-in servers: start on free loopback ports, health-check, a clear error naming the
+server (with its log's tail) when one dies or is not up in time, and every server stopped on leaving, Ctrl-C too."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from flashtree.live.http_json import healthy
+from flashtree.live.servers import ServerManager, ServerStartError
+
+from .helpers import fake
+
+
+def gone(proc) -> bool:
+    return proc.poll() is not None
+
+
+def test_start_health_and_stop_everything(tmp_path):
+    with ServerManager(tmp_path / "logs") as m:
+        a, b = m.start(fake("alpha", "plain")), m.start(fake("beta", "tree", "--start-delay", "1.5"))
+        assert m.start(fake("alpha", "plain")) is a  # one process per instance
+        assert a.port != b.port
+        t = time.monotonic()
+        m.wait_healthy(30)
+        assert time.monotonic() - t >= 1.0  # beta answered /health only after its delay
+        assert healthy(a.port) and healthy(b.port)
+        m.stop("alpha")
+        assert gone(a.process) and not healthy(a.port) and healthy(b.port)
+    assert gone(b.process) and m.running == {}
+    assert "fake sglang server tree" in (tmp_path / "logs" / "server_beta.log").read_text()
+
+
+def test_timeout_names_the_server_and_quotes_its_log(tmp_path):
+    with pytest.raises(ServerStartError) as err:
+        with ServerManager(tmp_path, poll_s=0.2) as m:
+            up, slow = m.start(fake("up", "plain")), m.start(fake("slow", "plain", "--start-delay", "600"))
+            m.wait_healthy(3)
+    msg = str(err.value)
+    assert msg.startswith("server slow not healthy after 3 s")
+    assert "fake_server.py plain --start-delay 600 --host 127.0.0.1 --port" in msg
+    assert "server_slow.log" in msg and "fake sglang server plain on 127.0.0.1" in msg
+    assert gone(up.process) and gone(slow.process)
+
+
+def test_a_server_that_dies_while_starting(tmp_path):
+    with pytest.raises(ServerStartError, match="server broken exited with status 3 while starting") as err:
+        with ServerManager(tmp_path, poll_s=0.2) as m:
+            m.start(fake("broken", "die"))
+            m.wait_healthy(30)
+    assert "told to die" in str(err.value)
+
+
+def test_ctrl_c_stops_every_server(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        with ServerManager(tmp_path) as m:
+            procs = [m.start(fake(f"s{i}", "plain")).process for i in range(2)]
+            m.wait_healthy(30)
+            raise KeyboardInterrupt
+    assert all(gone(p) for p in procs)
+
+
+def test_server_environment_drops_inherited_toggles(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHTREE_TREE_N", "8")
+    monkeypatch.setenv("KEEP_ME", "1")
+    inst = fake("t", "plain")
+    inst.env.update(FLASHTREE_SPLITKV_VERIFY="1")
+    env = ServerManager(tmp_path, work_dir=tmp_path / "work").environment(inst)
+    assert "FLASHTREE_TREE_N" not in env and env["FLASHTREE_SPLITKV_VERIFY"] == "1" and env["KEEP_ME"] == "1"
+    assert env["TVM_FFI_CACHE_DIR"] == str(tmp_path / "work" / "tvmffi" / "t") and os.path.isdir(env["TVM_FFI_CACHE_DIR"])
