@@ -116,7 +116,7 @@ def test_live_figures_from_the_recorded_smollm2_run(tmp_path):
         import plot_live
     finally:
         sys.path.remove(str(LIVE))
-    results = LIVE / "results-2026-11-30-smollm2"
+    results = LIVE.parent / "data" / "live" / "results-2026-11-30-smollm2"
     means = plot_live.stage_means(results / "stage_times.txt")
     assert list(means) == ["1", "2", "3", "4"]  # untagged (run 1): tree4, tree8, tree8b, tree8s in log order
     assert list(means["2"]) == ["draft", "draws", "tree", "verify", "walk", "commit", "output"]
@@ -137,12 +137,12 @@ def test_live_figures_at_32_requests_and_of_a_single_concurrency(tmp_path):
         import plot_live
     finally:
         sys.path.remove(str(LIVE))
-    run18 = LIVE / "results-2026-12-01-smollm2-run18"
+    run18 = LIVE.parent / "data" / "live" / "results-2026-12-01-smollm2-run18"
     at32 = plot_live.stage_means(run18 / "stage_times.txt", 30.0, 2.0)
     assert list(at32) == ["b_tree1gt", "b_tree64w1t", "b_tree64wb512t"]
     assert sum(at32["b_tree64wb512t"].values()) == pytest.approx(5.348, abs=0.01)  # BENCHMARKS.md section 6, run 18
     assert at32["b_tree64wb512t"]["draft"] - at32["b_tree1gt"]["draft"] == pytest.approx(0.95, abs=0.01)
     plot_live.main([str(run18), "--out", str(tmp_path / "18")])
     assert (tmp_path / "18" / "stages.png").stat().st_size > 10_000
-    plot_live.main([str(LIVE / "results-2026-12-01-smollm2-run19"), "--out", str(tmp_path / "19")])
+    plot_live.main([str(LIVE.parent / "data" / "live" / "results-2026-12-01-smollm2-run19"), "--out", str(tmp_path / "19")])
     assert (tmp_path / "19" / "speed.png").stat().st_size > 10_000 and not (tmp_path / "19" / "stages.png").exists()
