@@ -1,4 +1,4 @@
-"""benchmarks/kernel_tables.py renders a bench_kernels.py run as the tables of BENCHMARKS.md section 3."""
+"""benchmarks/kernel_tables.py renders a bench_kernels.py run as the tables of BENCHMARKS.md section 1."""
 
 from __future__ import annotations
 

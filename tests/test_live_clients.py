@@ -120,7 +120,7 @@ def test_live_figures_from_the_recorded_smollm2_run(tmp_path):
     means = plot_live.stage_means(results / "stage_times.txt")
     assert list(means) == ["1", "2", "3", "4"]  # untagged (run 1): tree4, tree8, tree8b, tree8s in log order
     assert list(means["2"]) == ["draft", "draws", "tree", "verify", "walk", "commit", "output"]
-    assert sum(means["2"].values()) == pytest.approx(5.98, abs=0.02)  # tree N = 8 at bs 1, BENCHMARKS.md section 6
+    assert sum(means["2"].values()) == pytest.approx(5.98, abs=0.02)  # tree N = 8 at bs 1, benchmarks/HISTORY.md section 6
     tagged = tmp_path / "stage_times.txt"  # pack_logs' tagged lines (two servers interleaved by server, not time)
     lines = (results / "stage_times.txt").read_text().splitlines()
     tagged.write_text("\n".join(f"[server_b_tree{i}] {line}" for i in (1, 8) for line in lines[:3]) + "\n")
@@ -140,7 +140,7 @@ def test_live_figures_at_32_requests_and_of_a_single_concurrency(tmp_path):
     run18 = LIVE.parent / "data" / "live" / "results-2026-12-01-smollm2-run18"
     at32 = plot_live.stage_means(run18 / "stage_times.txt", 30.0, 2.0)
     assert list(at32) == ["b_tree1gt", "b_tree64w1t", "b_tree64wb512t"]
-    assert sum(at32["b_tree64wb512t"].values()) == pytest.approx(5.348, abs=0.01)  # BENCHMARKS.md section 6, run 18
+    assert sum(at32["b_tree64wb512t"].values()) == pytest.approx(5.348, abs=0.01)  # benchmarks/HISTORY.md section 6, run 18
     assert at32["b_tree64wb512t"]["draft"] - at32["b_tree1gt"]["draft"] == pytest.approx(0.95, abs=0.01)
     plot_live.main([str(run18), "--out", str(tmp_path / "18")])
     assert (tmp_path / "18" / "stages.png").stat().st_size > 10_000
