@@ -1,6 +1,6 @@
-"""Markdown tables of a `bench_kernels.py` run: one table per kernel, the rows as BENCHMARKS.md section 3 shows them.
+"""Markdown tables of a `bench_kernels.py` run: one table per kernel, the rows as BENCHMARKS.md section 1 shows them.
 
-    python benchmarks/kernel_tables.py benchmarks/kernels_h200_run7.jsonl
+    python benchmarks/kernel_tables.py benchmarks/data/kernels/kernels_h200_run7.jsonl
 """
 
 from __future__ import annotations

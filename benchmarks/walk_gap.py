@@ -1,6 +1,6 @@
 """τ of the sampled walks (issue 6): chain rejection sampling against the draft's probabilities vs target-only walks.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/walk_gap.py --out benchmarks/results-walk-gap/walk_gap_cpu.json
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/walk_gap.py --out benchmarks/data/walk-gap/walk_gap_cpu.json
 SmolLM2-135M (fp32) with a DSPARK draft on held-out GSM8K (second half), one prompt per engine call. Configurations
 (W = 9 holds the root and a block of 8; "draft T" is the DSPARK drafter's sampling temperature):
   rejection          N = 1, walk="rejection", the block drawn at draft T (greedy_first=False, return_probs=True)

@@ -1,6 +1,6 @@
 """How close a call the target's greedy choice was where a live float32 server first left no-speculation's output.
 
-    python benchmarks/live/near_ties.py benchmarks/live/results-2026-11-30-smollm2-run4/identity_results.json
+    python benchmarks/live/near_ties.py benchmarks/data/live/results-2026-11-30-smollm2-run4/identity_results.json
 
 Replays SmolLM2-135M (float32, CPU, Hugging Face's forward) greedily on the identity check's prompts (held-out GSM8K,
 the live script's encoding) and prints, at each first mismatch the results file lists, the gap between the target's

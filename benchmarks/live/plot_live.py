@@ -2,7 +2,7 @@
 
 usage: python benchmarks/live/plot_live.py RESULTS_DIR [--out DIR]
 RESULTS_DIR holds speed_results.json and stage_times.txt (experiments/live.py's live.out_dir, or a recorded run of
-the earlier scripts under benchmarks/live/results-*); figures: speed.png (bars: the
+the earlier scripts under benchmarks/data/live/results-*); figures: speed.png (bars: the
 mean over rounds; dots: each round, since rounds of one server can differ by more than servers do), stages.png (mean
 ms per tree step per stage per stage-timed tree server, at batch size 1 and, where the stage phase ran at concurrency
 32, at 28-32 requests; only when a server ran with FLASHTREE_STAGE_TIMES).

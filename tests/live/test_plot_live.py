@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-LIVE = Path(__file__).resolve().parents[2] / "benchmarks" / "live"
+LIVE = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "live"
 
 
 def test_live_figures_from_the_recorded_smollm2_run(tmp_path):
