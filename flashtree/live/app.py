@@ -207,7 +207,8 @@ def run(cfg) -> int:
                 if last_use[inst.name] == k:
                     manager.stop(inst.name)
     config = _plain(raw)
-    steps_path, summary_path = write_tables(state.records, config, out)
+    presets = {i.name: i.server for insts in plan.values() for i in insts}
+    steps_path, summary_path = write_tables(state.records, config, out, presets)
     stage_times(out / "logs", out / "stage_times.txt")
     print(f"[live] tables: {steps_path}, {summary_path}; not passed: {state.failed or 'none'}", flush=True)
     return 1 if state.failed else 0

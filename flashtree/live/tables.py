@@ -1,17 +1,20 @@
-"""Per-step tree statistics of live requests into the sweeps' table layout: steps.parquet (one row per verify step of
-one request) and summary.json (tau per server and concurrency, through flashtree.metrics).
+"""Live requests into the sweeps' tables: one sweep-style run per (phase, server, concurrency) under
+<out>/runs/ (steps.parquet, prompts.parquet, summary.json through `flashtree.results.live`), collected into
+<out>/runs/summary.parquet, so `flashtree.results.collect`, the plots and the notebook read a live run as a sweep.
 
-Each request record is {"server", "phase", "concurrency", "round", "request", "meta_info"}; flashtree's tree step
-reports one row [candidates, distinct, tree size, accepted depth] per step in meta_info["flashtree"].
+Each request record is {"server", "phase", "concurrency", "round", "request", "meta_info"}; a tree server reports one
+row [candidates, distinct, tree size, accepted depth] per step in its meta_info. Tokens/s of a live run are the speed
+phase's (whole levels, `speed_results.json`): a request's own wall time is not recorded, so the tables' per-request
+tokens/s are NaN.
 """
 
 from __future__ import annotations
 
-import json
+import math
 from pathlib import Path
 
-STEP_FIELDS = ("candidates", "distinct", "tree_size", "accept_len")  # meta_info["flashtree"] rows, in this order
-KEYS = ("server", "concurrency", "round", "request")
+from flashtree.results.collect import collect
+from flashtree.results.live import write_live_run
 
 
 def request_record(server: str, phase: str, concurrency: int, rnd: int, request: int, response: dict) -> dict:
@@ -19,48 +22,30 @@ def request_record(server: str, phase: str, concurrency: int, rnd: int, request:
             "meta_info": response.get("meta_info", {})}
 
 
-def live_steps(requests: list[dict], config: dict):
-    """-> pandas DataFrame [server, concurrency, round, request, step, candidates, distinct, tree_size, accept_len]."""
-    import pandas as pd
-
-    rows = []
-    for r in requests:
-        for step, row in enumerate(r["meta_info"].get("flashtree") or []):
-            if isinstance(row, (list, tuple)) and len(row) == len(STEP_FIELDS):
-                rows.append({**{k: r[k] for k in KEYS}, "step": step, **dict(zip(STEP_FIELDS, map(int, row)))})
-    columns = [*KEYS, "step", *STEP_FIELDS]
-    return pd.DataFrame(rows, columns=columns).astype({c: "int64" for c in columns if c != "server"})
+def run_params(server: str, spec: dict, model: dict, phase: str, concurrency: int) -> dict:
+    """The columns a live run's row shows: the sweep's tree keys (N = 1 and the window for DSPARK's chain) and the
+    server's own settings."""
+    block = int(model.get("draft_block_size") or 1)
+    window = spec.get("window") or block + 1
+    return {"target.name": model.get("name"), "drafter.name": "dspark", "dataset.name": "live",
+            "tree.n": spec.get("tree_n") or 1, "tree.width": window, "tree.policy": spec.get("policy") or "vote",
+            "live.phase": phase, "live.server": server, "live.concurrency": concurrency,
+            "live.speculative": bool(spec.get("speculative", True)), "live.label": model.get("label", "")}
 
 
-def summary(steps, requests: list[dict], label: str) -> dict:
-    """tau of the tree steps per (server, concurrency), and sglang's own per-request figures."""
-    from flashtree.metrics import tau_of
-
-    out: dict = {"label": label, "servers": {}}
-    for (server, conc), df in steps.groupby(["server", "concurrency"]):
-        out["servers"].setdefault(server, {})[str(conc)] = {
-            "tree_steps": len(df), "tau": tau_of(df.assign(committed=df["accept_len"] + 1)),
-            "mean_distinct": float(df["distinct"].mean()), "max_accept_len": int(df["accept_len"].max()),
-        }
-    for r in requests:
-        m = r["meta_info"]
-        entry = out["servers"].setdefault(r["server"], {}).setdefault(str(r["concurrency"]), {})
-        entry["requests"] = entry.get("requests", 0) + 1
-        entry["output_tokens"] = entry.get("output_tokens", 0) + int(m.get("completion_tokens") or 0)
-        entry["verify_steps"] = entry.get("verify_steps", 0) + int(m.get("spec_verify_ct") or 0)
-    for server in out["servers"].values():
-        for entry in server.values():
-            if entry.get("verify_steps"):
-                entry["sglang_tau"] = entry["output_tokens"] / entry["verify_steps"]
-    return out
-
-
-def write_tables(requests: list[dict], config: dict, out_dir) -> tuple[Path, Path]:
-    """steps.parquet and summary.json in out_dir -> their paths."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    steps = live_steps(requests, config)
-    steps_path, summary_path = out_dir / "steps.parquet", out_dir / "summary.json"
-    steps.to_parquet(steps_path, index=False)
-    summary_path.write_text(json.dumps(summary(steps, requests, config.get("model", {}).get("label", "")), indent=1))
-    return steps_path, summary_path
+def write_tables(records: list[dict], config: dict, out_dir, presets: dict | None = None) -> tuple[Path, Path]:
+    """The runs and the collected table -> (runs folder, summary.parquet). `presets`: a server instance's name (its
+    precision profile and preset, e.g. bf16-tree8) -> its preset in config["servers"] (tree8)."""
+    runs = Path(out_dir) / "runs"
+    servers, model = config.get("servers", {}), config.get("model", {})
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["phase"], r["server"], r["concurrency"]), []).append(r)
+    for (phase, server, conc), group in sorted(groups.items()):
+        spec = servers.get((presets or {}).get(server, server)) or {}
+        depth = spec.get("depth") or (spec.get("window") or int(model.get("draft_block_size") or 1) + 1) - 1
+        requests = [{"meta_info": r["meta_info"], "wall_time_s": math.nan} for r in group]
+        write_live_run(runs / f"{phase}-{server}-c{conc}", requests, run_params(server, spec, model, phase, conc),
+                       k=depth, label=model.get("label", ""))
+    collect(runs)
+    return runs, runs / "summary.parquet"

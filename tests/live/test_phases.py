@@ -18,7 +18,7 @@ from flashtree.live.identity import compare, first_divergence, run_identity
 from flashtree.live.prompts import Prompts
 from flashtree.live.sampled import chi2_sf, compare_samples, run_sampled, two_sample_chi2
 from flashtree.live.servers import ServerManager
-from flashtree.live.tables import live_steps, request_record, summary
+from flashtree.live.tables import request_record, write_tables
 
 from .helpers import ROOT, compose, fake
 
@@ -156,20 +156,26 @@ def test_custom_dataset_file_reads_as_bench_serving_does(tmp_path):
     assert all(len(x["conversations"]) == 2 for x in lines)  # bench_serving drops conversations of < 2 turns
 
 
-def test_steps_table_and_summary_from_request_records():
-    tree = {"meta_info": {"flashtree": [[8, 3, 7, 2], [8, 2, 7, 0]], "completion_tokens": 4, "spec_verify_ct": 2}}
-    chain = {"meta_info": {"completion_tokens": 4, "spec_verify_ct": 3}}
-    records = [request_record("bf16-tree8", "speed", 1, 0, 0, tree), request_record("bf16-tree8", "speed", 1, 1, 0, tree),
-               request_record("bf16-chain", "speed", 1, 0, 0, chain)]
-    steps = live_steps(records, {})
-    assert list(steps.columns) == ["server", "concurrency", "round", "request", "step", "candidates", "distinct",
-                                   "tree_size", "accept_len"]
-    assert len(steps) == 4 and steps["accept_len"].tolist() == [2, 0, 2, 0] and steps["round"].tolist() == [0, 0, 1, 1]
-    s = summary(steps, records, "dummy weights, simulated acceptance")
-    assert s["label"] == "dummy weights, simulated acceptance"
-    tree8 = s["servers"]["bf16-tree8"]["1"]
-    assert tree8["tau"] == pytest.approx(2.0) and tree8["tree_steps"] == 4 and tree8["sglang_tau"] == 2.0
-    assert s["servers"]["bf16-chain"]["1"]["sglang_tau"] == pytest.approx(4 / 3)
+def test_live_requests_land_in_the_sweeps_tables(tmp_path):
+    import pandas as pd
+
+    from flashtree.results.collect import load_results
+
+    tree = {"meta_info": {"flashtree": [[8, 3, 7, 2], None, [8, 2, 7, 0]], "completion_tokens": 4,
+                          "spec_verify_ct": 2, "prompt_tokens": 10}}
+    chain = {"meta_info": {"completion_tokens": 4, "spec_verify_ct": 3, "prompt_tokens": 10}}
+    records = [request_record("tree8", "speed", 1, 0, 0, tree), request_record("tree8", "speed", 1, 1, 0, tree),
+               request_record("chain", "speed", 1, 0, 0, chain)]
+    config = {"servers": {"tree8": {"tree_n": 8}, "chain": {}},
+              "model": {"name": "qwen3-8b-dummy", "draft_block_size": 7, "label": "dummy weights, simulated acceptance"}}
+    runs, table = write_tables(records, config, tmp_path)
+    steps = pd.read_parquet(runs / "speed-tree8-c1" / "steps.parquet")
+    assert steps["accept_len"].tolist() == [2, 0, 2, 0] and (steps["committed"] == steps["accept_len"] + 1).all()
+    df = load_results(table).set_index("live.server")
+    assert df.loc["tree8", "tau"] == pytest.approx(2.0) and df.loc["tree8", "tree.n"] == 8
+    assert df.loc["tree8", "tree.width"] == 8 and df.loc["tree8", "tau_server"] == pytest.approx(2.0)
+    assert df.loc["chain", "tau_server"] == pytest.approx(4 / 3)
+    assert (df["live.label"] == "dummy weights, simulated acceptance").all()
 
 
 def test_the_app_with_stand_in_servers(tmp_path, monkeypatch):
@@ -199,13 +205,14 @@ def test_the_app_with_stand_in_servers(tmp_path, monkeypatch):
         assert [r["concurrency"] for r in rows] == [1, 2] and [r["requests"] for r in rows] == [8, 16]
         assert all(len(r["tokens_per_s_rounds"]) == 2 for r in rows)
     assert json.loads((tmp_path / "sampled_results.json").read_text())["servers"]["bf16-tree8"]["status"] == "pass"
-    steps = pd.read_parquet(tmp_path / "steps.parquet")
-    assert set(steps["server"]) == {"fp32-tree8", "bf16-tree8"}
-    speed_steps = steps[steps["server"] == "bf16-tree8"]
-    assert len(speed_steps) == 2 * 2 * (4 + 8)  # 2 steps per request, 2 rounds, 4 + 8 timed requests
-    summary_js = json.loads((tmp_path / "summary.json").read_text())
-    assert summary_js["servers"]["bf16-tree8"]["2"]["tau"] == pytest.approx(2.0)
-    assert not math.isnan(summary_js["servers"]["fp32-tree8"]["8"]["tau"])
+    from flashtree.results.collect import load_results
+
+    df = load_results(tmp_path / "runs" / "summary.parquet").set_index(["live.server", "live.concurrency"])
+    assert set(df.index.get_level_values(0)) >= {"fp32-tree8", "bf16-tree8"}
+    speed_steps = pd.read_parquet(tmp_path / "runs" / "speed-bf16-tree8-c2" / "steps.parquet")
+    assert len(speed_steps) == 2 * 2 * 8  # 2 steps per request, 2 rounds, 8 timed requests at concurrency 2
+    assert df.loc[("bf16-tree8", 2), "tau"] == pytest.approx(2.0) and df.loc[("bf16-tree8", 2), "tree.n"] == 8
+    assert not math.isnan(df.loc[("fp32-tree8", 8), "tau"])
     assert {p.name for p in (tmp_path / "logs").glob("server_*.log")} == {
         "server_fp32-plain.log", "server_fp32-tree8.log", "server_fp32-chain.log", "server_bf16-chain.log",
         "server_bf16-tree8.log", "server_bf16-plain.log"}
