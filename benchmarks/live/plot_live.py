@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 
 LINE = re.compile(r"steps (\d+)-\d+; mean bs ([\d.]+)\): (.*); total")
-TAG = re.compile(r"^\[server_(\S+)\] ")  # each line tagged with its server's log (runs after run 5)
+TAG = re.compile(r"^\[server_(\S+)\] ")  # each line tagged with its server's log
 PREFIXES = ("b_", "bf16-")  # the precision of a recorded tag / of the app's instance names
 
 
@@ -26,7 +26,7 @@ PANELS = (("batch size 1", 1.0, 0.15), ("batch size 28-32", 30.0, 2.0))
 
 def stage_means(path: Path, batch: float = 1.0, tolerance: float = 0.15) -> dict[str, dict]:
     """Server -> (stage -> mean ms) from stage_times.txt, over the windows whose mean batch size is within `tolerance`
-    of `batch`, the first window (Triton compiles) left out. A server's block restarts at steps 1-...; untagged files (runs 1-5) name their
+    of `batch`, the first window (Triton compiles) left out. A server's block restarts at steps 1-...; untagged files name their
     blocks "1", "2", ... in log order."""
     blocks: list[tuple[str, list]] = []
     for line in path.read_text().splitlines():

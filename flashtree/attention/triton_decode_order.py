@@ -13,7 +13,7 @@ that reach a path differ per token: each token in the tile gets its own dot ther
 
 The constants mirror sglang's grouped decode kernel (`_fwd_grouped_kernel_stage1` / `_fwd_kernel_stage2`; 0.5.20 and
 0.5.23 keep the same constants and operations on the deterministic, non-MLA CUDA path; bit equality was measured on
-0.5.17, BENCHMARKS.md section 6 run 21): BLOCK_N 32, BLOCK_H 16, MIN_BLOCK_KV 32, 4 warps, and the split tile of the
+0.5.17, benchmarks/HISTORY.md): BLOCK_N 32, BLOCK_H 16, MIN_BLOCK_KV 32, 4 warps, and the split tile of the
 backend (`SGLANG_TRITON_DECODE_SPLIT_TILE_SIZE`). MHA (G = 1) runs sglang's other decode kernel, which this one does
 not mirror. `decode_order_verify_reference` in reference.py is the plain torch statement of the same arithmetic.
 """

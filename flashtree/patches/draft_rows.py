@@ -3,7 +3,7 @@
 Trees wider than the draft block (FLASHTREE_TREE_DEPTH=K below gamma) take DSPARK's wider window W = gamma + 1, and
 DSPARK's draft forward then runs all gamma rows of it per request, of which the tree keeps the first K. At 28-32
 requests on the H200 that forward was 2.44 ms of a 5.35 ms tree step against 1.49 ms for an 8-row block
-(BENCHMARKS.md section 6). With D rows (K <= D <= gamma) a tree step's draft forward runs the window's first D
+(BENCHMARKS.md, live SmolLM2). With D rows (K <= D <= gamma) a tree step's draft forward runs the window's first D
 slots only; the target still verifies up to W tokens. The block attends within itself both ways, so rows < D see
 other logits than with gamma rows; lossless either way (the target verifies every token).
 

@@ -17,7 +17,7 @@ that length. A verified token's logits are therefore the decode's logits, and gr
 token for token (chain or tree).
 
 Each verify token reads its request's prefix again, once per row instead of once per request. On SmolLM2-135M in
-float32 that did not show (BENCHMARKS.md section 6, run 8); a long-prefix, large-batch server would pay for it.
+float32 that did not show (benchmarks/HISTORY.md); a long-prefix, large-batch server would pay for it.
 FLASHTREE_SPLITKV_VERIFY=1 on a deterministic server avoids that: the same rows, in the same arithmetic, through
 flashtree's decode-order split-KV kernel (`flashtree.attention.triton_decode_order`), which reads each prefix block
 once for the 16 query rows of a tile. Only shapes are read on the host, so both paths are CUDA-graph capturable.

@@ -234,11 +234,11 @@ class TreeToggles:
         "FLASHTREE_FUSED_SAMPLER", Flag(), False,
         "flashtree's fused kernels for the N draft draws: with sglang's vanilla Markov head, "
         "`flashtree.sampler.markov_draws` (all K steps in K Triton launches, in the draft graph and eagerly; 2.9–5x "
-        "faster than the head's torch steps on the H200, BENCHMARKS.md section 3); other heads: the fused row sampler "
+        "faster than the head's torch steps on the H200, BENCHMARKS.md, kernels); other heads: the fused row sampler "
         "per step", "on")
     stage_times: int = toggle(
         "FLASHTREE_STAGE_TIMES", Ints(0, 1 << 20), 0,
-        "every N tree steps (0 = off), log the mean time per stage of those steps (draft, draws, tree, verify, walk, "
+        "every N tree steps (0 = off), log the mean time per stage of those steps (draft, draws, build, verify, walk, "
         "commit, output; CUDA events read once per N steps) and where the draws ran (graph / eager)", "set")
     graph_draws: bool = toggle(
         "FLASHTREE_GRAPH_DRAWS", Flag(), True,

@@ -101,7 +101,7 @@ def markov_draws_triton(base_logits, anchor, w1, w2, n, inv_temperature, greedy,
     anchor, inv_temperature, greedy = anchor.contiguous(), inv_temperature.contiguous(), greedy.contiguous()
     w1, w2 = w1.contiguous(), w2.contiguous()
     out = torch.empty((bs, n, k), dtype=torch.int64, device=dev)
-    # H200, bf16 (BENCHMARKS.md, run 6): at one request's 8 rows 128-token tiles win for V = 49152 (82 vs 102 µs) and
+    # H200, bf16 (BENCHMARKS.md, kernels): at one request's 8 rows 128-token tiles win for V = 49152 (82 vs 102 µs) and
     # lose for V = 151936 (946 vs 641: the merge reads twice the tiles); 256 from 8 requests up; 16 rows per program
     # beat 32 at 256 and 512 rows (694 vs 900, 1365 vs 1644 µs)
     block_v = block_v or (128 if rows <= 16 and v <= 65536 else 256)
