@@ -12,7 +12,7 @@ from typing import Optional
 
 from omegaconf import MISSING
 
-from flashtree.experiments.config import _check, to_run_config
+from flashtree.experiments.config import LoggerConfig, WandbConfig, _check, to_run_config
 from flashtree.live.dummy import ARCHITECTURES, DummyShapes
 
 PHASES = ("identity", "stage", "speed", "sampled", "grammar")
@@ -193,6 +193,8 @@ class LiveConfig:
     phases: PhasesConfig = field(default_factory=PhasesConfig)
     run: list[str] = field(default_factory=lambda: list(PHASES))  # phases to run, in this order
     live: RunOptions = field(default_factory=RunOptions)
+    # W&B as for sweeps (one run per table row); off by default: the GPU machines have no wandb
+    logger: LoggerConfig = field(default_factory=lambda: LoggerConfig(wandb=WandbConfig(mode="disabled")))
 
     def __post_init__(self) -> None:
         self.model.check()

@@ -17,6 +17,22 @@ from flashtree.results.collect import collect
 from flashtree.results.live import write_live_run
 
 
+def log_live_run(wandb: dict, run_dir: Path, summary: dict, group: str) -> None:
+    """The run in W&B as a sweep run is logged (flashtree.results.wandb_log); a W&B failure costs only the W&B run."""
+    from types import SimpleNamespace
+
+    from flashtree.results.store import write_json_atomic
+    from flashtree.results.wandb_log import log_run
+
+    wcfg = SimpleNamespace(**{"project": "flashtree", "entity": None, "group": None, "tags": [], **wandb})
+    try:
+        info = log_run(wcfg, run_dir, summary, label=run_dir.name, group=wcfg.group or group)
+    except Exception as err:  # noqa: BLE001 - the tables are written; W&B is a copy
+        print(f"[live] W&B logging of {run_dir.name} failed ({type(err).__name__}: {err}); the tables are kept")
+        return
+    write_json_atomic(run_dir / "summary.json", {**summary, "wandb": info})
+
+
 def request_record(server: str, phase: str, concurrency: int, rnd: int, request: int, response: dict) -> dict:
     return {"server": server, "phase": phase, "concurrency": concurrency, "round": rnd, "request": request,
             "meta_info": response.get("meta_info", {})}
@@ -45,7 +61,11 @@ def write_tables(records: list[dict], config: dict, out_dir, presets: dict | Non
         spec = servers.get((presets or {}).get(server, server)) or {}
         depth = spec.get("depth") or (spec.get("window") or int(model.get("draft_block_size") or 1) + 1) - 1
         requests = [{"meta_info": r["meta_info"], "wall_time_s": math.nan} for r in group]
-        write_live_run(runs / f"{phase}-{server}-c{conc}", requests, run_params(server, spec, model, phase, conc),
-                       k=depth, label=model.get("label", ""))
+        run_dir = runs / f"{phase}-{server}-c{conc}"
+        summary = write_live_run(run_dir, requests, run_params(server, spec, model, phase, conc), k=depth,
+                                 label=f"{phase}-{server}-c{conc}")
+        wandb = (config.get("logger") or {}).get("wandb") or {}
+        if wandb.get("mode", "disabled") != "disabled":
+            log_live_run(wandb, run_dir, summary, group=model.get("name", "live"))
     collect(runs)
     return runs, runs / "summary.parquet"

@@ -241,3 +241,16 @@ def test_prepare_models_checks_the_staged_checkpoints(tmp_path):
     app.prepare_models(to_live_config(compose(f"model.target={tmp_path / 't'}", f"model.draft={tmp_path / 'd'}",
                                               "model.draft_block_size=15")), tmp_path)
     assert json.loads((tmp_path / "draft_config.json").read_text())["block_size"] == 15
+
+
+def test_live_runs_log_to_wandb_as_sweep_runs_do(tmp_path):
+    from flashtree.results.wandb_log import offline_runs
+
+    tree = {"meta_info": {"flashtree": [[8, 3, 7, 2], [8, 2, 7, 0]], "completion_tokens": 4, "spec_verify_ct": 2,
+                          "prompt_tokens": 10}}
+    config = {"servers": {"tree8": {"tree_n": 8}}, "model": {"name": "smollm2-135m", "draft_block_size": 8},
+              "logger": {"wandb": {"mode": "offline"}}}
+    runs, _ = write_tables([request_record("tree8", "speed", 1, 0, 0, tree)], config, tmp_path)
+    run_dir = runs / "speed-tree8-c1"
+    assert offline_runs(run_dir), "an offline W&B run next to the tables"
+    assert json.loads((run_dir / "summary.json").read_text())["wandb"]["mode"] == "offline"
