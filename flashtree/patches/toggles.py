@@ -151,9 +151,11 @@ class Name:
 
 
 def _policy_names() -> tuple[str, ...]:
-    from flashtree.tree import policy_names
+    """The policies the server step can build: those that read the candidates alone (its draws compute no draft
+    log-probabilities; `prob` and `best-first` run in the engine and replay)."""
+    from flashtree.tree import POLICIES
 
-    return policy_names()
+    return tuple(name for name, p in POLICIES.items() if not p.needs_scores)
 
 
 # ---- the declaration
@@ -196,7 +198,7 @@ class TreeToggles:
         "draft positions each candidate keeps, the tree's max depth, at most gamma; below gamma the tree is wider "
         "than its depth + 1: see \"Trees wider than the draft block\" below", "set")
     tree_policy: str = toggle(
-        "FLASHTREE_TREE_POLICY", Name(_policy_names, "registered tree policies (flashtree.tree.policy_names())"),
+        "FLASHTREE_TREE_POLICY", Name(_policy_names, "tree policies the server step can build (those that read no draft scores)"),
         "vote", "the tree policy that picks the W - 1 nodes of the candidates' trie (flashtree/tree/policies.py)",
         "set")
     tree_budget: int = toggle(
