@@ -11,10 +11,13 @@ import torch
 
 from .. import sampler
 from . import build, commit, encode, verify
+from .checks import check_logits, check_sampling, check_tokens, check_width
 from .types import CommitPlan, VerifyInputs, VerifyResult, VoteTree
 
 
 def build_vote_tree(candidates: torch.Tensor, width: int) -> VoteTree:
+    check_tokens("candidates", candidates, dims=3)
+    check_width(width)
     # the kernel keeps each node's candidate set as a 64-bit mask: more than 64 candidates take the reference
     if candidates.is_cuda and candidates.shape[1] <= 64:
         from .triton_build import build_vote_tree_triton
@@ -69,6 +72,8 @@ def walk_and_commit(tree: VoteTree, target_tokens: torch.Tensor, req_to_token: t
 def verify_sampled(tree: VoteTree, target_logits: torch.Tensor, temperature, generator=None, top_k=None,
                    top_p=None) -> VerifyResult:
     """`verify.verify_sampled` (the lossless target-only walk) with the row sampler and the walk kernels on CUDA."""
+    check_logits("target_logits", target_logits)
+    check_sampling(temperature, top_k, top_p)
     draws = verify.node_draws(tree, target_logits, temperature, generator, top_k, top_p, sample_rows=sampler.sample_rows)
     return verify_greedy(tree, draws)
 

@@ -52,3 +52,22 @@ def test_good_arguments_pass():
     check_sampling(0.0, 0, 1.0)
     check_sampling(torch.tensor([0.0, 0.7]), torch.tensor([0, 5]), torch.tensor([0.9, 1.0]))
     check_logits("target_logits", torch.randn(2, 3))
+
+
+def test_the_public_entry_points_check_their_arguments():
+    from flashtree.tree import build_tree, build_vote_tree, verify_sampled
+
+    with pytest.raises(ValueError, match="integer token ids"):
+        build_vote_tree(torch.zeros(1, 2, 3), 4)
+    with pytest.raises(ValueError, match="negative token id"):
+        build_tree(torch.tensor([[[0, -1, 2]]]), 4)
+    with pytest.raises(ValueError, match="width must be an int >= 2"):
+        build_vote_tree(torch.zeros(1, 2, 3, dtype=torch.long), 1)
+    tree = build_vote_tree(torch.zeros(1, 2, 3, dtype=torch.long), 4)
+    logits = torch.randn(1, 4, 5)
+    for kw, match in [(dict(temperature=float("nan")), "temperature"), (dict(temperature=-1.0), "temperature"),
+                      (dict(temperature=1.0, top_p=1.5), "top_p"), (dict(temperature=1.0, top_k=-3), "top_k")]:
+        with pytest.raises(ValueError, match=match):
+            verify_sampled(tree, logits, **kw)
+    with pytest.raises(ValueError, match="NaN"):
+        verify_sampled(tree, torch.full((1, 4, 5), float("nan")), 1.0)

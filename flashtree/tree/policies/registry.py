@@ -17,6 +17,7 @@ from typing import Callable
 
 import torch
 
+from ..checks import check_tokens, check_width
 from ..types import VoteTree
 
 DEFAULT_POLICY = "vote"
@@ -76,6 +77,8 @@ def get_policy(name: str) -> Policy:
 
 def build_tree(candidates: torch.Tensor, width: int, policy: str = DEFAULT_POLICY, scores=None) -> VoteTree:
     """The tree of `width` tokens (root included) that `policy` keeps from `candidates` (bs, N, K)."""
+    check_tokens("candidates", candidates, dims=3)
+    check_width(width)
     chosen = get_policy(policy)
     missing = [f for f in chosen.needs_scores if getattr(scores, f, None) is None]
     if missing:
