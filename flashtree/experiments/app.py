@@ -29,7 +29,7 @@ def run_job(cfg: DictConfig) -> float:
 
     hc = HydraConfig.get()
     try:
-        rc = to_run_config(cfg)
+        rc = to_run_config(cfg, hc.overrides.task)
     except ConfigError as exc:
         print(f"flashtree: bad config: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -67,7 +67,7 @@ def check_jobs(jobs: list[list[str]], config_name: str) -> None:
 
     for job in jobs:
         try:
-            to_run_config(compose(config_name=config_name, overrides=job))
+            to_run_config(compose(config_name=config_name, overrides=job), job)
         except ConfigError as exc:
             print(f"flashtree: bad config ({' '.join(job)}): {exc}", file=sys.stderr)
             raise SystemExit(2) from None

@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
+from flashtree.strict_config import check_device
 from flashtree.tree import DEFAULT_POLICY, UnknownPolicy, get_policy
 
 WANDB_MODES = ("online", "offline", "disabled")
@@ -49,6 +50,7 @@ class TargetConfig:
     def __post_init__(self) -> None:
         _check(bool(self.name), "target.name", self.name, "must name a model")
         _check(self.dtype in DTYPES, "target.dtype", self.dtype, f"use one of {', '.join(DTYPES)}")
+        check_device("target.device", self.device, ConfigError)
 
 
 @dataclass
@@ -202,18 +204,9 @@ def register() -> None:
         cs.store(group=group, name="schema", node=node)
 
 
-def to_run_config(cfg) -> RunConfig:
-    """DictConfig -> validated RunConfig (raises ConfigError naming the key)."""
-    from omegaconf import OmegaConf
+def to_run_config(cfg, overrides=()) -> RunConfig:
+    """DictConfig -> validated RunConfig (raises ConfigError naming the key; `overrides`: the job's task overrides,
+    whose dict values replace the composed dict of their key)."""
+    from flashtree.strict_config import to_checked_object
 
-    try:
-        return OmegaConf.to_object(cfg)
-    except ConfigError:
-        raise
-    except Exception as exc:  # OmegaConf wraps errors raised in __post_init__; unwrap ours
-        cause = exc.__cause__ or exc.__context__
-        while cause is not None and not isinstance(cause, ConfigError):
-            cause = cause.__cause__ or cause.__context__
-        if cause is not None:
-            raise cause from None
-        raise
+    return to_checked_object(cfg, ConfigError, overrides)

@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 from flashtree import metrics
 from flashtree.experiments.app import params_of
 from flashtree.experiments.config import ConfigError, to_run_config
+from flashtree.files import DamagedFile, load_torch, set_aside
 from flashtree.results import store
 
 RECORDING = "recording.pt"
@@ -36,11 +37,15 @@ def load_or_record(rc, out: Path):
     key = {**measured_config(rc), "tree": None, "replay": None, "n_max": rc.replay.n_max, "v": RECORDING_VERSION}
     digest = store.config_hash(key)
     path = out / RECORDING
+    saved = {}
     if path.is_file():
-        saved = torch.load(path, weights_only=False)
-        if saved.get("hash") == digest:
-            print(f"[flashtree] reusing {path} ({len(saved['recordings'])} prompts)")
-            return [Recording(**r) for r in saved["recordings"]], saved["record_time_s"]
+        try:
+            saved = load_torch(path, "the replay recording")
+        except DamagedFile as err:
+            set_aside(err, "recording again")
+    if saved.get("hash") == digest:
+        print(f"[flashtree] reusing {path} ({len(saved['recordings'])} prompts)")
+        return [Recording(**r) for r in saved["recordings"]], saved["record_time_s"]
     model, tokenizer = load(rc)
     if rc.drafter.name == "oracle":
         raise ConfigError("drafter.name='oracle': its corruption follows the step count, not the position; replay "
@@ -89,7 +94,7 @@ def run_replay(cfg: DictConfig) -> float:
     from flashtree.results.collect import COLLECTED, collect, format_table
 
     try:
-        rc = to_run_config(cfg)
+        rc = to_run_config(cfg, HydraConfig.get().overrides.task)
         out = Path(HydraConfig.get().runtime.output_dir)
         recs, record_time = load_or_record(rc, out)
     except ConfigError as exc:
