@@ -174,6 +174,9 @@ class ReplayRunConfig(RunConfig):
     def __post_init__(self) -> None:
         _check(self.engine.temperature == 0, "engine.temperature", self.engine.temperature,
                "replay reproduces greedy (temperature 0) runs only; sample with experiments/sweep.py")
+        _check(self.drafter.name != "oracle", "drafter.name", self.drafter.name,
+               "the oracle's corruption follows the step count, not the position; replay needs a drafter whose "
+               "candidates depend only on the context (default, prompt-lookup, flashmap)")
         from flashtree.engine.replay import check_replayable
 
         try:

@@ -47,9 +47,6 @@ def load_or_record(rc, out: Path):
         print(f"[flashtree] reusing {path} ({len(saved['recordings'])} prompts)")
         return [Recording(**r) for r in saved["recordings"]], saved["record_time_s"]
     model, tokenizer = load(rc)
-    if rc.drafter.name == "oracle":
-        raise ConfigError("drafter.name='oracle': its corruption follows the step count, not the position; replay "
-                          "needs a drafter whose candidates depend only on the context (default, prompt-lookup, flashmap)")
     drafter = make_drafter(rc, model)
     prompts = encode_prompts(tokenizer, load_prompts(rc.dataset.name, rc.dataset.limit, rc.dataset.split), rc.dataset.chat)
     stop = stop_ids(model, tokenizer) if rc.engine.stop_at_eos else []
@@ -88,18 +85,27 @@ def write_config(rc, out: Path, n: int, w: int, steps_per_prompt, recs) -> dict:
 
 def run_replay(cfg: DictConfig) -> float:
     from hydra.core.hydra_config import HydraConfig
+
+    from flashtree.results.lock import holding
+
+    try:
+        rc = to_run_config(cfg, HydraConfig.get().overrides.task)
+    except ConfigError as exc:
+        print(f"flashtree: bad config: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    out = Path(HydraConfig.get().runtime.output_dir)
+    with holding(out):
+        return replay_grid(rc, out)
+
+
+def replay_grid(rc, out: Path) -> float:
+    """Record (or reuse the recording) and replay the whole grid into `out`; returns the best τ."""
     from tqdm.auto import tqdm
 
     from flashtree.engine.replay import replay
     from flashtree.results.collect import COLLECTED, collect, format_table
 
-    try:
-        rc = to_run_config(cfg, HydraConfig.get().overrides.task)
-        out = Path(HydraConfig.get().runtime.output_dir)
-        recs, record_time = load_or_record(rc, out)
-    except ConfigError as exc:
-        print(f"flashtree: bad config: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+    recs, record_time = load_or_record(rc, out)
     grid = [(n, w) for n in rc.replay.ns for w in rc.replay.widths]
     replay_time = 0.0
     for n, w in tqdm(grid, desc="replay", unit="config", disable=not rc.logger.progress, dynamic_ncols=True):

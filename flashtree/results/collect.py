@@ -110,16 +110,39 @@ def load_results(source) -> pd.DataFrame:
     return df
 
 
+def varying(df: pd.DataFrame) -> list[str]:
+    """Parameter columns (`group.key`) outside SHOWN whose value differs between rows: what tells rows apart that the
+    printed table would otherwise show as identical (another engine.max_new_tokens, dataset.limit, seed...)."""
+    aliases = ("dataset.name", "tree.policy")  # shown as `dataset` and `policy`
+    return [c for c in df.columns if "." in c and c not in (*SHOWN, *aliases) and df[c].astype(str).nunique() > 1]
+
+
+def mixed_prompt_sets(df: pd.DataFrame) -> list[str]:
+    """One line per dataset whose rows were measured on different prompt sets (limit, split, chat template)."""
+    keys = [c for c in df.columns if c.startswith("dataset.") and c != "dataset.name"]
+    if "dataset" not in df or not keys:
+        return []
+    notes = []
+    for name, part in df.groupby("dataset", dropna=False):
+        differ = {k: sorted(part[k].astype(str).unique()) for k in keys if part[k].astype(str).nunique() > 1}
+        if differ:
+            what = "; ".join(f"{k} = {', '.join(v)}" for k, v in differ.items())
+            notes.append(f"note: the {name} rows come from different prompt sets ({what}): compare rows of one set only")
+    return notes
+
+
 def format_table(df: pd.DataFrame) -> str:
     if not len(df):
         return "(no finished runs)"
-    shown = df[[c for c in SHOWN if c in df]].copy()
+    extra = varying(df)
+    at = SHOWN.index("tree.n")
+    shown = df[[c for c in (*SHOWN[:at], *extra, *SHOWN[at:]) if c in df]].copy()
     for c in ("tau", "tau_ci_lo", "tau_ci_hi", "tau_oracle", "distinct_candidates", "tree_size"):
         if c in shown:
             shown[c] = shown[c].map(lambda v: f"{v:.3f}" if pd.notna(v) else "-")
     if "tokens_per_s" in shown:
         shown["tokens_per_s"] = shown["tokens_per_s"].map(lambda v: f"{v:.1f}" if pd.notna(v) else "-")
-    return shown.to_string(index=False)
+    return "\n".join([shown.to_string(index=False), *mixed_prompt_sets(df)])
 
 
 def main(argv=None) -> None:
