@@ -49,6 +49,12 @@ class TargetConfig:
 
     def __post_init__(self) -> None:
         _check(bool(self.name), "target.name", self.name, "must name a model")
+        from flashtree.models import target_kind
+
+        try:
+            target_kind(self.name)
+        except (FileNotFoundError, ValueError) as exc:
+            raise ConfigError(f"target.name={self.name!r}: {exc}") from None
         _check(self.dtype in DTYPES, "target.dtype", self.dtype, f"use one of {', '.join(DTYPES)}")
         check_device("target.device", self.device, ConfigError)
 
@@ -59,7 +65,9 @@ class DrafterConfig:
     options: dict[str, Any] = field(default_factory=dict)  # keyword options of `load_drafter`
 
     def __post_init__(self) -> None:
-        _check(bool(self.name), "drafter.name", self.name, "must name a drafter")
+        from flashtree.drafters import NAMES
+
+        _check(self.name in NAMES, "drafter.name", self.name, f"unknown drafter; use one of {', '.join(NAMES)}")
 
 
 @dataclass
@@ -88,6 +96,10 @@ class DatasetConfig:
         self.name = canonical_dataset(self.name)
         _check(self.limit is None or self.limit >= 1, "dataset.limit", self.limit, "must be >= 1 (or null for all)")
         _check(self.split is None or self.name == "gsm8k", "dataset.split", self.split, "only gsm8k has splits")
+        from flashtree.datasets import GSM8K_SPLITS
+
+        _check(self.split in (None, *GSM8K_SPLITS), "dataset.split", self.split,
+               f"use one of {', '.join(GSM8K_SPLITS)} (or null for all of gsm8k)")
 
 
 @dataclass
