@@ -1,4 +1,4 @@
-"""Reading flashtree's own result files: a damaged or unreadable file gives one message that names it.
+"""Reading flashtree's own files (results, training state, checkpoints): a damaged or unreadable file gives one message that names it.
 
 `set_aside` moves a damaged file out of the way (kept, renamed `<name>.damaged`) so that the work it held can be redone
 without losing the evidence.
@@ -40,6 +40,17 @@ def load_json(path, what: str) -> Any:
     except FileNotFoundError:
         raise
     except (ValueError, UnicodeDecodeError) as err:
+        raise DamagedFile(path, what, err) from None
+
+
+def load_safetensors(path, what: str) -> dict:
+    from safetensors.torch import load_file
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{what} {path} is missing")
+    try:
+        return load_file(str(path))
+    except Exception as err:  # noqa: BLE001 - SafetensorError (header, truncation) names no file
         raise DamagedFile(path, what, err) from None
 
 
