@@ -1,4 +1,4 @@
-"""Reading flashtree's own result files: a damaged or unreadable file gives one message that names it.
+"""Reading flashtree's own files (results, training state, checkpoints): a damaged or unreadable file gives one message that names it.
 
 `set_aside` moves a damaged file out of the way (kept, renamed `<name>.damaged`) so that the work it held can be redone
 without losing the evidence.
@@ -7,12 +7,9 @@ without losing the evidence.
 from __future__ import annotations
 
 import json
-import logging
 import os
 from pathlib import Path
 from typing import Any
-
-logger = logging.getLogger("flashtree")
 
 
 class DamagedFile(RuntimeError):
@@ -43,10 +40,20 @@ def load_json(path, what: str) -> Any:
         raise DamagedFile(path, what, err) from None
 
 
+def load_safetensors(path, what: str) -> dict:
+    from safetensors.torch import load_file
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{what} {path} is missing")
+    try:
+        return load_file(str(path))
+    except Exception as err:  # noqa: BLE001 - SafetensorError (header, truncation) names no file
+        raise DamagedFile(path, what, err) from None
+
+
 def set_aside(err: DamagedFile, redo: str) -> Path:
     """Rename the damaged file to `<name>.damaged` and log what happens instead (`redo`)."""
     aside = err.path.with_name(err.path.name + ".damaged")
     os.replace(err.path, aside)
-    logger.warning("flashtree: %s; kept as %s, %s", err, aside, redo)
     print(f"flashtree: {err}; kept as {aside}, {redo}")
     return aside

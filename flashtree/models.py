@@ -54,18 +54,28 @@ def load_target(
     `cache_dir` is flashtree's cache root (the SmolLM2 checkpoint lives in `<root>/models/smollm2-135m`).
     `seed` only matters for the tiny random models.
     """
-    if name == SMOLLM2:
+    kind = target_kind(name)
+    if kind == "smollm2":
         path = smollm2_checkpoint(cache_dir)
         return _from_pretrained(str(path), dtype)
-    if name in TINY_MODELS:
+    if kind == "tiny":
         return tiny_target(name, dtype=dtype, seed=seed)
-    folder = os.path.expanduser(name)
-    if os.path.isdir(folder):
-        return _from_pretrained(folder, dtype)
+    return _from_pretrained(os.path.expanduser(name) if kind == "folder" else name, dtype)
+
+
+def target_kind(name: str) -> str:
+    """What target `name` is (smollm2, tiny, folder, hub), without loading it: FileNotFoundError for a missing local
+    folder, ValueError for a name that is none of these."""
+    if name == SMOLLM2:
+        return "smollm2"
+    if name in TINY_MODELS:
+        return "tiny"
+    if os.path.isdir(os.path.expanduser(name)):
+        return "folder"
     if name.startswith(("/", ".", "~")) or name.count("/") > 1:
         raise FileNotFoundError(f"target {name!r}: no such local checkpoint folder")
     if "/" in name:
-        return _from_pretrained(name, dtype)
+        return "hub"
     raise ValueError(
         f"unknown target {name!r}: use {SMOLLM2!r}, one of {', '.join(map(repr, TINY_MODELS))}, "
         "a Hugging Face hub id (org/name) or a local checkpoint folder"

@@ -16,6 +16,7 @@ from flashtree.dspark import DSparkConfig, DSparkDraftModel, load_checkpoint, re
 from flashtree.dspark.data import canonical_source
 from flashtree.dspark.loss import block_loss, target_features
 from flashtree.engine import tree_generate
+from flashtree.files import DamagedFile
 from flashtree.models import load_target
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "train"
@@ -117,6 +118,21 @@ def test_load_refuses_a_checkpoint_that_does_not_match_its_config(tiny, tmp_path
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="missing"):
         load_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "config.json").write_text('{"hidden_size":'), "the DSPARK draft config {d}/config.json is damaged"),
+    (lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:50]),
+     "the DSPARK checkpoint weights {d}/model.safetensors is damaged"),
+    (lambda d: (d / "model.safetensors.index.json").write_text('{"weight_map": {"fc.weight": "gone.safetensors"}}'),
+     "the DSPARK checkpoint weights {d}/gone.safetensors is missing"),
+])
+def test_a_damaged_checkpoint_file_is_named(tiny, tmp_path, damage, message):
+    save_checkpoint(random_model(small_config(tiny)), tmp_path)
+    damage(tmp_path)
+    with pytest.raises((DamagedFile, FileNotFoundError)) as err:
+        load_checkpoint(tmp_path)
+    assert message.format(d=tmp_path) in str(err.value)
 
 
 def test_load_drafter_refuses_a_draft_for_another_target(tiny, tmp_path):

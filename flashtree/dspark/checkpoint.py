@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from ..files import load_json, load_safetensors
 from .config import DSparkConfig
 from .model import DSparkDraftModel
 
@@ -65,19 +66,20 @@ def save_checkpoint(model: DSparkDraftModel, folder, *, dtype: str = "bfloat16",
 
 def read_tensors(folder) -> dict[str, torch.Tensor]:
     """Every tensor of a checkpoint folder (single file or shards listed by the index)."""
-    from safetensors.torch import load_file
-
     folder = Path(folder)
     index = folder / INDEX_FILE
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weight_map = load_json(index, "the DSPARK checkpoint index")
+        if not isinstance(weight_map, dict) or not isinstance(weight_map.get("weight_map"), dict):
+            raise ValueError(f"the DSPARK checkpoint index {index} has no weight_map: rewrite it with save_checkpoint")
+        files = sorted(set(weight_map["weight_map"].values()))
     elif (folder / SINGLE_FILE).is_file():
         files = [SINGLE_FILE]
     else:
         raise FileNotFoundError(f"{folder} holds neither {SINGLE_FILE} nor {INDEX_FILE}")
     tensors = {}
     for name in files:
-        tensors.update(load_file(str(folder / name)))
+        tensors.update(load_safetensors(folder / name, "the DSPARK checkpoint weights"))
     return tensors
 
 

@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..files import load_json
+
 CONFIG_FILE = "config.json"
 ARCHITECTURE = "DSparkDraftModel"
 
@@ -188,7 +190,7 @@ class DSparkConfig:
         path = Path(folder) / CONFIG_FILE
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: not a DSPARK draft checkpoint folder")
-        return cls.from_hf_dict(json.loads(path.read_text()))
+        return cls.from_hf_dict(load_json(path, "the DSPARK draft config"))
 
     def replace(self, **changes) -> "DSparkConfig":
         return dataclasses.replace(self, **changes)

@@ -12,8 +12,10 @@ from .train_config import TrainConfigError, to_train_config
 
 def run(cfg: DictConfig) -> float:
     """Validate the config, then train (or only select the prompts); returns the last logged loss."""
+    from hydra.core.hydra_config import HydraConfig
+
     try:
-        tc = to_train_config(cfg)
+        tc = to_train_config(cfg, HydraConfig.get().overrides.task)
     except TrainConfigError as exc:
         print(f"flashtree: bad config: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -33,6 +33,11 @@ class TrainTargetConfig:
     cache_dir: Optional[str] = None
     seed: int = 0  # weights of the tiny random targets only
 
+    def __post_init__(self) -> None:
+        from flashtree.strict_config import check_device
+
+        check_device("target.device", self.device, TrainConfigError)
+
 
 @dataclass
 class TrainDataConfig:
@@ -145,6 +150,9 @@ class TrainConfig:
     prepare_only: bool = False  # select the prompts, write out_dir/prompts.json.gz and stop (no target forward)
 
     def __post_init__(self) -> None:
+        d = self.data
+        _check(bool(d.sources) or d.prompts_file is not None, "data.sources", dict(d.sources),
+               "names no prompt source: list at least one (e.g. 'data.sources={builtin: 8}') or set data.prompts_file")
         _check(self.export_dtype in ("bfloat16", "float16", "float32"), "export_dtype", self.export_dtype,
                "use bfloat16, float16 or float32")
         _check(self.checkpoint_every >= 1, "checkpoint_every", self.checkpoint_every, "must be >= 1")
@@ -156,18 +164,9 @@ def register() -> None:
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
 
 
-def to_train_config(cfg) -> TrainConfig:
-    """DictConfig -> validated TrainConfig (raises TrainConfigError naming the key)."""
-    from omegaconf import OmegaConf
+def to_train_config(cfg, overrides=()) -> TrainConfig:
+    """DictConfig -> validated TrainConfig (raises TrainConfigError naming the key; `overrides`: the task overrides,
+    whose dicts replace the preset's: `data.sources={gsm8k-first-half: 100}` trains on that source alone)."""
+    from flashtree.strict_config import to_checked_object
 
-    try:
-        return OmegaConf.to_object(cfg)
-    except TrainConfigError:
-        raise
-    except Exception as exc:
-        cause = exc.__cause__ or exc.__context__
-        while cause is not None and not isinstance(cause, TrainConfigError):
-            cause = cause.__cause__ or cause.__context__
-        if cause is not None:
-            raise cause from None
-        raise
+    return to_checked_object(cfg, TrainConfigError, overrides)

@@ -16,6 +16,7 @@ import torch
 from ..drafters.base import DraftState, Drafter
 from ..tree import (DEFAULT_POLICY, VerifyResult, VoteTree, ancestor_mask, build_tree, get_policy, tree_positions,
                     verify_greedy, verify_rejection, verify_sampled)
+from ..tree.checks import check_sampling, check_tokens, check_width
 from .records import GenerateResult, step_record
 from .stopping import stop_end
 from .target import context_limit, keep_in_cache, prefill, verify_forward
@@ -59,21 +60,35 @@ class _Request:
         return self.tokens.numel() - self.prompt_len
 
 
-def _as_rows(input_ids) -> list[torch.Tensor]:
+def _as_rows(input_ids, vocab: int) -> list[torch.Tensor]:
     if isinstance(input_ids, torch.Tensor):
+        if input_ids.dim() not in (1, 2):
+            raise ValueError(f"input_ids must be (L,) or (bs, L), got shape {tuple(input_ids.shape)}")
         rows = [input_ids] if input_ids.dim() == 1 else list(input_ids)
     else:
-        rows = [torch.as_tensor(r, dtype=torch.long) for r in input_ids]
+        rows = [torch.as_tensor(r) for r in input_ids]
     if not rows or any(r.numel() == 0 for r in rows):
         raise ValueError("input_ids must hold at least one non-empty prompt")
+    for r in rows:
+        check_tokens("input_ids", r, dims=1, vocab=vocab)
     return [r.to(torch.long) for r in rows]
 
 
 WALKS = ("target", "rejection")
 
 
-def _check(target, drafter: Drafter, rows, n, width, max_new_tokens, temperature, walk, policy) -> None:
+def _count(name: str, value, why: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} ({why}) must be an int >= 1, got {value!r}")
+
+
+def _check(target, drafter: Drafter, rows, n, width, max_new_tokens, temperature, top_k, top_p, walk, policy) -> None:
     get_policy(policy)  # UnknownPolicy (a ValueError) lists the registered names
+    _count("n", n, "candidate blocks per step")
+    check_width(width)
+    _count("max_new_tokens", max_new_tokens, "tokens to generate per prompt")
+    _count(f"{type(drafter).__name__}.k", drafter.k, "the drafter's block length K")
+    check_sampling(temperature, top_k, top_p)
     if walk not in WALKS:
         raise ValueError(f"walk must be one of {WALKS}, got {walk!r}")
     if walk == "rejection" and (n != 1 or temperature <= 0):
@@ -81,22 +96,18 @@ def _check(target, drafter: Drafter, rows, n, width, max_new_tokens, temperature
             f"walk='rejection' (chain speculative sampling) needs n == 1 and temperature > 0, got n={n}, "
             f"temperature={temperature}"
         )
-    if n < 1:
-        raise ValueError(f"n (candidate blocks per step) must be >= 1, got {n}")
-    if width < 2:
-        raise ValueError(f"width (verify tokens, the root included) must be >= 2, got {width}")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
     vocab = target.config.vocab_size
     if getattr(drafter, "vocab_size", vocab) != vocab:
         raise ValueError(f"drafter vocabulary ({drafter.vocab_size}) does not match the target's ({vocab})")
+    check_context(target, max(r.numel() for r in rows), max_new_tokens, width)
+
+
+def check_context(target, prompt_tokens: int, max_new_tokens: int, width: int) -> None:
+    """Raise ValueError when the longest prompt plus what a run adds cannot fit the target's context."""
     limit = context_limit(target)
-    longest = max(r.numel() for r in rows)
-    if limit is not None and longest + max_new_tokens + width > limit:
+    if limit is not None and prompt_tokens + max_new_tokens + width > limit:
         raise ValueError(
-            f"prompt of {longest} tokens + max_new_tokens {max_new_tokens} + width {width} exceeds the target's "
+            f"prompt of {prompt_tokens} tokens + max_new_tokens {max_new_tokens} + width {width} exceeds the target's "
             f"context of {limit} tokens; shorten the prompt or lower max_new_tokens"
         )
 
@@ -145,8 +156,8 @@ def tree_generate(
     policy (flashtree.tree.policies) that builds each step's tree; `prob` and `best-first` read the proposal's
     `scores` (the DSPARK drafter proposes them).
     """
-    rows = _as_rows(input_ids)
-    _check(target, drafter, rows, n, width, max_new_tokens, temperature, walk, policy)
+    rows = _as_rows(input_ids, target.config.vocab_size)
+    _check(target, drafter, rows, n, width, max_new_tokens, temperature, top_k, top_p, walk, policy)
     device = next(target.parameters()).device
     stops = torch.tensor(sorted(set(stop_token_ids or ())), dtype=torch.long, device=device)
     layers = tuple(drafter.hidden_layers)

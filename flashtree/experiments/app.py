@@ -26,10 +26,11 @@ def run_job(cfg: DictConfig) -> float:
 
     from flashtree.experiments.run import objective, run_configuration
     from flashtree.results.collect import collect
+    from flashtree.results.lock import holding
 
     hc = HydraConfig.get()
     try:
-        rc = to_run_config(cfg)
+        rc = to_run_config(cfg, hc.overrides.task)
     except ConfigError as exc:
         print(f"flashtree: bad config: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -39,8 +40,12 @@ def run_job(cfg: DictConfig) -> float:
         print(f"[flashtree] {label}: tree.width={rc.tree.width} > objective.max_budget={rc.objective.max_budget}, "
               "not run (objective 0)")
         return 0.0
-    summary = run_configuration(rc, Path(hc.runtime.output_dir), label=label, params=params_of(rc))
-    if hc.mode == RunMode.MULTIRUN:
+    out = Path(hc.runtime.output_dir)
+    if hc.mode == RunMode.MULTIRUN:  # the sweep (SweepCallback) holds the sweep directory's lock
+        summary = run_configuration(rc, out, label=label, params=params_of(rc))
         # Part of the job itself, so the table is current even if the sweep is killed right after this job.
         collect(Path(hc.sweep.dir))
+    else:
+        with holding(out):
+            summary = run_configuration(rc, out, label=label, params=params_of(rc))
     return objective(summary, rc)

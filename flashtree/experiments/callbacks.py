@@ -1,5 +1,6 @@
 """Hydra callback of the sweep app: check a whole grid before any job runs, keep `summary.parquet` current after
-every job (the job itself collects, so an interrupted sweep still has its table), and print the collected table at the end."""
+every job (the job itself collects, so an interrupted sweep still has its table), hold the sweep directory's lock
+(flashtree.results.lock) and print the collected table at the end."""
 
 from __future__ import annotations
 
@@ -15,8 +16,12 @@ class SweepCallback(Callback):
     def __init__(self) -> None:
         self.total: int | None = None
         self.done = 0
+        self.lock: Path | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from flashtree.results.lock import acquire_or_exit
+
+        self.lock = acquire_or_exit(config.hydra.sweep.dir)  # one sweep at a time per directory
         jobs = grid_jobs(config)
         if jobs is None:  # another sweeper (Optuna): its trials are checked one by one as they start
             trials = config.hydra.sweeper.get("n_trials")
@@ -37,10 +42,13 @@ class SweepCallback(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from flashtree.results.collect import COLLECTED, collect, format_table
+        from flashtree.results.lock import release
 
         sweep_dir = Path(config.hydra.sweep.dir)
         df = collect(sweep_dir)
         print(f"\n{format_table(df)}\n\n[flashtree] {len(df)} runs -> {sweep_dir / COLLECTED}", flush=True)
+        if self.lock is not None:
+            release(self.lock)
 
 
 def grid_jobs(config: DictConfig) -> list[list[str]] | None:
@@ -67,7 +75,7 @@ def check_jobs(jobs: list[list[str]], config_name: str) -> None:
 
     for job in jobs:
         try:
-            to_run_config(compose(config_name=config_name, overrides=job))
+            to_run_config(compose(config_name=config_name, overrides=job), job)
         except ConfigError as exc:
             print(f"flashtree: bad config ({' '.join(job)}): {exc}", file=sys.stderr)
             raise SystemExit(2) from None

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
+from flashtree.strict_config import check_device
 from flashtree.tree import DEFAULT_POLICY, UnknownPolicy, get_policy
 
 WANDB_MODES = ("online", "offline", "disabled")
@@ -49,7 +50,14 @@ class TargetConfig:
 
     def __post_init__(self) -> None:
         _check(bool(self.name), "target.name", self.name, "must name a model")
+        from flashtree.models import target_kind
+
+        try:
+            target_kind(self.name)
+        except (FileNotFoundError, ValueError) as exc:
+            raise ConfigError(f"target.name={self.name!r}: {exc}") from None
         _check(self.dtype in DTYPES, "target.dtype", self.dtype, f"use one of {', '.join(DTYPES)}")
+        check_device("target.device", self.device, ConfigError)
 
 
 @dataclass
@@ -58,7 +66,9 @@ class DrafterConfig:
     options: dict[str, Any] = field(default_factory=dict)  # keyword options of `load_drafter`
 
     def __post_init__(self) -> None:
-        _check(bool(self.name), "drafter.name", self.name, "must name a drafter")
+        from flashtree.drafters import NAMES
+
+        _check(self.name in NAMES, "drafter.name", self.name, f"unknown drafter; use one of {', '.join(NAMES)}")
 
 
 @dataclass
@@ -87,6 +97,10 @@ class DatasetConfig:
         self.name = canonical_dataset(self.name)
         _check(self.limit is None or self.limit >= 1, "dataset.limit", self.limit, "must be >= 1 (or null for all)")
         _check(self.split is None or self.name == "gsm8k", "dataset.split", self.split, "only gsm8k has splits")
+        from flashtree.datasets import GSM8K_SPLITS
+
+        _check(self.split in (None, *GSM8K_SPLITS), "dataset.split", self.split,
+               f"use one of {', '.join(GSM8K_SPLITS)} (or null for all of gsm8k)")
 
 
 @dataclass
@@ -177,6 +191,9 @@ class ReplayRunConfig(RunConfig):
                "replay reproduces greedy (temperature 0) runs only; sample with experiments/sweep.py")
         _check(self.replay.recording is None or Path(self.replay.recording).is_file(), "replay.recording",
                self.replay.recording, "must be a recording file (recording.pt of an earlier replay)")
+        _check(self.drafter.name != "oracle", "drafter.name", self.drafter.name,
+               "the oracle's corruption follows the step count, not the position; replay needs a drafter whose "
+               "candidates depend only on the context (default, prompt-lookup, flashmap)")
 
 
 # Keys that change where results live or how they are shown, not what is measured: left out of the config hash.
@@ -201,18 +218,9 @@ def register() -> None:
         cs.store(group=group, name="schema", node=node)
 
 
-def to_run_config(cfg) -> RunConfig:
-    """DictConfig -> validated RunConfig (raises ConfigError naming the key)."""
-    from omegaconf import OmegaConf
+def to_run_config(cfg, overrides=()) -> RunConfig:
+    """DictConfig -> validated RunConfig (raises ConfigError naming the key; `overrides`: the job's task overrides,
+    whose dict values replace the composed dict of their key)."""
+    from flashtree.strict_config import to_checked_object
 
-    try:
-        return OmegaConf.to_object(cfg)
-    except ConfigError:
-        raise
-    except Exception as exc:  # OmegaConf wraps errors raised in __post_init__; unwrap ours
-        cause = exc.__cause__ or exc.__context__
-        while cause is not None and not isinstance(cause, ConfigError):
-            cause = cause.__cause__ or cause.__context__
-        if cause is not None:
-            raise cause from None
-        raise
+    return to_checked_object(cfg, ConfigError, overrides)

@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 from flashtree import metrics
 from flashtree.experiments.app import params_of
 from flashtree.experiments.config import ConfigError, to_run_config
+from flashtree.files import DamagedFile, load_torch, set_aside
 from flashtree.results import store
 
 RECORDING = "recording.pt"
@@ -34,25 +35,26 @@ def load_or_record(rc, out: Path):
     from flashtree.experiments.run import load, make_drafter, measured_config
 
     if rc.replay.recording:
-        saved = torch.load(rc.replay.recording, weights_only=False)
+        saved = load_torch(rc.replay.recording, "the replay recording (replay.recording)")
         print(f"[flashtree] replaying {rc.replay.recording} ({len(saved['recordings'])} prompts)")
         return [Recording(**r) for r in saved["recordings"]], saved["record_time_s"]
     grown_width = max(rc.replay.widths)
     key = {**measured_config(rc), "tree": None, "replay": None, "n_max": rc.replay.n_max, "v": RECORDING_VERSION}
     digest = store.config_hash(key)
     path = out / RECORDING
+    saved = {}
     if path.is_file():
-        saved = torch.load(path, weights_only=False)
+        try:
+            saved = load_torch(path, "the replay recording")
+        except DamagedFile as err:
+            set_aside(err, "recording again")
+    if saved.get("hash") == digest:
         recs = [Recording(**r) for r in saved["recordings"]]
         # grown policies' trees are recorded up to the widest W asked for then: a wider grid records again
-        wide_enough = all(t.shape[1] + 1 >= grown_width for r in recs for t, _ in (r.grown or {}).values())
-        if saved.get("hash") == digest and wide_enough:
+        if all(t.shape[1] + 1 >= grown_width for r in recs for t, _ in (r.grown or {}).values()):
             print(f"[flashtree] reusing {path} ({len(recs)} prompts)")
             return recs, saved["record_time_s"]
     model, tokenizer = load(rc)
-    if rc.drafter.name == "oracle":
-        raise ConfigError("drafter.name='oracle': its corruption follows the step count, not the position; replay "
-                          "needs a drafter whose candidates depend only on the context (default, prompt-lookup, flashmap)")
     drafter = make_drafter(rc, model)
     prompts = encode_prompts(tokenizer, load_prompts(rc.dataset.name, rc.dataset.limit, rc.dataset.split), rc.dataset.chat)
     stop = stop_ids(model, tokenizer) if rc.engine.stop_at_eos else []
@@ -91,18 +93,27 @@ def write_config(rc, out: Path, n: int, w: int, steps_per_prompt, recs) -> dict:
 
 def run_replay(cfg: DictConfig) -> float:
     from hydra.core.hydra_config import HydraConfig
+
+    from flashtree.results.lock import holding
+
+    try:
+        rc = to_run_config(cfg, HydraConfig.get().overrides.task)
+    except ConfigError as exc:
+        print(f"flashtree: bad config: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    out = Path(HydraConfig.get().runtime.output_dir)
+    with holding(out):
+        return replay_grid(rc, out)
+
+
+def replay_grid(rc, out: Path) -> float:
+    """Record (or reuse the recording) and replay the whole grid into `out`; returns the best τ."""
     from tqdm.auto import tqdm
 
     from flashtree.engine.replay import replay
     from flashtree.results.collect import COLLECTED, collect, format_table
 
-    try:
-        rc = to_run_config(cfg)
-        out = Path(HydraConfig.get().runtime.output_dir)
-        recs, record_time = load_or_record(rc, out)
-    except ConfigError as exc:
-        print(f"flashtree: bad config: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+    recs, record_time = load_or_record(rc, out)
     grid = [(n, w) for n in rc.replay.ns for w in rc.replay.widths]
     replay_time = 0.0
     for n, w in tqdm(grid, desc="replay", unit="config", disable=not rc.logger.progress, dynamic_ncols=True):

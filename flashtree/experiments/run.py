@@ -4,6 +4,7 @@ W&B (flashtree.results.wandb_log)."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from functools import lru_cache
 from pathlib import Path
@@ -60,10 +61,13 @@ def generate_prompts(cfg: RunConfig, label: str):
 
     from flashtree.datasets import encode_prompts, load_prompts
     from flashtree.engine import tree_generate
+    from flashtree.engine.generate import check_context
 
     model, tokenizer = load(cfg)
     prompts = load_prompts(cfg.dataset.name, limit=cfg.dataset.limit, split=cfg.dataset.split)
     encoded = encode_prompts(tokenizer, prompts, chat=cfg.dataset.chat)
+    # Before the warm-up, whose shorter generation would otherwise be the one quoted.
+    check_context(model, max(map(len, encoded)), cfg.engine.max_new_tokens, cfg.tree.width)
     stop = stop_ids(model, tokenizer) if cfg.engine.stop_at_eos else []
     device = cfg.target.device
     e = cfg.engine
@@ -143,10 +147,26 @@ def write_run(cfg: RunConfig, run_dir: Path, steps, prompts_df, head: dict, para
     return summary
 
 
-def _log_wandb(cfg: RunConfig, run_dir: Path, summary: dict, label: str, steps=None) -> dict:
-    from flashtree.results.wandb_log import log_run
+_wandb_failed: list[str] = []  # the W&B failure of this process, reported once; later runs skip W&B
 
-    info = log_run(cfg.logger.wandb, run_dir, summary, label=label, group=cfg.logger.wandb.group or cfg.name, steps=steps)
+
+def _log_wandb(cfg: RunConfig, run_dir: Path, summary: dict, label: str, steps=None) -> dict:
+    """Log the stored run to W&B. W&B trouble never costs the local results: the run stays finished without its W&B
+    view (a rerun with W&B working logs it), and the first failure of the process is one warning."""
+    if _wandb_failed:
+        return summary
+    try:
+        from flashtree.results.wandb_log import log_run
+
+        info = log_run(cfg.logger.wandb, run_dir, summary, label=label, group=cfg.logger.wandb.group or cfg.name,
+                       steps=steps)
+    except Exception as err:  # noqa: BLE001 - import errors, missing API key, network: all leave the local run intact
+        _wandb_failed.append(f"{type(err).__name__}: {err}")
+        print(f"flashtree: warning: W&B logging failed (logger.wandb.mode={cfg.logger.wandb.mode!r}; "
+              f"{_wandb_failed[0]}); the local results are kept and W&B is skipped for the rest of this process; "
+              "fix W&B (wandb installed, `wandb login` or WANDB_API_KEY for online) and rerun to log them, or set "
+              "logger=disabled", file=sys.stderr)
+        return summary
     summary = {**summary, "wandb": info}
     store.write_json_atomic(run_dir / store.SUMMARY, summary)
     return summary

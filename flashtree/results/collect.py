@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from flashtree.files import DamagedFile
 from flashtree.results import store
 
 COLLECTED = "summary.parquet"
@@ -34,7 +35,11 @@ def summaries(sweep_dir: Path) -> list[dict]:
     for root, dirs, files in os.walk(sweep_dir):
         dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
         if store.SUMMARY in files:
-            summary = store.read_summary(Path(root))
+            try:
+                summary = store.read_summary(Path(root))
+            except DamagedFile as err:
+                print(f"flashtree: {err}; left out of the table (rerun the sweep to redo that run)")
+                continue
             if summary and summary.get("status") == "complete":
                 found.append(summary)
     return found
@@ -61,6 +66,8 @@ def row(summary: dict) -> dict:
 def collect(sweep_dir, write: bool = True) -> pd.DataFrame:
     """The collected table of `sweep_dir`; written atomically to <sweep_dir>/summary.parquet when `write`."""
     sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        raise FileNotFoundError(f"{sweep_dir}: no such sweep directory (a sweep writes multirun/<name>)")
     rows = [row(s) for s in summaries(sweep_dir)]
     df = pd.DataFrame(rows)
     if len(df):
@@ -71,7 +78,6 @@ def collect(sweep_dir, write: bool = True) -> pd.DataFrame:
             if col not in LIST_COLUMNS and df[col].map(lambda v: isinstance(v, (dict, list))).any():
                 df[col] = df[col].map(str)
     if write:
-        sweep_dir.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=sweep_dir, prefix=f".{COLLECTED}.", suffix=".tmp")
         os.close(fd)
         df.to_parquet(tmp, index=False)
@@ -79,9 +85,13 @@ def collect(sweep_dir, write: bool = True) -> pd.DataFrame:
     return df
 
 
+class EmptyResults(ValueError):
+    """A results table holds no finished runs: nothing to plot or compare."""
+
+
 def load_results(source) -> pd.DataFrame:
     """The collected tables under `source` (a sweep directory, a summary.parquet, or a folder of them), concatenated,
-    each row tagged with its table's folder (`source`). Tables written before a column existed read with its value of
+    each row tagged with its table's folder (`source`); FileNotFoundError / EmptyResults when there is nothing. Tables written before a column existed read with its value of
     then: `mode` "direct", `policy` the trie vote (the only tree before the policy registry)."""
     from flashtree.tree import DEFAULT_POLICY
 
@@ -89,29 +99,60 @@ def load_results(source) -> pd.DataFrame:
     files = [source] if source.suffix == ".parquet" else sorted(source.rglob(COLLECTED)) or sorted(source.glob("*.parquet"))
     if not files:
         raise FileNotFoundError(f"no {COLLECTED} under {source}; run a sweep or `python -m flashtree.results.collect DIR`")
-    df = pd.concat([pd.read_parquet(f).assign(source=f.parent.name) for f in files], ignore_index=True)
+    tables = [pd.read_parquet(f).assign(source=f.parent.name) for f in files]
+    tables = [t for t in tables if len(t)]
+    if not tables:
+        raise EmptyResults(f"no finished runs in {', '.join(map(str, files))}: the table is empty; finish a sweep "
+                           "into it first (its runs' summary.json files are what `collect` reads)")
+    df = pd.concat(tables, ignore_index=True)
     for col, then in (("mode", "direct"), ("policy", DEFAULT_POLICY)):
         df[col] = df[col].fillna(then) if col in df else then
     return df
 
 
+def varying(df: pd.DataFrame) -> list[str]:
+    """Parameter columns (`group.key`) outside SHOWN whose value differs between rows: what tells rows apart that the
+    printed table would otherwise show as identical (another engine.max_new_tokens, dataset.limit, seed...)."""
+    aliases = ("dataset.name", "tree.policy")  # shown as `dataset` and `policy`
+    return [c for c in df.columns if "." in c and c not in (*SHOWN, *aliases) and df[c].astype(str).nunique() > 1]
+
+
+def mixed_prompt_sets(df: pd.DataFrame) -> list[str]:
+    """One line per dataset whose rows were measured on different prompt sets (limit, split, chat template)."""
+    keys = [c for c in df.columns if c.startswith("dataset.") and c != "dataset.name"]
+    if "dataset" not in df or not keys:
+        return []
+    notes = []
+    for name, part in df.groupby("dataset", dropna=False):
+        differ = {k: sorted(part[k].astype(str).unique()) for k in keys if part[k].astype(str).nunique() > 1}
+        if differ:
+            what = "; ".join(f"{k} = {', '.join(v)}" for k, v in differ.items())
+            notes.append(f"note: the {name} rows come from different prompt sets ({what}): compare rows of one set only")
+    return notes
+
+
 def format_table(df: pd.DataFrame) -> str:
     if not len(df):
         return "(no finished runs)"
-    shown = df[[c for c in SHOWN if c in df]].copy()
+    extra = varying(df)
+    at = SHOWN.index("tree.n")
+    shown = df[[c for c in (*SHOWN[:at], *extra, *SHOWN[at:]) if c in df]].copy()
     for c in ("tau", "tau_ci_lo", "tau_ci_hi", "tau_oracle", "distinct_candidates", "tree_size"):
         if c in shown:
             shown[c] = shown[c].map(lambda v: f"{v:.3f}" if pd.notna(v) else "-")
     if "tokens_per_s" in shown:
         shown["tokens_per_s"] = shown["tokens_per_s"].map(lambda v: f"{v:.1f}" if pd.notna(v) else "-")
-    return shown.to_string(index=False)
+    return "\n".join([shown.to_string(index=False), *mixed_prompt_sets(df)])
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sweep_dir", type=Path)
     args = parser.parse_args(argv)
-    df = collect(args.sweep_dir)
+    try:
+        df = collect(args.sweep_dir)
+    except FileNotFoundError as err:
+        parser.error(str(err))
     print(format_table(df))
     print(f"\n{len(df)} runs -> {args.sweep_dir / COLLECTED}")
 

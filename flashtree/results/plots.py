@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from flashtree.results.collect import EmptyResults, load_results
+
 
 def _panels(df: pd.DataFrame):
     """(title, rows) per panel: per dataset, and per policy when more than one policy is in the table."""
@@ -166,7 +168,10 @@ def main(argv=None) -> None:
     parser.add_argument("sweep_dir", type=Path)
     parser.add_argument("--out", type=Path, default=None, help="default: <sweep_dir>/figures")
     args = parser.parse_args(argv)
-    df = pd.read_parquet(args.sweep_dir / "summary.parquet")
+    try:
+        df = load_results(args.sweep_dir)
+    except (FileNotFoundError, EmptyResults) as err:
+        parser.exit(1, f"flashtree: {err}\n")
     for path in save_all(df, args.out or args.sweep_dir / "figures"):
         print(path)
 

@@ -3,8 +3,9 @@ run marked done. Sweeps, replay and live runs all write through `write_run`, so 
 
     <run dir>/steps.parquet    one row per verify step (flashtree.metrics.STEP_COLUMNS, schema version in metadata)
     <run dir>/prompts.parquet  one row per prompt (tokens, steps, wall time)
-    <run dir>/summary.json     metrics + config + versions; written last, atomically: its presence with
-                               status "complete" and a matching config hash is what `resume` trusts
+    <run dir>/summary.json     metrics + config + versions; written last, atomically. `resume` trusts a run whose
+                               summary has status "complete" and a matching config hash, and whose steps.parquet
+                               is readable, of this schema version and as long as the summary says
     <run dir>/wandb/           the W&B run (offline runs: offline-run-*/, `wandb sync` uploads them)
 """
 
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from flashtree import metrics
+from flashtree.files import DamagedFile, load_json, set_aside
 
 SUMMARY = "summary.json"
 STEPS = "steps.parquet"
@@ -49,11 +51,11 @@ def _jsonable(x: Any) -> Any:
 
 
 def read_summary(run_dir: Path) -> dict | None:
+    """The run's summary, None when it has none; DamagedFile (naming it) when it cannot be read."""
     path = Path(run_dir) / SUMMARY
     if not path.is_file():
         return None
-    with open(path) as f:
-        return json.load(f)
+    return load_json(path, "the run summary")
 
 
 def config_hash(measured: dict) -> str:
@@ -63,10 +65,42 @@ def config_hash(measured: dict) -> str:
 
 
 def finished(run_dir: Path, digest: str) -> dict | None:
-    """The summary of a finished run of exactly this configuration in `run_dir`, else None."""
-    summary = read_summary(run_dir)
-    if summary and summary.get("status") == "complete" and summary.get("config_hash") == digest:
-        return summary
+    """The summary of a finished run of exactly this configuration in `run_dir`, else None. A damaged summary is set
+    aside and a run whose steps do not back its summary is reported: either way the run is redone."""
+    run_dir = Path(run_dir)
+    try:
+        summary = read_summary(run_dir)
+    except DamagedFile as err:
+        set_aside(err, "the run is redone")
+        return None
+    if not summary or summary.get("status") != "complete" or summary.get("config_hash") != digest:
+        return None
+    problem = steps_problem(run_dir, summary)
+    if problem:
+        print(f"flashtree: {run_dir / SUMMARY} says finished, but {problem}; the run is redone")
+        return None
+    return summary
+
+
+def steps_problem(run_dir: Path, summary: dict) -> str | None:
+    """Why `run_dir`'s steps.parquet does not back `summary` (missing, damaged, another schema, other length)."""
+    import pyarrow.parquet as pq
+
+    path = Path(run_dir) / STEPS
+    version = summary.get("steps_schema_version")
+    if version != metrics.STEPS_SCHEMA_VERSION:
+        return f"it was written with steps schema version {version} (this flashtree writes {metrics.STEPS_SCHEMA_VERSION})"
+    if not path.is_file():
+        return f"{path} is missing"
+    try:
+        meta = pq.read_metadata(path)
+    except Exception as err:  # noqa: BLE001 - pyarrow reports truncation and garbage alike as ArrowInvalid/OSError
+        return f"{path} is damaged ({type(err).__name__}: {err})"
+    written = int((meta.metadata or {}).get(metrics.SCHEMA_KEY, b"0"))
+    if written != metrics.STEPS_SCHEMA_VERSION:
+        return f"{path} has steps schema version {written} (this flashtree writes {metrics.STEPS_SCHEMA_VERSION})"
+    if "steps" in summary and meta.num_rows != summary["steps"]:
+        return f"{path} holds {meta.num_rows} steps, the summary {summary['steps']}"
     return None
 
 

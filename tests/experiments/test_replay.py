@@ -73,3 +73,17 @@ def test_replay_refuses_sampling(tmp_path):
     proc = run_app("replay.py", ["target=tiny-llama", "engine.temperature=0.7", f"hydra.run.dir={tmp_path}/r"],
                    cwd=tmp_path, check=False)
     assert proc.returncode != 0 and "engine.temperature" in proc.stderr
+
+
+def test_a_truncated_recording_is_named_set_aside_and_recorded_again(tmp_path):
+    out = tmp_path / "replay"
+    args = ["target=tiny-llama", "dataset.limit=1", "engine.max_new_tokens=6", "replay.n_max=2", "replay.ns=[1]",
+            "replay.widths=[4]", "logger.wandb.mode=disabled", "logger.progress=false", f"hydra.run.dir={out}"]
+    run_app("replay.py", args, cwd=tmp_path)
+    recording = out / "recording.pt"
+    recording.write_bytes(recording.read_bytes()[:200])
+    again = run_app("replay.py", args, cwd=tmp_path)
+    assert f"the replay recording {recording} is damaged" in again.stdout
+    assert "recording again" in again.stdout
+    assert (out / "recording.pt.damaged").is_file()
+    assert torch.load(recording, weights_only=False)["recordings"]

@@ -141,3 +141,19 @@ def test_unknown_policy_in_a_grid_fails_before_any_job_listing_the_registered_na
     assert proc.returncode != 0
     assert "unknown tree policy 'nope'; registered: vote" in proc.stderr
     assert not list(sweep.rglob("summary.json"))
+
+
+@pytest.mark.parametrize("grid, message", [
+    ("target.name=tiny-llama,nope", "target.name='nope': unknown target 'nope'"),
+    ("target.name=tiny-llama,/no/such/folder", "target.name='/no/such/folder': target '/no/such/folder': no such local"),
+    ("drafter.name=oracle,nope", "drafter.name='nope': unknown drafter; use one of default, prompt-lookup"),
+    ("dataset.split=null,third_half", "dataset.split='third_half': use one of first_half, second_half"),
+])
+def test_a_bad_target_drafter_or_split_in_a_grid_fails_before_any_job(tmp_path, grid, message):
+    sweep = tmp_path / "sweep"
+    dataset = ["dataset=gsm8k"] if "split" in grid else []
+    proc = run_app("sweep.py", ["--multirun", *TINY, *dataset, grid, f"hydra.sweep.dir={sweep}"], cwd=tmp_path,
+                   check=False)
+    assert proc.returncode == 2
+    assert message in proc.stderr, proc.stderr
+    assert not list(sweep.rglob("summary.json"))
