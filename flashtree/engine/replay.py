@@ -118,10 +118,9 @@ def record(model, drafter, prompt, *, n_max: int, max_new_tokens: int, seed: int
                 tokens.append(torch.where(tree.valid, tree.tokens, -1)[0].to(device))
                 parents.append(tree.parents[0].to(device))
     scored = len(logps) == len(blocks) and bool(blocks)
+    trees = {name: (torch.stack(t), torch.stack(p)) for name, (t, p) in grown.items() if t} if scored else {}
     return Recording(prompt_len=p0, end=end, sequence=seq[: end + drafter.k + 1], candidates=torch.stack(blocks),
-                     logp=torch.stack(logps) if scored else None,
-                     grown={name: (torch.stack(t), torch.stack(p)) for name, (t, p) in grown.items() if t} or None
-                     if scored else None)
+                     logp=torch.stack(logps) if scored else None, grown=trees or None)
 
 
 def replay_tree(rec: Recording, i: int, n: int, width: int, policy: str) -> VoteTree:
