@@ -23,7 +23,8 @@ the server's --speculative-num-draft-tokens W reserving and capturing the wider 
      KV copies the accepted nodes' target KV into the window's first offsets (the pool's own move_kv_cache); the
      draft's context K/V is injected for the committed path only, at sequential positions;
   7. sglang's GenerationBatchResult, with per-request tree statistics in `logits_output.customized_info["flashtree"]`
-     ([candidates, distinct candidates, tree size, accepted depth] per step; they reach the response's meta_info).
+     ([candidates, distinct candidates, tree size, accepted depth, verify width, simulated] per step; they reach the
+     response's meta_info; simulated: 1 when the step's length was drawn, simulate.py).
 
 Batches the step does not take go to DSPARK's own decode unchanged: idle batches (DSPARK's idle result), DP-attention
 coordination, sampled batches when N = 1 (DSPARK's chain rejection sampling uses the draft's probabilities and
@@ -39,9 +40,10 @@ import torch
 from flashtree.sampler import candidate_rows
 from flashtree.sampler.markov import markov_draws, new_state
 from flashtree.tree import build_tree, chain_tree, pad_tree, verify_inputs, walk_and_commit, walk_sampled_and_commit
+from flashtree.tree.simulate import simulated_walk_and_commit
 from flashtree.tree.types import VoteTree
 
-from . import checks, flashmap_draft, graph_draws
+from . import checks, flashmap_draft, graph_draws, simulate
 from .draft_rows import DraftRows, drafting
 from .stage_times import NoTimer, StageTimer
 from .state import TreePlan, TreeRun
@@ -90,6 +92,7 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeRun:
         noise=new_state(toggles.seed, device) if toggles.fused_sampler else None,
         timer=StageTimer(toggles.stage_times, device) if toggles.stage_times else None,
         draft_rows=DraftRows(adapter.proposer_with_rows(worker, rows)) if rows < gamma else None,
+        simulate=simulate.from_server(adapter, toggles, worker, gamma, device),
     )
     logger.info("flashtree tree path on (sglang %s): %s, W=%d, gamma=%d, depth=%d", adapter.release, toggles.describe(),
                 window, gamma, plan.depth)
@@ -264,7 +267,13 @@ def tree_step(run: TreeRun, worker, batch, on_publish):
     # moves). Paged KV: a slot's page offset is its position's, so the window stays put and the accepted nodes' target
     # KV is copied to offsets 1..accept_len. Then the draft context is injected for the committed tokens only.
     req_to_token = adapter.req_to_token(worker) if plan.page_size == 1 else None
-    result, commit = walk(run, tree, verified.logits, batch.sampling_info, req_to_token, batch.req_pool_indices, prefix)
+    if run.simulate is not None:  # profiling: a drawn length along one path of the tree (simulate.py)
+        accept = run.simulate.draw(bs, n, tree_w, run.generator)
+        result, commit = simulated_walk_and_commit(tree, verified.logits.view(bs, w, -1).argmax(dim=-1), accept,
+                                                   req_to_token, batch.req_pool_indices, prefix)
+    else:
+        result, commit = walk(run, tree, verified.logits, batch.sampling_info, req_to_token, batch.req_pool_indices,
+                              prefix)
     commit_lens = result.commit_len.to(torch.int32)
     timer.mark("walk")
 
@@ -289,7 +298,7 @@ def tree_step(run: TreeRun, worker, batch, on_publish):
     logits_output = verified.logits_output
     logits_output.hidden_states = None
     inputs.stats[:, 3] = result.accept_len
-    stats = DeferredRows(inputs.stats)
+    stats = DeferredRows(torch.cat([inputs.stats, run.row_tail(bs, w)], dim=1))
     info = dict(getattr(logits_output, "customized_info", None) or {})
     info[STATS_KEY] = stats
     logits_output.customized_info = info

@@ -68,6 +68,17 @@ class TreeRun:
     # Trees narrower than the window (budget, fixed width): width -> target verify graph runner (verify_widths.py).
     verify_runners: dict = field(default_factory=dict)
     draft_rows: object | None = None  # FLASHTREE_DRAFT_ROWS below gamma: the D-row forward (draft_rows.DraftRows)
+    simulate: object | None = None  # simulated acceptance's length source (simulate.py), None on a verified server
+    row_tails: dict = field(default_factory=dict)  # (bs, verify width) -> the statistics rows' fixed tail
+
+    def row_tail(self, bs: int, width: int) -> torch.Tensor:
+        """(bs, 2) int32 [verify width, simulated] of a step's statistics rows: fixed per shape, built once."""
+        tail = self.row_tails.get((bs, width))
+        if tail is None:
+            device = self.generator.device
+            tail = torch.tensor([[width, int(self.simulate is not None)]], dtype=torch.int32, device=device)
+            tail = self.row_tails[(bs, width)] = tail.expand(bs, 2).contiguous()
+        return tail
 
     def widths_for(self, bs: int) -> tuple[int, int]:
         return self.plan.widths_for(bs, self.verify_runners)

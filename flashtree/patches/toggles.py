@@ -150,6 +150,28 @@ class Name:
         return value
 
 
+@dataclass(frozen=True)
+class File:
+    """The path of an existing file (what is in it is checked where it is read), or 'none'."""
+
+    what: str
+
+    @property
+    def allowed(self) -> str:
+        return f"the path of {self.what}, or 'none'"
+
+    def __call__(self, raw: str) -> str:
+        text = raw.strip()
+        if text.lower() == "none":
+            return ""
+        if not Path(text).is_file():
+            raise ValueError
+        return text
+
+    def show(self, value: str) -> str:
+        return value or "none"
+
+
 def _policy_names() -> tuple[str, ...]:
     """The policies the server step can build: those that read the candidates alone (its draws compute no draft
     log-probabilities; `prob` and `best-first` run in the engine and replay)."""
@@ -164,7 +186,7 @@ def _policy_names() -> tuple[str, ...]:
 @dataclass(frozen=True)
 class Toggle:
     name: str  # the variable
-    parse: Ints | Number | Flag | Name
+    parse: Ints | Number | Flag | Name | File
     doc: str  # one line: what it does (the README table's last column)
     # "set": refused without FLASHTREE_TREE_N whatever its value; "on": refused without it when not the default
     needs_tree: str = ""
@@ -246,6 +268,12 @@ class TreeToggles:
         "FLASHTREE_GRAPH_DRAWS", Flag(), True,
         "draw the N candidate blocks inside DSPARK's captured draft CUDA graph (its draft-sampler tail hook) instead "
         "of eagerly; batches the graphs do not cover draw eagerly; see \"Graph draws\" below", "set")
+
+    simulate_acc: str = toggle(
+        "FLASHTREE_SIMULATE_ACC", File("an accept table (JSON, `python -m flashtree.engine.accept_table`)"), "",
+        "profiling only: each tree step commits a length drawn from the table's recorded acceptance for its shape, "
+        "along one path of the tree, instead of the verified one (without it, `SGLANG_SIMULATE_ACC_LEN` is honoured "
+        "as DSPARK honours it); see \"Simulated acceptance\" below", "set")
 
     @property
     def tree_enabled(self) -> bool:

@@ -39,7 +39,9 @@ from flashtree.patches.decode import STATS_KEY
 from flashtree.results import store
 from flashtree.tree import DEFAULT_POLICY
 
-LIVE_ROW = ("candidates", "distinct_candidates", "tree_size", "accept_len")  # one statistics row of the server
+# one statistics row of the server; rows of older servers stop after accept_len
+LIVE_ROW = ("candidates", "distinct_candidates", "tree_size", "accept_len", "verify_width", "simulated")
+STEP_FIELDS = LIVE_ROW[:4]  # those the steps table keeps
 
 
 def _stats_rows(request: dict) -> list[list[int]]:
@@ -67,7 +69,7 @@ def live_steps(requests: list[dict], config) -> pd.DataFrame:
         prompt_tokens = request["meta_info"].get("prompt_tokens")
         position = math.nan if prompt_tokens is None else int(prompt_tokens) + 1
         for step, values in enumerate(_stats_rows(request)):
-            row = dict(zip(LIVE_ROW, values))
+            row = dict(zip(STEP_FIELDS, values))
             out.append({"prompt": i, "request": i, "step": step, "position": position, "policy": policy, **row,
                         "committed": row["accept_len"] + 1, "oracle_len": math.nan, "accepted_path": None,
                         "accepted_depth_votes": None, **unknown_times})
@@ -97,6 +99,8 @@ def live_tables(requests: list[dict], config, *, k: int) -> tuple[pd.DataFrame, 
         **metrics.summarize(steps, prompts, k),
         "verify_steps": verify,
         "tau_server": float(prompts["new_tokens"].sum()) / verify if verify else math.nan,
+        # steps whose accepted length was drawn (FLASHTREE_SIMULATE_ACC / SGLANG_SIMULATE_ACC_LEN), not verified
+        "simulated_steps": sum(int(row[5]) for r in requests for row in _stats_rows(r) if len(row) > 5),
     }
     return steps, prompts, summary
 

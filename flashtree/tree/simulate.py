@@ -1,17 +1,57 @@
 """Simulated acceptance: commit a drawn number of draft tokens along one root-to-leaf path of the built tree.
 
-For profiling with random weights (sglang's `SGLANG_SIMULATE_ACC_LEN`), where a verified walk accepts almost nothing:
-the path follows each node's first listed child, which for trie-vote trees (nodes listed by depth, then first
-candidate) is candidate 0's path as far as it is kept, i.e. the draft's greedy block, DSPARK's chain block; it stops
-at `accept_len` nodes or a leaf. The bonus
-is the target's token at the path's last node, as in a verified walk. Fixed shapes, no host reads.
+For profiling with random weights (sglang's `SGLANG_SIMULATE_ACC_LEN`, flashtree's `FLASHTREE_SIMULATE_ACC`), where
+a verified walk accepts almost nothing: the path follows each node's first listed child, which for trie-vote trees
+(nodes listed by depth, then first candidate) is candidate 0's path as far as it is kept, i.e. the draft's greedy
+block, DSPARK's chain block; it stops at `accept_len` nodes or a leaf. The bonus is the target's token at the path's
+last node, as in a verified walk. Fixed shapes, no host reads.
+
+`simulated_walk` is the plain reference. `simulated_walk_and_commit` is what a server step runs: it hands the greedy
+walk (the fused walk + commit kernel on CUDA) target tokens that lead it down that path, then cuts the result at the
+drawn length, so a simulated step costs what a verified one does.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .types import VerifyResult, VoteTree
+from .dispatch import walk_and_commit
+from .types import CommitPlan, VerifyResult, VoteTree
+
+
+def simulated_targets(tree: VoteTree, target_tokens: torch.Tensor, accept_len: torch.Tensor) -> torch.Tensor:
+    """(bs, W) tokens whose greedy walk takes each node's first child while the node is shallower than `accept_len`
+    (bs,), and the target's own tokens (`target_tokens`, (bs, W)) from there on."""
+    bs, m = tree.tokens.shape
+    index = torch.arange(1, m + 1, device=tree.tokens.device).expand(bs, m)
+    parent = torch.where(tree.valid, tree.parents, m + 1)  # invalid nodes scatter into a spare column
+    first = torch.full((bs, m + 2), m + 1, dtype=torch.long, device=index.device)
+    first.scatter_reduce_(1, parent, index, reduce="amin")
+    first = first[:, : m + 1]  # node j's first child (m + 1: none)
+    node_tokens = torch.cat([tree.tokens, tree.tokens.new_zeros(bs, 1)], dim=1)  # column m: "no child"
+    lead = node_tokens.gather(1, (first - 1).clamp(min=0, max=m))
+    depth = torch.cat([tree.depth.new_zeros(bs, 1), tree.depth], dim=1)
+    follow = (first <= m) & (depth < accept_len.view(bs, 1).to(depth.dtype))
+    return torch.where(follow, lead, target_tokens)
+
+
+def simulated_walk_and_commit(tree: VoteTree, target_tokens: torch.Tensor, accept_len: torch.Tensor,
+                              req_to_token: torch.Tensor | None = None, rows: torch.Tensor | None = None,
+                              starts: torch.Tensor | None = None) -> tuple[VerifyResult, CommitPlan]:
+    """`walk_and_commit` along the first-child path, cut at `accept_len` (bs,) draft tokens: (VerifyResult,
+    CommitPlan). A walk that goes past the cut (the target's token at the cut node matches a child) is cut there;
+    the permutation lists the path first, so its first accept_len + 1 slots are the committed ones either way."""
+    guided = simulated_targets(tree, target_tokens, accept_len)
+    result, plan = walk_and_commit(tree, guided, req_to_token, rows, starts)
+    bs, k1 = result.tokens.shape
+    taken = torch.minimum(result.accept_len, accept_len.to(result.accept_len.dtype).clamp(min=0))
+    col = torch.arange(k1, device=taken.device).expand(bs, k1)
+    bonus = result.tokens.gather(1, taken.view(bs, 1)).view(bs)  # the target's token at the cut node (see above)
+    cut = VerifyResult(path=torch.where(col <= taken.view(bs, 1), result.path, -1), accept_len=taken, bonus=bonus,
+                       tokens=torch.where(col <= taken.view(bs, 1), result.tokens, -1))
+    plan = CommitPlan(permutation=plan.permutation, copy_src=plan.copy_src, copy_dst=plan.copy_dst,
+                      copy_mask=plan.copy_mask & (col[:, 1:] <= taken.view(bs, 1)), kv_len=taken + 1)
+    return cut, plan
 
 
 def simulated_walk(tree: VoteTree, target_tokens: torch.Tensor, accept_len: torch.Tensor) -> VerifyResult:

@@ -296,7 +296,7 @@ def tree_kernels():
 
 def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1, on_step=None, stage_times: int = 0,
         graph_max_bs: int | None = None, depth: int = 0, budget: int = 0, width: int = 0, capture_bs=None,
-        reserve: int = 0, draft_rows: int = 0):
+        reserve: int = 0, draft_rows: int = 0, simulate_acc_len: float = -1.0, simulate_acc: str = ""):
     """Decode `steps` tree steps. Greedy rows (all rows without sampling_info, else rows with top_k == 1) are checked
     token for token against the stand-in target's sequential greedy decode; every row's commit is checked for the
     req_to_token / KV layout, the draft-context injection and the step's bookkeeping. Returns (accept-length
@@ -306,7 +306,8 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
     verify graph runners "captured" at the batch sizes capture_bs (verify_widths.capture, as after init_cuda_graphs).
     reserve > 0: as under overlap scheduling, the host has no seq_lens sum, only DSPARK's reserved KV lengths
     (seq_lens + reserve on each request's draft input). draft_rows: FLASHTREE_DRAFT_ROWS (with graph_max_bs: the
-    D-row draft graphs captured as after init_cuda_graphs)."""
+    D-row draft graphs captured as after init_cuda_graphs). simulate_acc_len / simulate_acc: SGLANG_SIMULATE_ACC_LEN as
+    DSPARK read it / FLASHTREE_SIMULATE_ACC (then no row is checked against the greedy decode, only the layout)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.dspark_components.dspark_draft import make_next_draft_input
 
@@ -321,6 +322,7 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
         device="cpu",
         model_runner=types.SimpleNamespace(page_size=page_size, token_to_kv_pool=world),
         _proposer=types.SimpleNamespace(draft_model=types.SimpleNamespace(markov_head=real_markov_head())),
+        _simulate_acc_len=simulate_acc_len,
     )
     if reserve:  # the backend whose max_context_len caps the reserved-length bound
         worker.target_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(
@@ -328,7 +330,8 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
     if graph_max_bs is not None:
         standin_proposer(world, worker, graph_max_bs)
     toggles = TreeToggles(tree_n=n, seed=5, stage_times=stage_times, graph_draws=graph_max_bs is not None,
-                          tree_depth=depth, tree_budget=budget, tree_width=width, draft_rows=draft_rows)
+                          tree_depth=depth, tree_budget=budget, tree_width=width, draft_rows=draft_rows,
+                          simulate_acc=simulate_acc)
     state = create_state(adapter, toggles, worker)
     if capture_bs is not None:
         from flashtree.patches import verify_widths
@@ -347,6 +350,9 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
 
             rows_module.capture(state, worker)
     greedy_rows = [True] * bs if sampling_info is None else (sampling_info.top_ks <= 1).tolist()
+    simulated = state.simulate is not None
+    if simulated:
+        greedy_rows = [False] * bs
     seq_lens = torch.tensor([len(p) for p in prompts])
     bonus = torch.tensor([r[len(p)] for r, p in zip(refs, prompts)])
     generated = [[int(bonus[b])] for b in range(bs)]
@@ -401,6 +407,7 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
         drawn = state.plan.draws_for(bs)  # N, or fewer under a budget (the stand-in graphs run the tail at bs itself)
         assert [s[0] for s in stats] == [drawn] * bs and all(1 <= s[1] <= drawn and 1 <= s[2] <= W - 1 for s in stats)
         assert [s[3] for s in stats] == (commit - 1).tolist()
+        assert [s[4:] for s in stats] == [[state.widths_for(bs)[1], int(simulated)]] * bs
         if on_step is not None:
             on_step(res)
         seq_lens = res.new_seq_lens
@@ -1100,3 +1107,39 @@ def test_draft_rows_without_draft_graphs_run_eagerly():
     with draft_rows.drafting(types.SimpleNamespace(draft_rows=None), worker) as proposer:
         assert proposer is None  # DSPARK's own proposer
 
+
+
+@pytest.mark.parametrize("length, accepted", [(1.0, 0), (2.6, 2), (4.0, 3), (50.0, GAMMA)])
+def test_sglang_simulated_length_commits_along_one_path_of_the_tree(length, accepted):
+    """SGLANG_SIMULATE_ACC_LEN on a tree server: each step accepts what the release's DSPARK verify would (0.5.17: the
+    constant round(min(max(L - 1, 0), gamma)); 0.5.20 / 0.5.23: one draw per step, 'match-expected' between the two
+    nearest lengths), capped by the depth of the tree's first-child path; the KV layout stays exact."""
+    adapter = adapters.select_adapter()
+    accepts, state, _gen, _world = run(n=4, steps=12, simulate_acc_len=length)
+    assert state.simulate is not None and sum(accepts.values()) == 12 * BS
+    if adapter.release == "0.5.17":
+        assert set(accepts) <= set(range(accepted + 1)) and accepts[accepted] > 0, sorted(accepts.items())
+    else:
+        lo = max(0, int(length) - 1)
+        assert set(accepts) <= {lo, min(lo + 1, GAMMA)} | set(range(lo)), sorted(accepts.items())
+
+
+def test_recorded_simulated_lengths_follow_the_table(tmp_path):
+    """FLASHTREE_SIMULATE_ACC: per request, a length drawn from the table's distribution for the step's shape (the
+    nearest recorded one), cut where the tree's path ends; each row is marked simulated."""
+    from flashtree.planner.accept_table import AcceptTable
+
+    table = tmp_path / "accept.json"
+    AcceptTable({(4, W): (1, 0, 3), (64, 64): (0, 0, 0, 1)}).save(table)
+    accepts, state, _gen, _world = run(n=4, steps=40, simulate_acc=str(table))
+    # 0 or 2 as the table draws them (1: a draw of 2 where the tree's first-child path is one node deep)
+    assert set(accepts) <= {0, 1, 2} and accepts[2] + accepts[1] > 2 * accepts[0] > 0, sorted(accepts.items())
+
+
+def test_a_bad_accept_table_stops_the_server(tmp_path):
+    from flashtree.patches.toggles import ToggleError
+
+    bad = tmp_path / "accept.json"
+    bad.write_text('{"format": "flashtree-accept-table", "version": 1, "shapes": []}')
+    with pytest.raises(ToggleError, match=r"FLASHTREE_SIMULATE_ACC: accept table .*accept.json: no shapes"):
+        run(n=4, steps=1, simulate_acc=str(bad))

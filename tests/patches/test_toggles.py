@@ -286,3 +286,15 @@ def test_sglang_plugin_loader_installs_tree_path():
     out = _run(prep + code, FLASHTREE_TREE_N="4", SGLANG_PLUGINS="flashtree")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "DSparkWorkerV2._forward_decode Scheduler._add_request_to_queue" in out.stdout
+
+
+def test_simulate_acc_needs_an_existing_file(tmp_path):
+    table = tmp_path / "accept.json"
+    table.write_text("{}")
+    assert read_toggles({"FLASHTREE_TREE_N": "8", "FLASHTREE_SIMULATE_ACC": str(table)}).simulate_acc == str(table)
+    assert read_toggles({"FLASHTREE_TREE_N": "8", "FLASHTREE_SIMULATE_ACC": "none"}).simulate_acc == ""
+    with pytest.raises(ToggleError, match=r"FLASHTREE_SIMULATE_ACC='/no/such.json' is invalid; allowed: the path of an "
+                                          r"accept table"):
+        read_toggles({"FLASHTREE_TREE_N": "8", "FLASHTREE_SIMULATE_ACC": "/no/such.json"})
+    with pytest.raises(ToggleError, match="FLASHTREE_SIMULATE_ACC is set but FLASHTREE_TREE_N is unset"):
+        read_toggles({"FLASHTREE_SIMULATE_ACC": str(table)})

@@ -36,3 +36,31 @@ def test_wanted_lengths_are_per_request_and_capped_by_the_tree():
     res = simulated_walk(tree, torch.zeros(4, 9, dtype=torch.long), want)
     assert (res.accept_len <= want).all() and (res.accept_len <= tree.k).all()
     assert res.accept_len[0] == 0 and res.accept_len[1] == 2
+
+
+def test_the_guided_walk_commits_what_the_reference_commits():
+    """The server's simulated step (the greedy walk, led down the first-child path, cut at the drawn length) gives the
+    reference's path, tokens and bonus, on random trees of both server policies and targets that sometimes match."""
+    from flashtree.tree import build_tree
+    from flashtree.tree.simulate import simulated_walk_and_commit
+
+    g = torch.Generator().manual_seed(3)
+    for trial in range(40):
+        bs, n, k, w = 3, int(torch.randint(1, 9, (1,), generator=g)), int(torch.randint(1, 7, (1,), generator=g)), 8
+        cands = torch.randint(0, 3, (bs, n, k), generator=g)
+        tree = build_tree(cands, w, "vote")
+        target = torch.randint(0, 3, (bs, w), generator=g)  # small vocabulary: the cut node's target often matches
+        want = torch.randint(0, k + 2, (bs,), generator=g)
+        ref = simulated_walk(tree, target, want)
+        table = torch.arange(bs * 20).view(bs, 20)
+        starts = torch.tensor([1, 2, 3])
+        got, plan = simulated_walk_and_commit(tree, target, want, table, torch.arange(bs), starts)
+        assert torch.equal(got.accept_len, ref.accept_len), trial
+        assert torch.equal(got.path, ref.path), trial
+        assert torch.equal(got.bonus, ref.bonus), trial
+        assert torch.equal(got.tokens, ref.tokens), trial
+        assert torch.equal(plan.kv_len, ref.accept_len + 1)
+        for b in range(bs):  # the committed slots lead the rewritten window, in path order
+            d = int(ref.accept_len[b])
+            window = table[b, int(starts[b]):][: d + 1] - (b * 20 + int(starts[b]))
+            assert window.tolist() == ref.path[b, : d + 1].tolist(), trial

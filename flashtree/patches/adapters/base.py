@@ -87,6 +87,17 @@ class SglangAdapter:
     def gamma(self, worker) -> int:
         return int(worker.verify_num_draft_tokens) - 1
 
+    def simulate_acc_len(self, worker) -> float:
+        """The worker's SGLANG_SIMULATE_ACC_LEN as DSPARK read it (<= 0: off)."""
+        return float(getattr(worker, "_simulate_acc_len", -1.0))
+
+    def simulated_correct_len(self, simulate_acc_len: float, gamma: int) -> int:
+        """One step's simulated accepted draft tokens, drawn as DSPARK's verify draws them (0.5.20, 0.5.23: once per
+        step and batch, by SGLANG_SIMULATE_ACC_METHOD)."""
+        spec_utils = "sglang.srt.speculative.spec_utils"
+        draw = resolve(f"{spec_utils}:sample_simulated_acc_len")
+        return int(draw(simulate_acc_len, resolve(f"{spec_utils}:SIMULATE_ACC_METHOD"), gamma + 1)) - 1
+
     def page_size(self, worker) -> int:
         return int(getattr(worker.model_runner, "page_size", 1) or 1)
 

@@ -27,6 +27,10 @@ class Adapter(SglangAdapter):
         Lacks(f"{REQ}._cap_finished_len_at_max_new_tokens"),  # 0.5.20's fix of the stop check (finish.py)
     )
 
+    def simulated_correct_len(self, simulate_acc_len: float, gamma: int) -> int:
+        # 0.5.17's DSPARK verify commits a constant: round(min(max(L - 1, 0), gamma)) draft tokens every step.
+        return int(round(min(max(simulate_acc_len - 1.0, 0.0), float(gamma))))
+
     def embed_module(self, worker):
         # 0.5.17's proposer always embeds the block with the target's input embeddings.
         return worker.target_worker.model_runner.model.get_input_embeddings()

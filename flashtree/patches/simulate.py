@@ -1,0 +1,81 @@
+"""Simulated acceptance on a tree server, for profiling with random weights (`--load-format dummy`).
+
+Two sources, the first as DSPARK's chain has it:
+  - sglang's `SGLANG_SIMULATE_ACC_LEN` (and `SGLANG_SIMULATE_ACC_METHOD`): every tree step accepts the draft tokens
+    DSPARK's verify would accept on this release (the adapter draws them as DSPARK does: 0.5.17 a constant
+    round(min(max(L - 1, 0), gamma)), 0.5.20 / 0.5.23 one draw per step and batch); DSPARK's own steps on the server
+    (fallbacks, the planner's chain choice) keep sglang's override;
+  - `FLASHTREE_SIMULATE_ACC=<accept table>` (`flashtree.planner.accept_table`): each request's length is drawn from
+    what steps of the tree's shape accepted on a real model, so trees accept their own τ while DSPARK's steps on
+    the same server take sglang's length, if set.
+Either way the step commits along one root-to-leaf path of the built tree, capped by its depth
+(`flashtree.tree.simulate`), through the same walk kernel as a verified step; no host reads. The server warns once
+at start and every statistics row says the step was simulated.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from flashtree.planner import accept_table
+
+from .toggles import ToggleError
+
+logger = logging.getLogger("flashtree.patches")
+
+
+class SglangLength:
+    """SGLANG_SIMULATE_ACC_LEN's accepted draft tokens, drawn per step as the release's DSPARK verify draws them."""
+
+    def __init__(self, adapter, simulate_acc_len: float, gamma: int, device):
+        self.adapter, self.length, self.gamma = adapter, simulate_acc_len, gamma
+        self.buf = torch.zeros(1, dtype=torch.long, device=device)
+
+    def draw(self, bs: int, n: int, width: int, generator) -> torch.Tensor:
+        self.buf.fill_(self.adapter.simulated_correct_len(self.length, self.gamma))  # host int: no device read
+        return self.buf.expand(bs)
+
+    def describe(self) -> str:
+        return f"SGLANG_SIMULATE_ACC_LEN={self.length:g} (as DSPARK's verify draws it on sglang {self.adapter.release})"
+
+
+class RecordedLength:
+    """Per request, a length drawn from the accept table's distribution for the step's shape."""
+
+    def __init__(self, table: accept_table.AcceptTable, path: str, device):
+        self.table, self.path, self.device = table, path, device
+        self.probs: dict[tuple[int, int], torch.Tensor] = {}
+
+    def draw(self, bs: int, n: int, width: int, generator) -> torch.Tensor:
+        probs = self.probs.get((n, width))
+        if probs is None:
+            probs = torch.tensor(self.table.probs(n, width), dtype=torch.float32, device=self.device)
+            self.probs[(n, width)] = probs
+            shape = self.table.nearest(n, width)
+            logger.info("flashtree: simulated tree steps of N=%d, W=%d draw from the table's N=%d, W=%d (tau %.3f)",
+                        n, width, *shape, self.table.tau(n, width))
+        return torch.multinomial(probs, bs, replacement=True, generator=generator)
+
+    def describe(self) -> str:
+        return f"FLASHTREE_SIMULATE_ACC={self.path} ({self.table.source}; shapes {sorted(self.table.counts)})"
+
+
+def from_server(adapter, toggles, worker, gamma: int, device):
+    """The step's simulated lengths (None: a verified server). Raises ToggleError for a table it cannot use."""
+    if toggles.simulate_acc:
+        try:
+            source = RecordedLength(accept_table.load(toggles.simulate_acc), toggles.simulate_acc, device)
+        except accept_table.BadAcceptTable as err:
+            raise ToggleError(f"flashtree: FLASHTREE_SIMULATE_ACC: {err}; allowed: a table written by python -m "
+                              "flashtree.engine.accept_table, or unset FLASHTREE_SIMULATE_ACC") from None
+    else:
+        length = adapter.simulate_acc_len(worker)
+        if length <= 0:
+            return None
+        source = SglangLength(adapter, length, gamma, device)
+        source.draw(1, 1, 2, None)  # the release's draw function resolves now, not at the first step
+    logger.warning("flashtree: SIMULATED ACCEPTANCE: tree steps commit a drawn number of draft tokens, not the "
+                   "verified ones (%s); outputs are not the model's, only the timing is meaningful", source.describe())
+    return source

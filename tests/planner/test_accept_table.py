@@ -1,0 +1,72 @@
+"""Accept tables: written from an exact replay of the shipped recording, read back with every problem named."""
+
+import json
+
+import pytest
+
+from flashtree.engine.accept_table import accept_table, main, parse_shapes
+from flashtree.engine.replay import Recording, replay
+from flashtree.files import load_torch
+from flashtree.planner.accept_table import AcceptTable, BadAcceptTable, load
+
+RECORDING = "benchmarks/recordings/smollm2-dspark-gsm8k.pt"
+SHIPPED = "benchmarks/data/simulate/smollm2-dspark-gsm8k.json"
+
+
+@pytest.fixture(scope="module")
+def recordings():
+    return [Recording(**r) for r in load_torch(RECORDING, "recording")["recordings"][:4]]
+
+
+def test_counts_are_the_replay_s_accept_lengths_and_tau_matches(recordings):
+    table = accept_table(recordings, [(1, 8), (8, 16)])
+    for n, w in [(1, 8), (8, 16)]:
+        steps = [s.accept_len for rec in recordings for s in replay(rec, n, w)]
+        assert sum(table.counts[(n, w)]) == len(steps)
+        assert table.tau(n, w) == pytest.approx(1 + sum(steps) / len(steps))
+    assert table.tau(8, 16) > table.tau(1, 8)  # trees accept more than the chain on the real drafter
+
+
+def test_the_shipped_table_loads_and_nearest_shapes_prefer_the_width():
+    table = load(SHIPPED)
+    assert table.nearest(8, 16) == (8, 16)
+    assert table.nearest(64, 16) == (32, 16)  # same width first
+    assert table.nearest(8, 12)[1] in (8, 16)
+    assert table.tau(1, 8) < table.tau(8, 8) < table.tau(32, 32)
+
+
+def test_save_load_round_trip(tmp_path):
+    t = AcceptTable({(4, 8): (1, 2, 3)}, source="x")
+    t.save(tmp_path / "a.json")
+    assert load(tmp_path / "a.json") == t
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{", "not JSON"),
+    ('{"format": "other", "version": 1}', "not a flashtree-accept-table file"),
+    ('{"format": "flashtree-accept-table", "version": 1, "shapes": []}', "no shapes"),
+    ('{"format": "flashtree-accept-table", "version": 1, "shapes": [{"n": 4}]}', r"shapes\[0\] needs integer"),
+    ('{"format": "flashtree-accept-table", "version": 1, "shapes": [{"n": 4, "width": 8, "counts": [0, 0]}]}',
+     "not all 0"),
+])
+def test_bad_tables_name_the_file_and_the_problem(tmp_path, text, message):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(BadAcceptTable, match=message) as err:
+        load(path)
+    assert str(path) in str(err.value)
+    with pytest.raises(BadAcceptTable, match="cannot read it"):
+        load(tmp_path / "missing.json")
+
+
+def test_the_command_writes_a_table(tmp_path, capsys):
+    out = tmp_path / "t.json"
+    main([RECORDING, "--shapes", "1x8,4x8", "--out", str(out)])
+    assert sorted(load(out).counts) == [(1, 8), (4, 8)]
+    assert "wrote" in capsys.readouterr().out
+    assert json.loads(out.read_text())["format"] == "flashtree-accept-table"
+    for bad in ("8", "0x8", "8x1"):
+        with pytest.raises(ValueError, match="NxW"):
+            parse_shapes(bad)
+    with pytest.raises(SystemExit):
+        main([RECORDING, "--shapes", "64x64", "--out", str(out)])  # the recording holds 32 candidates
