@@ -35,6 +35,8 @@ def patches(adapter: SglangAdapter, toggles: TreeToggles) -> list[Patch]:
         out.append(Patch(resolve(f"{TRITON}:TritonAttnBackend"), "__init__",
                          lambda orig: exact_verify.make_triton_init(orig, adapter.exact_declined),
                          "TritonAttnBackend.__init__"))
+    if toggles.simulate_acc:
+        out.append(_simulated_chain_patch(adapter, toggles))
     if adapter.stops_after_length and (toggles.tree_enabled or toggles.exact_verify or toggles.splitkv_verify):
         from . import finish
 
@@ -71,6 +73,17 @@ def _tree_patches(adapter: SglangAdapter, toggles: TreeToggles) -> list[Patch]:
               lambda orig: _TaggableFrozenSet(orig - {"TritonAttnBackend"}),
               "dflash_utils._DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS"),
     ]
+
+
+def _simulated_chain_patch(adapter: SglangAdapter, toggles: TreeToggles) -> Patch:
+    from . import simulate
+
+    adapter.require(base.SIMULATED_CHAIN_PROBES, "FLASHTREE_SIMULATE_ACC", "none (sglang's SGLANG_SIMULATE_ACC_LEN)")
+    simulate.check_chain_simulation(adapter.env_simulate_acc_len())
+    table = simulate.load_table(toggles.simulate_acc)  # a bad table stops the server here, before any patch
+    return Patch(resolve(f"{base.VERIFY}:TargetVerifyExecutor"), "_simulated_correct_len",
+                 lambda orig: simulate.make_chain_correct_len(table, toggles.simulate_acc, toggles.seed),
+                 "TargetVerifyExecutor._simulated_correct_len")
 
 
 def _splitkv_patch(adapter: SglangAdapter) -> Patch:

@@ -8,7 +8,10 @@ Two sources, the first as DSPARK's chain has it:
   - `FLASHTREE_SIMULATE_ACC=<accept table>` (`flashtree.planner.accept_table`): each request's length is drawn from
     what steps of the tree's shape accepted on a real model, so trees accept their own τ while DSPARK's steps on
     the same server take sglang's length, if set.
-Either way the step commits along one root-to-leaf path of the built tree, capped by its depth
+With the table, DSPARK's own chain steps draw from it too (its chain shape: N = 1, W = its window), by replacing the
+per-request length of DSPARK's simulate path (`TargetVerifyExecutor._simulated_correct_len`, sglang 0.5.17 / 0.5.20),
+which runs when `SGLANG_SIMULATE_ACC_LEN` > 0: so a chain server and a tree server compare at the τ each reaches.
+Either way a tree step commits along one root-to-leaf path of the built tree, capped by its depth
 (`flashtree.tree.simulate`), through the same walk kernel as a verified step; no host reads. The server warns once
 at start and every statistics row says the step was simulated.
 """
@@ -62,14 +65,43 @@ class RecordedLength:
         return f"FLASHTREE_SIMULATE_ACC={self.path} ({self.table.source}; shapes {sorted(self.table.counts)})"
 
 
+def load_table(path: str) -> accept_table.AcceptTable:
+    try:
+        return accept_table.load(path)
+    except accept_table.BadAcceptTable as err:
+        raise ToggleError(f"flashtree: FLASHTREE_SIMULATE_ACC: {err}; allowed: a table written by python -m "
+                          "flashtree.engine.accept_table, or unset FLASHTREE_SIMULATE_ACC") from None
+
+
+def check_chain_simulation(sglang_length: float) -> None:
+    """DSPARK takes a simulated length only on its simulate path, which SGLANG_SIMULATE_ACC_LEN > 0 turns on."""
+    if not sglang_length > 0:
+        raise ToggleError(
+            "flashtree: FLASHTREE_SIMULATE_ACC draws DSPARK's chain lengths through sglang's simulate path, which is "
+            f"off (SGLANG_SIMULATE_ACC_LEN={sglang_length:g}); allowed: set SGLANG_SIMULATE_ACC_LEN=1 as well (any "
+            "value > 0; flashtree's table replaces the length), or unset FLASHTREE_SIMULATE_ACC")
+
+
+def make_chain_correct_len(table: accept_table.AcceptTable, path: str, seed: int):
+    """TargetVerifyExecutor._simulated_correct_len drawing each request's accepted length from the table's chain
+    shape (N = 1 over DSPARK's window)."""
+
+    def _simulated_correct_len(self, *, bs, dtype, device):
+        source = getattr(self, "_flashtree_simulated", None)
+        if source is None:
+            generator = torch.Generator(device=device)
+            generator.manual_seed(seed)
+            source = self._flashtree_simulated = (RecordedLength(table, path, device), generator)
+        lengths, generator = source
+        return lengths.draw(bs, 1, int(self.gamma) + 1, generator).clamp(max=int(self.gamma)).to(dtype)
+
+    return _simulated_correct_len
+
+
 def from_server(adapter, toggles, worker, gamma: int, device):
     """The step's simulated lengths (None: a verified server). Raises ToggleError for a table it cannot use."""
     if toggles.simulate_acc:
-        try:
-            source = RecordedLength(accept_table.load(toggles.simulate_acc), toggles.simulate_acc, device)
-        except accept_table.BadAcceptTable as err:
-            raise ToggleError(f"flashtree: FLASHTREE_SIMULATE_ACC: {err}; allowed: a table written by python -m "
-                              "flashtree.engine.accept_table, or unset FLASHTREE_SIMULATE_ACC") from None
+        source = RecordedLength(load_table(toggles.simulate_acc), toggles.simulate_acc, device)
     else:
         length = adapter.simulate_acc_len(worker)
         if length <= 0:

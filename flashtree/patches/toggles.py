@@ -271,9 +271,9 @@ class TreeToggles:
 
     simulate_acc: str = toggle(
         "FLASHTREE_SIMULATE_ACC", File("an accept table (JSON, `python -m flashtree.engine.accept_table`)"), "",
-        "profiling only: each tree step commits a length drawn from the table's recorded acceptance for its shape, "
-        "along one path of the tree, instead of the verified one (without it, `SGLANG_SIMULATE_ACC_LEN` is honoured "
-        "as DSPARK honours it); see \"Simulated acceptance\" below", "set")
+        "profiling only (with `SGLANG_SIMULATE_ACC_LEN=1`): every step, DSPARK's chain steps (N = 1) and tree steps, "
+        "commits a length drawn from the table's recorded acceptance for its shape instead of the verified one "
+        "(without it tree steps honour `SGLANG_SIMULATE_ACC_LEN` as DSPARK does); see \"Simulated acceptance\" below")
 
     @property
     def tree_enabled(self) -> bool:

@@ -387,3 +387,39 @@ def test_budget_on_a_release_without_its_hooks_is_refused_untouched(monkeypatch)
     with pytest.raises(ToggleError, match="FLASHTREE_TREE_BUDGET / FLASHTREE_TREE_WIDTH cannot hook sglang .*no_such_capture_hook"):
         patches.install(TreeToggles(tree_n=4, tree_budget=64))
     assert diff(before, snapshot()) == set() and installer.installed_keys() == []
+
+
+def test_simulated_chain_draws_dspark_lengths_from_the_table(monkeypatch, sglang_release, tmp_path):
+    """FLASHTREE_SIMULATE_ACC alone (a chain server): DSPARK's simulate path takes each request's length from the
+    table's chain shape (N = 1 over its window), capped at gamma; without SGLANG_SIMULATE_ACC_LEN it is refused, and on
+    a release without a per-request simulated length too, leaving sglang untouched."""
+    import torch
+
+    from flashtree.patches.toggles import ToggleError
+    from flashtree.planner.accept_table import AcceptTable
+
+    table = tmp_path / "accept.json"
+    AcceptTable({(1, 8): (1, 0, 0, 3), (8, 8): (0, 1)}).save(table)
+    toggles = TreeToggles(simulate_acc=str(table))
+    executor = owner("sglang.srt.speculative.dspark_components.dspark_verify:TargetVerifyExecutor")
+    before = dict(vars(executor))
+    monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", "1")
+    if sglang_release == "0.5.23":
+        with pytest.raises(ToggleError, match="FLASHTREE_SIMULATE_ACC cannot hook sglang 0.5.23"):
+            patches.install(toggles)
+        assert dict(vars(executor)) == before
+        return
+    monkeypatch.delenv("SGLANG_SIMULATE_ACC_LEN")
+    with pytest.raises(ToggleError, match="set SGLANG_SIMULATE_ACC_LEN=1 as well"):
+        patches.install(toggles)
+    assert dict(vars(executor)) == before and patches.installed() == []
+    monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", "1")
+    try:
+        assert "TargetVerifyExecutor._simulated_correct_len" in patches.install(toggles)
+        verify = types.SimpleNamespace(gamma=7)
+        drawn = executor._simulated_correct_len(verify, bs=4000, dtype=torch.int32, device=torch.device("cpu"))
+        assert drawn.dtype == torch.int32 and drawn.shape == (4000,) and set(drawn.tolist()) == {0, 3}
+        assert 0.7 < float((drawn == 3).float().mean()) < 0.8
+    finally:
+        patches.uninstall()
+    assert dict(vars(executor)) == before

@@ -91,6 +91,10 @@ class SglangAdapter:
         """The worker's SGLANG_SIMULATE_ACC_LEN as DSPARK read it (<= 0: off)."""
         return float(getattr(worker, "_simulate_acc_len", -1.0))
 
+    def env_simulate_acc_len(self) -> float:
+        """SGLANG_SIMULATE_ACC_LEN as sglang's envs read it (what DSPARK's worker will read)."""
+        return float(resolve("sglang.srt.environ:envs").SGLANG_SIMULATE_ACC_LEN.get())
+
     def simulated_correct_len(self, simulate_acc_len: float, gamma: int) -> int:
         """One step's simulated accepted draft tokens, drawn as DSPARK's verify draws them (0.5.20, 0.5.23: once per
         step and batch, by SGLANG_SIMULATE_ACC_METHOD)."""
@@ -401,6 +405,11 @@ COMMON_PROBES = (
 
 # What the narrower verify graphs of FLASHTREE_TREE_BUDGET / FLASHTREE_TREE_WIDTH need (checked only when one is set;
 # verify_widths.py).
+# FLASHTREE_SIMULATE_ACC on DSPARK's own steps: its verify's simulated length, per request (0.5.17, 0.5.20)
+SIMULATED_CHAIN_PROBES = (
+    Sig(f"{VERIFY}:TargetVerifyExecutor._simulated_correct_len", ("self", "bs", "dtype", "device")),
+)
+
 NARROW_VERIFY_PROBES = (
     Has(
         "sglang.srt.model_executor.runner.decode_cuda_graph_runner:DecodeCudaGraphRunner.__init__",
