@@ -218,8 +218,10 @@ def part_markov():
     from flashtree.sampler.markov import candidate_rows, new_state
     from flashtree.sampler.triton_markov import markov_draws_triton
 
+    # SmolLM2's head (V 49152, rank 32), then Qwen3-8B's DSPARK head (V 151936, rank 256) at the live batch sizes
     for bs, n, k, v, rank in [(1, 8, 7, 49152, 32), (8, 8, 7, 49152, 32), (32, 8, 7, 49152, 32),
-                              (64, 8, 7, 49152, 32), (1, 8, 15, 151936, 64)]:
+                              (64, 8, 7, 49152, 32), (1, 8, 15, 151936, 64), (1, 8, 7, 151936, 256),
+                              (8, 8, 7, 151936, 256), (32, 8, 7, 151936, 256), (64, 8, 7, 151936, 256)]:
         base = (torch.randn(bs, k, v, device="cuda") * 3).bfloat16()
         w1 = torch.randn(v, rank, device="cuda").bfloat16()
         w2 = (torch.randn(v, rank, device="cuda") / rank**0.5).bfloat16()
@@ -239,7 +241,8 @@ def part_markov():
         row = dict(kind="markov_draws", bs=bs, n=n, k=k, vocab=v, rank=rank, dtype="bf16",
                    torch_graph_us=try_graph(peer), torch_wall_us=host_and_wall_us(peer)[1])
         # launch variants: (vocabulary tile, rows per program); None = the shipped choice
-        variants = [(None, 16), (128, 16), (256, 16), (256, 32)]
+        variants = [(None, 16), (128, 16), (256, 16), (256, 32)] if rank <= 64 else [(None, 16), (64, 16), (128, 32),
+                                                                                     (64, 64)]
         for block_v, block_rows in variants:
             tag = f"{block_v or 'auto'}x{block_rows}"
             mine = lambda: markov_draws_triton(base, anchor, w1, w2, n, inv, greedy, state,  # noqa: E731

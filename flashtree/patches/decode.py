@@ -251,6 +251,11 @@ def tree_step(run: TreeRun, worker, batch, on_publish):
         candidates = draw_candidates(run, worker, draft.base_logits[:, :k], anchor, hidden, n)
         path = "eager"
     run.draw_paths[path] = run.draw_paths.get(path, 0) + 1
+    if run.simulate is not None:
+        # Random weights' candidates disagree from their first token, so their tree is all depth-1 nodes and no
+        # drawn length could be committed along it: a simulated step builds from N copies of candidate 0 (the same
+        # shapes and kernels), whose path reaches the full depth.
+        candidates = candidates[:, :1].expand_as(candidates)
     timer.mark("draws")
     tree = pad_tree(build_tree(candidates, tree_w, policy=plan.policy), w, n)
     if w < plan.width:  # a narrower verify graph: the first w slots of DSPARK's window

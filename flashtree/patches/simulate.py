@@ -11,7 +11,9 @@ Two sources, the first as DSPARK's chain has it:
 With the table, DSPARK's own chain steps draw from it too (its chain shape: N = 1, W = its window), by replacing the
 per-request length of DSPARK's simulate path (`TargetVerifyExecutor._simulated_correct_len`, sglang 0.5.17 / 0.5.20),
 which runs when `SGLANG_SIMULATE_ACC_LEN` > 0: so a chain server and a tree server compare at the τ each reaches.
-Either way a tree step commits along one root-to-leaf path of the built tree, capped by its depth
+Random weights' candidates disagree from their first token (a tree of them is all depth-1 nodes), so a simulated
+tree step builds its tree from N copies of candidate 0 (same shapes, same kernels) and its path reaches the full
+depth. Either way a tree step commits along one root-to-leaf path of the built tree, capped by its depth
 (`flashtree.tree.simulate`), through the same walk kernel as a verified step; no host reads. The server warns once
 at start and every statistics row says the step was simulated.
 """

@@ -1,7 +1,8 @@
 """Fused Triton kernel for `flashtree.sampler.markov.markov_draws`: a block's N Markov draws in K launches.
 
-Launch j (grid: vocabulary tiles x row blocks) is step j for all rows. Each program loads its rows' step j - 1 tokens
-(the anchor at j = 0), gathers w1[prev], forms its tile of w2 @ w1[prev] with one `tl.dot`, adds the base logits,
+Launch j (grid: vocabulary tiles) is step j for all rows. Each program loads its tile of w2 once, then per block of
+rows loads their step j - 1 tokens (the anchor at j = 0), gathers w1[prev], forms its tile of w2 @ w1[prev] with one
+`tl.dot`, adds the base logits,
 rounds as sglang's torch ops would, adds in-kernel Philox Gumbel noise on sampled rows and writes its tile's maximum
 and argmax per row; the row block's last program to finish (a ticket counter) merges the tiles into the step's tokens.
 The last launch's last program advances the noise state's call counter. Against the torch ops DSPARK's Markov head
@@ -11,6 +12,8 @@ ticket counters are shared with the row sampler's (zero between launches): calls
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -43,48 +46,56 @@ def _markov_step_kernel(
     ROWS, V, N, K, step, NT, BLOCKS,
     R: tl.constexpr, RP: tl.constexpr, BR: tl.constexpr, BV: tl.constexpr, NTP: tl.constexpr,
     FIRST: tl.constexpr, LAST: tl.constexpr, BIAS_DT: tl.constexpr, SUM_DT: tl.constexpr, PREC: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
+    # One program per vocabulary tile: its w2 tile is read once per step and every row block streams past it (a
+    # program per (tile, row block) re-read all of w2 per row block: 78 MB per 16 rows at Qwen3-8B's rank 256).
     pv = tl.program_id(0)
-    pb = tl.program_id(1)
-    rows = pb * BR + tl.arange(0, BR)
-    live = rows < ROWS
-    if FIRST:
-        prev = tl.load(anchor_ptr + rows // N, mask=live, other=0).to(tl.int64)
-    else:  # the previous launch's merge wrote them
-        prev = tl.load(out_ptr + rows * K + step - 1, mask=live, other=0)
     calls = tl.load(state_ptr + 1)
     c = tl.arange(0, RP)
-    emb = tl.load(w1_ptr + prev[:, None] * stride_w1 + c[None, :], mask=live[:, None] & (c[None, :] < R), other=0.0)
     cols = pv * BV + tl.arange(0, BV)
     in_v = cols < V
     w2t = tl.load(w2_ptr + cols[None, :].to(tl.int64) * stride_w2 + c[:, None],
                   mask=in_v[None, :] & (c[:, None] < R), other=0.0)
-    # sglang's bias is a GEMM in the weights' dtype and its sum with the base logits is rounded to the promoted
-    # dtype: round the same way so greedy rows pick what DSPARK's own step picks (bf16 / fp16 weights are exact in
-    # tf32, so the float32 dot loses nothing)
-    bias = tl.dot(emb.to(tl.float32), w2t.to(tl.float32), input_precision=PREC).to(BIAS_DT).to(tl.float32)
-    req = (rows // N).to(tl.int64)
-    base = tl.load(base_ptr + req[:, None] * stride_bb + step * stride_bk + cols[None, :],
-                   mask=live[:, None] & in_v[None, :], other=0.0).to(tl.float32)
-    logits = (base + bias).to(SUM_DT).to(tl.float32)
-    invt = tl.load(invt_ptr + rows, mask=live, other=1.0)
-    greedy = tl.load(greedy_ptr + rows, mask=live, other=1) != 0
-    z = tl.zeros((BR, BV), dtype=tl.uint32)
-    u = _uniform(tl.load(state_ptr), (z + cols[None, :]).to(tl.uint32), (z + rows[:, None]).to(tl.uint32),
-                 (z + step).to(tl.uint32), (z + calls).to(tl.uint32))
-    score = tl.where(greedy[:, None], logits, logits * invt[:, None] - tl.log(-tl.log(u)))
-    score = tl.where(in_v[None, :], score, -float("inf"))
-    tmax, targ = tl.max(score, axis=1, return_indices=True)
-    tl.store(pmax_ptr + rows * NT + pv, tmax, mask=live)
-    tl.store(parg_ptr + rows * NT + pv, pv * BV + targ, mask=live)
-    tl.debug_barrier()  # the partials' stores happen-before this program's release below
-    # the row block's last program to finish merges its tiles (ticket counters are zero between launches)
-    if tl.atomic_add(ticket_ptr + pb, 1, sem="acq_rel") == NT - 1:
-        tl.store(ticket_ptr + pb, 0)
-        tl.store(out_ptr + rows * K + step, _merge_tiles(pmax_ptr, parg_ptr, rows, live, NT, NTP).to(tl.int64),
-                 mask=live)
+    for pb in range(0, BLOCKS):
+        rows = pb * BR + tl.arange(0, BR)
+        live = rows < ROWS
+        if FIRST:
+            prev = tl.load(anchor_ptr + rows // N, mask=live, other=0).to(tl.int64)
+        else:  # the previous launch's merge wrote them
+            prev = tl.load(out_ptr + rows * K + step - 1, mask=live, other=0)
+        emb = tl.load(w1_ptr + prev[:, None] * stride_w1 + c[None, :], mask=live[:, None] & (c[None, :] < R),
+                      other=0.0)
+        # sglang's bias is a GEMM in the weights' dtype, accumulated in float32, and its sum with the base logits is
+        # rounded to the promoted dtype: the same here, so greedy rows pick what DSPARK's own step picks (products of
+        # bf16 / fp16 weights are exact in the float32 accumulator)
+        if UPCAST:
+            bias = tl.dot(emb.to(tl.float32), w2t.to(tl.float32), input_precision=PREC)
+        else:
+            bias = tl.dot(emb, w2t, out_dtype=tl.float32)
+        bias = bias.to(BIAS_DT).to(tl.float32)
+        req = (rows // N).to(tl.int64)
+        base = tl.load(base_ptr + req[:, None] * stride_bb + step * stride_bk + cols[None, :],
+                       mask=live[:, None] & in_v[None, :], other=0.0).to(tl.float32)
+        logits = (base + bias).to(SUM_DT).to(tl.float32)
+        invt = tl.load(invt_ptr + rows, mask=live, other=1.0)
+        greedy = tl.load(greedy_ptr + rows, mask=live, other=1) != 0
+        z = tl.zeros((BR, BV), dtype=tl.uint32)
+        u = _uniform(tl.load(state_ptr), (z + cols[None, :]).to(tl.uint32), (z + rows[:, None]).to(tl.uint32),
+                     (z + step).to(tl.uint32), (z + calls).to(tl.uint32))
+        score = tl.where(greedy[:, None], logits, logits * invt[:, None] - tl.log(-tl.log(u)))
+        score = tl.where(in_v[None, :], score, -float("inf"))
+        tmax, targ = tl.max(score, axis=1, return_indices=True)
+        tl.store(pmax_ptr + rows * NT + pv, tmax, mask=live)
+        tl.store(parg_ptr + rows * NT + pv, pv * BV + targ, mask=live)
+        tl.debug_barrier()  # the partials' stores happen-before this program's release below
+        # the row block's last tile to finish merges its tiles (ticket counters are zero between launches)
+        if tl.atomic_add(ticket_ptr + pb, 1, sem="acq_rel") == NT - 1:
+            tl.store(ticket_ptr + pb, 0)
+            tl.store(out_ptr + rows * K + step, _merge_tiles(pmax_ptr, parg_ptr, rows, live, NT, NTP).to(tl.int64),
+                     mask=live)
     if LAST:  # the launch's very last program advances the call counter: every program has read it by then
-        if tl.atomic_add(ticket_ptr + BLOCKS, 1, sem="acq_rel") == NT * BLOCKS - 1:
+        if tl.atomic_add(ticket_ptr + BLOCKS, 1, sem="acq_rel") == NT - 1:
             tl.store(ticket_ptr + BLOCKS, 0)
             tl.store(state_ptr + 1, calls + 1)
 
@@ -101,10 +112,9 @@ def markov_draws_triton(base_logits, anchor, w1, w2, n, inv_temperature, greedy,
     anchor, inv_temperature, greedy = anchor.contiguous(), inv_temperature.contiguous(), greedy.contiguous()
     w1, w2 = w1.contiguous(), w2.contiguous()
     out = torch.empty((bs, n, k), dtype=torch.int64, device=dev)
-    # H200, bf16 (BENCHMARKS.md, kernels): at one request's 8 rows 128-token tiles win for V = 49152 (82 vs 102 µs) and
-    # lose for V = 151936 (946 vs 641: the merge reads twice the tiles); 256 from 8 requests up; 16 rows per program
-    # beat 32 at 256 and 512 rows (694 vs 900, 1365 vs 1644 µs)
-    block_v = block_v or (128 if rows <= 16 and v <= 65536 else 256)
+    # The w2 tile stays in registers while the row blocks stream past it: R x BV elements, so a wide rank takes
+    # narrower tiles (Qwen3-8B's DSPARK head: rank 256)
+    block_v = block_v or (128 if rank > 64 or (rows <= 16 and v <= 65536) else 256)
     nt = triton.cdiv(v, block_v)
     pmax = torch.empty((rows, nt), dtype=torch.float32, device=dev)
     parg = torch.empty((rows, nt), dtype=torch.int32, device=dev)
@@ -116,9 +126,11 @@ def markov_draws_triton(base_logits, anchor, w1, w2, n, inv_temperature, greedy,
         R=rank, RP=max(16, triton.next_power_of_2(rank)), BR=br, BV=block_v, NTP=max(16, triton.next_power_of_2(nt)),
         BIAS_DT=_TL_DTYPES[w2.dtype], SUM_DT=_TL_DTYPES[sum_dtype],
         PREC="ieee" if w2.dtype == torch.float32 else "tf32", num_warps=num_warps,
+        # float32 weights take the ieee dot; Triton's interpreter computes bf16 / fp16 dots wrongly, so it upcasts
+        UPCAST=w2.dtype == torch.float32 or os.environ.get("TRITON_INTERPRET") == "1",
     )
     for j in range(k):
-        _markov_step_kernel[(nt, blocks)](
+        _markov_step_kernel[(nt,)](
             base_logits, base_logits.stride(0), base_logits.stride(1), anchor, w1, w1.stride(0), w2, w2.stride(0),
             inv_temperature, greedy, pmax, parg, tickets, out, state, rows, v, n, k, j, nt, blocks,
             FIRST=j == 0, LAST=j == k - 1, **meta,
