@@ -670,6 +670,38 @@ def test_narrow_trees_verify_at_a_narrower_captured_width(budget, width, capture
     assert max(sizes) == verify_w - 1 and max(accepts) >= 2, (sorted(sizes.items()), sorted(accepts.items()))
 
 
+class FailingCapture(StandInGraphRunner):
+    """A graph runner whose capture at another width fails, as an out-of-memory capture does on a GPU."""
+
+    def __init__(self, model_runner, *, attn_backend=None, speculative_num_draft_tokens=None, capture_bs=None):
+        if attn_backend is not None:
+            raise RuntimeError("CUDA out of memory")
+        super().__init__(model_runner, capture_bs=capture_bs)
+
+
+@pytest.mark.parametrize("budget, width, named", [
+    (8, 0, r"FLASHTREE_TREE_BUDGET=8 needs target verify CUDA graphs at width 2, .*unset FLASHTREE_TREE_BUDGET \("),
+    (0, 4, r"FLASHTREE_TREE_WIDTH=4 needs target verify CUDA graphs at width 4, .*unset FLASHTREE_TREE_WIDTH \("),
+    (8, 4, "FLASHTREE_TREE_WIDTH=4 with FLASHTREE_TREE_BUDGET=8 needs .*unset FLASHTREE_TREE_WIDTH and "
+           "FLASHTREE_TREE_BUDGET"),
+], ids=["budget", "width", "both"])
+def test_a_failed_narrow_verify_capture_stops_the_server(budget, width, named):
+    """The narrower verify graphs exist only because a toggle asked for them: a capture that fails stops the server
+    with one message naming the toggle, the error and what to do (it was a warning, and a server without them)."""
+    from flashtree.patches import verify_widths
+
+    worker = types.SimpleNamespace(
+        verify_num_draft_tokens=W, device="cpu", model_runner=types.SimpleNamespace(page_size=1, token_to_kv_pool=None),
+    )
+    state = create_state(adapters.select_adapter(), TreeToggles(tree_n=4, tree_budget=budget, tree_width=width), worker)
+    worker.model_runner.attn_backend = StandInAttnBackend(worker.model_runner)
+    worker.model_runner.decode_cuda_graph_runner = FailingCapture(worker.model_runner, capture_bs=[1, 2, 4])
+    with pytest.raises(SystemExit) as exc:
+        verify_widths.capture(state, worker)
+    assert re.search(named, str(exc.value)) and "failed (RuntimeError: CUDA out of memory)" in str(exc.value)
+    assert "--cuda-graph-max-bs" in str(exc.value)
+
+
 def test_budget_draws_fewer_candidates_in_the_draft_graph_tail():
     """FLASHTREE_TREE_BUDGET with graph draws: the draft graph's tail at 3 requests draws ceil(N * w / W) = 4 of N = 5
     candidates per request (w = 12 // 3 = 4, W = 6), the step builds its 4-token trees from those 4 and verifies them
@@ -1100,3 +1132,30 @@ def test_draft_rows_without_draft_graphs_run_eagerly():
     with draft_rows.drafting(types.SimpleNamespace(draft_rows=None), worker) as proposer:
         assert proposer is None  # DSPARK's own proposer
 
+
+
+def test_a_failed_draft_rows_capture_stops_the_server():
+    """FLASHTREE_DRAFT_ROWS below gamma asks for draft graphs at that many rows: a capture that fails stops the server
+    naming the toggle, the error and what to do (it was a warning, and every draft forward then ran eagerly); DSPARK's
+    tail hooks are restored first."""
+    from flashtree.patches import draft_rows
+
+    class FailingDraftCapture(StandInDraftGraphRunner):
+        def __init__(self, model_runner, *, attn_backend=None, speculative_num_draft_tokens=None):
+            if speculative_num_draft_tokens != W:
+                raise RuntimeError("CUDA out of memory")
+            super().__init__(model_runner, speculative_num_draft_tokens=speculative_num_draft_tokens)
+
+    dspark_hooks = ["DSPARK's tail"]
+    dmr = types.SimpleNamespace(capture_tail_hooks=[])
+    dmr.attn_backend = StandInAttnBackend(dmr)
+    dmr.decode_cuda_graph_runner = FailingDraftCapture(dmr, speculative_num_draft_tokens=W)
+    dmr.capture_tail_hooks = dspark_hooks
+    worker = types.SimpleNamespace(draft_model_runner=dmr, _draft_context=contextlib.nullcontext)
+    path = draft_rows.DraftRows(proposer="d-row proposer")
+    state = types.SimpleNamespace(draft_rows=path, plan=types.SimpleNamespace(forward_rows=4, gamma=GAMMA))
+    with pytest.raises(SystemExit, match=rf"FLASHTREE_DRAFT_ROWS=4 needs draft CUDA graphs captured at 4 rows, and "
+                                         rf"capturing them failed \(RuntimeError: CUDA out of memory\); unset "
+                                         rf"FLASHTREE_DRAFT_ROWS \(DSPARK's {GAMMA} rows and graphs\)"):
+        draft_rows.capture(state, worker)
+    assert dmr.capture_tail_hooks is dspark_hooks and path.runner is None
