@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import re
 import types
 from collections import Counter
@@ -451,6 +452,41 @@ def test_tree_step_matches_sequential_greedy_decode(monkeypatch, graph_max_bs):
     assert all(accepts[d] > 0 for d in range(GAMMA)), f"not rejected at every depth: {sorted(accepts.items())}"
     assert sum(v for d, v in accepts.items() if d >= 2) > 0, sorted(accepts.items())
     assert seen["non_first_deep"] > 0, "no acceptance of depth >= 2 through a branch other than the first child"
+
+
+@pytest.mark.parametrize("graph_max_bs", [8, 2], ids=["graph-draws", "graph-draws-above-captured-bs"])
+def test_graph_draws_falling_back_to_eager_draws_say_so_once(caplog, graph_max_bs):
+    """With FLASHTREE_GRAPH_DRAWS=1, tree steps whose draft forward ran eagerly (a batch above the captured draft
+    graphs) draw their candidates eagerly: one warning with the reason, however many such steps (it said nothing)."""
+    with caplog.at_level(logging.WARNING, logger="flashtree.patches"):
+        _accepts, state, _gen, _world = run(n=4, steps=6, graph_max_bs=graph_max_bs)
+    said = [r.getMessage() for r in caplog.records if "drawn eagerly" in r.getMessage()]
+    if graph_max_bs >= BS:
+        assert said == [] and state.draw_paths == {"graph": state.steps}
+        return
+    assert state.draw_paths == {"eager": state.steps} and state.steps > 1
+    assert said == [
+        f"flashtree: FLASHTREE_GRAPH_DRAWS=1, but a batch of {BS} requests ran its draft forward eagerly (no captured "
+        "draft graph took it: above --cuda-graph-max-bs, or a batch sglang's graphs do not run), so its N candidates "
+        "were drawn eagerly (logged once)"
+    ]
+
+
+def test_eager_draws_under_a_max_bs_name_the_limit(caplog):
+    """A replayed graph captured without the draws (its size above FLASHTREE_TREE_MAX_BS's buffer) is the other
+    reason, logged once too."""
+    from flashtree.patches import graph_draws
+
+    run_state = types.SimpleNamespace(eager_draws_logged=set())
+    draws = types.SimpleNamespace(covers=lambda bs: False, max_bs=4)
+    with caplog.at_level(logging.WARNING, logger="flashtree.patches"):
+        for bs in (3, 4, 3):
+            graph_draws.note_eager(run_state, draws, bs)
+    assert [r.getMessage() for r in caplog.records] == [
+        "flashtree: FLASHTREE_GRAPH_DRAWS=1, but the draft graph a batch of 3 requests replays was captured without "
+        "the draws (its size is above the 4 requests FLASHTREE_TREE_MAX_BS sized the draw buffers to), so its N "
+        "candidates were drawn eagerly (logged once)"
+    ]
 
 
 @GRAPH_MODES
