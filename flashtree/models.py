@@ -54,6 +54,7 @@ def load_target(
     `cache_dir` is flashtree's cache root (the SmolLM2 checkpoint lives in `<root>/models/smollm2-135m`).
     `seed` only matters for the tiny random models.
     """
+    dtype = target_dtype(dtype)
     kind = target_kind(name)
     if kind == "smollm2":
         path = smollm2_checkpoint(cache_dir)
@@ -61,6 +62,19 @@ def load_target(
     if kind == "tiny":
         return tiny_target(name, dtype=dtype, seed=seed)
     return _from_pretrained(os.path.expanduser(name) if kind == "folder" else name, dtype)
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def target_dtype(dtype) -> torch.dtype:
+    """`dtype` as a torch dtype: one of DTYPES or its name (a name would otherwise reach `.to()`, which reads a string
+    as a device: "Invalid device string: 'bfloat16'"). ValueError for anything else."""
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    if dtype in DTYPES.values():
+        return dtype
+    raise ValueError(f"dtype {dtype!r}: use one of {', '.join(DTYPES)} (a torch dtype or its name)")
 
 
 def target_kind(name: str) -> str:

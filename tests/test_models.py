@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import time
 
 import pytest
@@ -107,3 +108,13 @@ def test_a_missing_checkpoint_folder_is_named_as_such():
     for name in ("/missing/dir", "./missing", "~/missing/model", "a/b/c"):
         with pytest.raises(FileNotFoundError, match=f"target '{name}': no such local checkpoint folder"):
             load_target(name)
+
+
+def test_a_dtype_is_a_torch_dtype_or_its_name():
+    """A dtype name loads as that dtype; anything else is named (a string reached `.to()` as a device before:
+    "Invalid device string: 'bfloat16'")."""
+    model, _ = load_target("tiny-llama", dtype="bfloat16")
+    assert model.dtype == torch.bfloat16
+    for bad in ("bf16", "cuda", torch.int64, 16):
+        with pytest.raises(ValueError, match=rf"dtype {re.escape(repr(bad))}: use one of float32, bfloat16, float16"):
+            load_target("tiny-llama", dtype=bad)

@@ -16,7 +16,7 @@ from flashtree.live import grammar, identity, sampled, speed
 from flashtree.live.commands import Instance, all_instances, phase_instances, shell_line
 from flashtree.live.config import LiveConfig, to_live_config
 from flashtree.live.prompts import Prompts, load
-from flashtree.live.servers import ServerManager, ServerStartError
+from flashtree.live.servers import ServerManager, ServerStartError, launch_environ
 from flashtree.live.tables import request_record, write_tables
 
 STAGE_LINE = "stage times"  # FLASHTREE_STAGE_TIMES log lines
@@ -169,6 +169,8 @@ def run(cfg) -> int:
     raw = cfg
     cfg = cfg if isinstance(cfg, LiveConfig) else to_live_config(cfg)
     plan = phase_instances(cfg)
+    for inst in all_instances(plan):
+        launch_environ(inst)  # a server whose toggles could not take effect stops the run before any server starts
     print(describe(cfg, plan), flush=True)
     if cfg.live.dry_run:
         return 0

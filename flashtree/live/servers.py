@@ -15,12 +15,22 @@ from pathlib import Path
 
 from flashtree.live.commands import HOST, Instance
 from flashtree.live.http_json import healthy
+from flashtree.patches.toggles import refuse_excluded_plugin
 
 LOG_TAIL_LINES = 30
 
 
 class ServerStartError(RuntimeError):
     """A server died while starting or was not healthy in time; the message names it and quotes its log."""
+
+
+def launch_environ(inst: Instance) -> dict[str, str]:
+    """The environment `inst`'s server starts with: this process's without any FLASHTREE_* toggle, plus the instance's
+    own. ToggleError where its toggles could not take effect (SGLANG_PLUGINS leaving flashtree out)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHTREE_")}
+    env.update(inst.env)
+    refuse_excluded_plugin(env)
+    return env
 
 
 def free_port() -> int:
@@ -70,10 +80,10 @@ class ServerManager:
 
     def environment(self, inst: Instance) -> dict[str, str]:
         """This process's environment without any FLASHTREE_* toggle, plus the instance's own."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHTREE_")}
+        env = launch_environ(inst)
         cache = self.work_dir / "tvmffi" / inst.name  # one JIT cache per server: concurrent starts race on a shared one
         cache.mkdir(parents=True, exist_ok=True)
-        env.update(TVM_FFI_CACHE_DIR=str(cache), FT_PROFILE_TAG=inst.name, **inst.env)
+        env.update(TVM_FFI_CACHE_DIR=str(cache), FT_PROFILE_TAG=inst.name)
         return env
 
     def start(self, inst: Instance) -> Running:

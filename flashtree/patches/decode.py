@@ -250,6 +250,8 @@ def tree_step(run: TreeRun, worker, batch, on_publish):
         hidden = None if draft.draft_hidden is None else draft.draft_hidden[:, :k]
         candidates = draw_candidates(run, worker, draft.base_logits[:, :k], anchor, hidden, n)
         path = "eager"
+        if sampler is not None:
+            graph_draws.note_eager(run, sampler.flashtree_draws, bs)
     run.draw_paths[path] = run.draw_paths.get(path, 0) + 1
     if run.simulate is not None:
         # Random weights' candidates disagree from their first token, so their tree is all depth-1 nodes and no

@@ -24,6 +24,8 @@ import logging
 import types
 from dataclasses import dataclass
 
+from .toggles import ToggleError
+
 logger = logging.getLogger("flashtree.patches")
 
 
@@ -36,8 +38,9 @@ class DraftRows:
 
 
 def capture(run, worker) -> None:
-    """The D-row draft graphs of `run.draft_rows` (after DSPARK's init_cuda_graphs); without them (a server without
-    draft graphs, or a failed capture) D-row forwards run eagerly."""
+    """The D-row draft graphs of `run.draft_rows` (after DSPARK's init_cuda_graphs). A server without draft graphs runs
+    the D-row forwards eagerly; a failed capture stops the server (ToggleError): without those graphs every tree step's
+    draft forward would run eagerly, which the toggle was not set for."""
     path = run.draft_rows
     rows, gamma = run.plan.forward_rows, run.plan.gamma
     dmr = worker.draft_model_runner
@@ -56,13 +59,15 @@ def capture(run, worker) -> None:
             backend = type(dmr.attn_backend)(dmr)
             # a DSPARK draft runner captures num_draft_tokens - 1 rows per request
             path.runner = type(main)(dmr, attn_backend=backend, speculative_num_draft_tokens=rows + 1)
-    except Exception as err:  # noqa: BLE001 - the D-row forwards then run eagerly
-        logger.warning("flashtree: capturing the draft graphs at %d rows failed (%s: %s); tree steps run their "
-                       "%d-row draft forward eagerly", rows, type(err).__name__, err, rows)
+    except Exception as err:  # noqa: BLE001 - any capture failure: one message naming the toggle
+        raise ToggleError(
+            f"flashtree: FLASHTREE_DRAFT_ROWS={rows} needs draft CUDA graphs captured at {rows} rows, and capturing "
+            f"them failed ({type(err).__name__}: {err}); unset FLASHTREE_DRAFT_ROWS (DSPARK's {gamma} rows and "
+            "graphs), or leave the capture more GPU memory (a lower --cuda-graph-max-bs or --mem-fraction-static)"
+        ) from None
     finally:
         dmr.capture_tail_hooks = saved
-    logger.info("flashtree: tree steps' draft forward over %d of DSPARK's %d rows (%s)", rows, gamma,
-                "graphs captured" if path.runner is not None else "eager")
+    logger.info("flashtree: tree steps' draft forward over %d of DSPARK's %d rows (graphs captured)", rows, gamma)
 
 
 def tail_hook(sampler, rows: int):

@@ -233,6 +233,23 @@ def sampler_of(worker):
     return sampler if isinstance(sampler, FlashtreeSamplerMixin) else None
 
 
+def note_eager(run, draws: GraphDraws, bs: int) -> None:
+    """A tree step with graph draws on drew its candidates eagerly: logged once per reason (run.draw_paths counts
+    the steps; FLASHTREE_STAGE_TIMES lines show them)."""
+    kind = "eager forward" if draws.covers(bs) else "graph without draws"
+    if kind in run.eager_draws_logged:
+        return
+    run.eager_draws_logged.add(kind)
+    if kind == "eager forward":
+        reason = (f"a batch of {bs} requests ran its draft forward eagerly (no captured draft graph took it: above "
+                  "--cuda-graph-max-bs, or a batch sglang's graphs do not run)")
+    else:
+        reason = (f"the draft graph a batch of {bs} requests replays was captured without the draws (its size is "
+                  f"above the {draws.max_bs} requests FLASHTREE_TREE_MAX_BS sized the draw buffers to)")
+    logger.warning("flashtree: FLASHTREE_GRAPH_DRAWS=1, but %s, so its N candidates were drawn eagerly (logged once)",
+                   reason)
+
+
 @contextlib.contextmanager
 def dspark_proposes_eagerly(worker, bs: int):
     """Around a step of DSPARK's own decode over bs requests: where its graph may be a lean one (bs <= lean_bs) the

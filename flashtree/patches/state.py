@@ -64,6 +64,7 @@ class TreeRun:
     graph_draws: object | None = None
     graph_draws_off: str | None = "FLASHTREE_GRAPH_DRAWS=0"
     draw_paths: dict = field(default_factory=dict)  # steps whose N draws came from the graph tail / ran eagerly
+    eager_draws_logged: set = field(default_factory=set)  # why graph-draw steps drew eagerly, as logged (note_eager)
     chain_trees: dict = field(default_factory=dict)  # bs -> (chain VoteTree, zero anchors) for stage_chain_mask
     # Trees narrower than the window (budget, fixed width): width -> target verify graph runner (verify_widths.py).
     verify_runners: dict = field(default_factory=dict)

@@ -360,6 +360,26 @@ def read_toggles(environ: Mapping[str, str] | None = None) -> TreeToggles | None
     return toggles
 
 
+PLUGIN = "flashtree"  # the plugin's name in sglang's entry-point group sglang.srt.plugins (pyproject.toml)
+
+
+def refuse_excluded_plugin(environ: Mapping[str, str]) -> None:
+    """For a launcher, before it starts a server with `environ`: FLASHTREE_* toggles set while SGLANG_PLUGINS (sglang's
+    allow-list of plugin names, read as sglang's load_plugins reads it) leaves flashtree out raise ToggleError. sglang
+    then never imports the plugin, so no flashtree code runs in that server to refuse (README, "Server command")."""
+    plugins = environ.get("SGLANG_PLUGINS", "")
+    if not plugins or PLUGIN in {name.strip() for name in plugins.split(",")}:
+        return
+    if read_toggles(environ) is None:
+        return
+    named = ", ".join(name for name in TOGGLES if environ.get(name, "").strip())
+    raise ToggleError(
+        f"flashtree: {named} set, but SGLANG_PLUGINS={plugins!r} leaves out the {PLUGIN} plugin, so sglang would "
+        f"never load it and the server would run DSPARK's chain; add {PLUGIN} to SGLANG_PLUGINS, unset SGLANG_PLUGINS, "
+        "or unset the toggles"
+    )
+
+
 # ---- the README's toggle table
 
 

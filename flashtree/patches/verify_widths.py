@@ -23,12 +23,16 @@ from __future__ import annotations
 import contextlib
 import logging
 
+from .toggles import ToggleError
+
 logger = logging.getLogger("flashtree.patches")
 
 
 def capture(run, worker) -> None:
     """Capture a verify runner on the target's model runner (run.verify_runners) for each width below DSPARK's
-    window that the trees take at a captured batch size (`TreePlan.width_for`: the budget's or the fixed width)."""
+    window that the trees take at a captured batch size (`TreePlan.width_for`: the budget's or the fixed width).
+    A failed capture stops the server (ToggleError): those widths exist only because a toggle asked for them, and
+    without their graphs its narrower trees would verify padded to the window, saving nothing."""
     plan = run.plan
     main = getattr(worker.model_runner, "decode_cuda_graph_runner", None)
     if main is None:
@@ -38,13 +42,24 @@ def capture(run, worker) -> None:
         try:
             backend = type(model_runner.attn_backend)(model_runner)
             run.verify_runners[w] = type(main)(model_runner, attn_backend=backend, speculative_num_draft_tokens=w)
-        except Exception as err:  # noqa: BLE001 - keep the widths captured so far; their batches pad as before
-            logger.warning("flashtree: capturing the target verify graphs at width %d failed (%s: %s); batches that "
-                           "need it verify at a wider captured width", w, type(err).__name__, err)
-            break
+        except Exception as err:  # noqa: BLE001 - any capture failure: one message naming the toggles
+            toggles = asked(plan.toggles)
+            settings = " with ".join(f"{k}={v}" for k, v in toggles.items())
+            raise ToggleError(
+                f"flashtree: {settings} needs target verify CUDA graphs at width {w}, and capturing them failed "
+                f"({type(err).__name__}: {err}); unset {' and '.join(toggles)} (trees at DSPARK's window "
+                f"W={plan.width}), or leave the capture more GPU memory (a lower --cuda-graph-max-bs or "
+                "--mem-fraction-static)"
+            ) from None
     logger.info("flashtree: target verify graphs at widths %s besides W=%d (batch sizes %s; tree width %d, budget %d)",
                 sorted(run.verify_runners) or "none", plan.width, list(main.capture_bs), plan.tree_width,
                 plan.toggles.tree_budget)
+
+
+def asked(toggles) -> dict[str, int]:
+    """The toggles set that ask for narrower verify widths -> their values."""
+    values = {"FLASHTREE_TREE_WIDTH": toggles.tree_width, "FLASHTREE_TREE_BUDGET": toggles.tree_budget}
+    return {k: v for k, v in values.items() if v}
 
 
 @contextlib.contextmanager

@@ -32,6 +32,14 @@ def check_tokens(name: str, tokens: torch.Tensor, *, dims: int, vocab: int | Non
             raise ValueError(f"{name} holds token id {high}, outside the vocabulary of {vocab}")
 
 
+def check_tree_vocab(tree, vocab: int) -> None:
+    """The tree's nodes hold token ids the target's logits cover (CPU trees: a content check)."""
+    if tree.tokens.device.type == "cpu" and bool(tree.valid.any()):
+        high = int(tree.tokens[tree.valid].max())
+        if high >= vocab:
+            raise ValueError(f"tree holds token id {high}, outside target_logits' vocabulary of {vocab}")
+
+
 def check_width(width) -> None:
     if isinstance(width, bool) or not isinstance(width, int) or width < 2:
         raise ValueError(f"width must be an int >= 2 (the root plus at least one node), got {width!r}")

@@ -11,7 +11,7 @@ import torch
 
 from .. import sampler
 from . import build, commit, encode, verify
-from .checks import check_logits, check_sampling, check_tokens, check_width
+from .checks import check_logits, check_sampling, check_tokens, check_tree_vocab, check_width
 from .types import CommitPlan, VerifyInputs, VerifyResult, VoteTree
 
 
@@ -73,6 +73,7 @@ def verify_sampled(tree: VoteTree, target_logits: torch.Tensor, temperature, gen
                    top_p=None) -> VerifyResult:
     """`verify.verify_sampled` (the lossless target-only walk) with the row sampler and the walk kernels on CUDA."""
     check_logits("target_logits", target_logits)
+    check_tree_vocab(tree, target_logits.shape[-1])
     check_sampling(temperature, top_k, top_p)
     draws = verify.node_draws(tree, target_logits, temperature, generator, top_k, top_p, sample_rows=sampler.sample_rows)
     return verify_greedy(tree, draws)

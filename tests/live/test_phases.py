@@ -254,3 +254,16 @@ def test_live_runs_log_to_wandb_as_sweep_runs_do(tmp_path):
     run_dir = runs / "speed-tree8-c1"
     assert offline_runs(run_dir), "an offline W&B run next to the tables"
     assert json.loads((run_dir / "summary.json").read_text())["wandb"]["mode"] == "offline"
+
+
+def test_the_app_refuses_tree_servers_sglang_plugins_would_drop(tmp_path, monkeypatch, capsys):
+    """SGLANG_PLUGINS leaving flashtree out: the run stops before it prints its plan or starts a server (a dry run too),
+    naming the server's toggles and SGLANG_PLUGINS."""
+    monkeypatch.setenv("SGLANG_PLUGINS", "someone-else")
+    cfg = to_live_config(compose("run=[identity]", "phases.identity.servers=[plain,tree8]", "live.dry_run=true",
+                                 f"live.out_dir={tmp_path}"))
+    with pytest.raises(SystemExit, match=r"FLASHTREE_TREE_N.* set, but SGLANG_PLUGINS='someone-else' leaves out"):
+        app.run(cfg)
+    assert capsys.readouterr().out == ""
+    monkeypatch.setenv("SGLANG_PLUGINS", "someone-else,flashtree")
+    assert app.run(cfg) == 0

@@ -70,3 +70,19 @@ def test_server_environment_drops_inherited_toggles(tmp_path, monkeypatch):
     env = ServerManager(tmp_path, work_dir=tmp_path / "work").environment(inst)
     assert "FLASHTREE_TREE_N" not in env and env["FLASHTREE_SPLITKV_VERIFY"] == "1" and env["KEEP_ME"] == "1"
     assert env["TVM_FFI_CACHE_DIR"] == str(tmp_path / "work" / "tvmffi" / "t") and os.path.isdir(env["TVM_FFI_CACHE_DIR"])
+
+
+def test_a_server_whose_toggles_sglang_plugins_would_drop_is_refused(tmp_path, monkeypatch):
+    """sglang never loads an excluded plugin, so a tree server under an SGLANG_PLUGINS that leaves flashtree out would
+    come up as DSPARK's chain with no word: the manager refuses to start it, naming both variables."""
+    monkeypatch.setenv("SGLANG_PLUGINS", "other")
+    tree = fake("t", "plain")
+    tree.env.update(FLASHTREE_TREE_N="8")
+    manager = ServerManager(tmp_path, work_dir=tmp_path / "work")
+    with pytest.raises(SystemExit, match=r"FLASHTREE_TREE_N set, but SGLANG_PLUGINS='other' leaves out the flashtree "
+                                         r"plugin.*add flashtree to SGLANG_PLUGINS"):
+        manager.start(tree)
+    assert manager.running == {}
+    assert manager.environment(fake("p", "plain"))["SGLANG_PLUGINS"] == "other"  # no toggles: nothing to refuse
+    monkeypatch.setenv("SGLANG_PLUGINS", "other,flashtree")
+    assert manager.environment(tree)["FLASHTREE_TREE_N"] == "8"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import re
 import types
 from collections import Counter
@@ -460,6 +461,41 @@ def test_tree_step_matches_sequential_greedy_decode(monkeypatch, graph_max_bs):
     assert seen["non_first_deep"] > 0, "no acceptance of depth >= 2 through a branch other than the first child"
 
 
+@pytest.mark.parametrize("graph_max_bs", [8, 2], ids=["graph-draws", "graph-draws-above-captured-bs"])
+def test_graph_draws_falling_back_to_eager_draws_say_so_once(caplog, graph_max_bs):
+    """With FLASHTREE_GRAPH_DRAWS=1, tree steps whose draft forward ran eagerly (a batch above the captured draft
+    graphs) draw their candidates eagerly: one warning with the reason, however many such steps (it said nothing)."""
+    with caplog.at_level(logging.WARNING, logger="flashtree.patches"):
+        _accepts, state, _gen, _world = run(n=4, steps=6, graph_max_bs=graph_max_bs)
+    said = [r.getMessage() for r in caplog.records if "drawn eagerly" in r.getMessage()]
+    if graph_max_bs >= BS:
+        assert said == [] and state.draw_paths == {"graph": state.steps}
+        return
+    assert state.draw_paths == {"eager": state.steps} and state.steps > 1
+    assert said == [
+        f"flashtree: FLASHTREE_GRAPH_DRAWS=1, but a batch of {BS} requests ran its draft forward eagerly (no captured "
+        "draft graph took it: above --cuda-graph-max-bs, or a batch sglang's graphs do not run), so its N candidates "
+        "were drawn eagerly (logged once)"
+    ]
+
+
+def test_eager_draws_under_a_max_bs_name_the_limit(caplog):
+    """A replayed graph captured without the draws (its size above FLASHTREE_TREE_MAX_BS's buffer) is the other
+    reason, logged once too."""
+    from flashtree.patches import graph_draws
+
+    run_state = types.SimpleNamespace(eager_draws_logged=set())
+    draws = types.SimpleNamespace(covers=lambda bs: False, max_bs=4)
+    with caplog.at_level(logging.WARNING, logger="flashtree.patches"):
+        for bs in (3, 4, 3):
+            graph_draws.note_eager(run_state, draws, bs)
+    assert [r.getMessage() for r in caplog.records] == [
+        "flashtree: FLASHTREE_GRAPH_DRAWS=1, but the draft graph a batch of 3 requests replays was captured without "
+        "the draws (its size is above the 4 requests FLASHTREE_TREE_MAX_BS sized the draw buffers to), so its N "
+        "candidates were drawn eagerly (logged once)"
+    ]
+
+
 @GRAPH_MODES
 def test_trees_wider_than_their_depth_fill_the_window(graph_max_bs):
     """FLASHTREE_TREE_DEPTH = 3 below gamma = 5: the candidates keep 3 draft positions, the trees fill DSPARK's whole
@@ -675,6 +711,38 @@ def test_narrow_trees_verify_at_a_narrower_captured_width(budget, width, capture
     assert sorted(state.verify_runners) == widths and state.widths_for(BS) == (verify_w, verify_w)
     assert all(r.width == w and r.capture_bs == capture_bs for w, r in state.verify_runners.items())
     assert max(sizes) == verify_w - 1 and max(accepts) >= 2, (sorted(sizes.items()), sorted(accepts.items()))
+
+
+class FailingCapture(StandInGraphRunner):
+    """A graph runner whose capture at another width fails, as an out-of-memory capture does on a GPU."""
+
+    def __init__(self, model_runner, *, attn_backend=None, speculative_num_draft_tokens=None, capture_bs=None):
+        if attn_backend is not None:
+            raise RuntimeError("CUDA out of memory")
+        super().__init__(model_runner, capture_bs=capture_bs)
+
+
+@pytest.mark.parametrize("budget, width, named", [
+    (8, 0, r"FLASHTREE_TREE_BUDGET=8 needs target verify CUDA graphs at width 2, .*unset FLASHTREE_TREE_BUDGET \("),
+    (0, 4, r"FLASHTREE_TREE_WIDTH=4 needs target verify CUDA graphs at width 4, .*unset FLASHTREE_TREE_WIDTH \("),
+    (8, 4, "FLASHTREE_TREE_WIDTH=4 with FLASHTREE_TREE_BUDGET=8 needs .*unset FLASHTREE_TREE_WIDTH and "
+           "FLASHTREE_TREE_BUDGET"),
+], ids=["budget", "width", "both"])
+def test_a_failed_narrow_verify_capture_stops_the_server(budget, width, named):
+    """The narrower verify graphs exist only because a toggle asked for them: a capture that fails stops the server
+    with one message naming the toggle, the error and what to do (it was a warning, and a server without them)."""
+    from flashtree.patches import verify_widths
+
+    worker = types.SimpleNamespace(
+        verify_num_draft_tokens=W, device="cpu", model_runner=types.SimpleNamespace(page_size=1, token_to_kv_pool=None),
+    )
+    state = create_state(adapters.select_adapter(), TreeToggles(tree_n=4, tree_budget=budget, tree_width=width), worker)
+    worker.model_runner.attn_backend = StandInAttnBackend(worker.model_runner)
+    worker.model_runner.decode_cuda_graph_runner = FailingCapture(worker.model_runner, capture_bs=[1, 2, 4])
+    with pytest.raises(SystemExit) as exc:
+        verify_widths.capture(state, worker)
+    assert re.search(named, str(exc.value)) and "failed (RuntimeError: CUDA out of memory)" in str(exc.value)
+    assert "--cuda-graph-max-bs" in str(exc.value)
 
 
 def test_budget_draws_fewer_candidates_in_the_draft_graph_tail():
@@ -1146,3 +1214,30 @@ def test_a_bad_accept_table_stops_the_server(tmp_path):
     bad.write_text('{"format": "flashtree-accept-table", "version": 1, "shapes": []}')
     with pytest.raises(ToggleError, match=r"FLASHTREE_SIMULATE_ACC: accept table .*accept.json: no shapes"):
         run(n=4, steps=1, simulate_acc=str(bad))
+
+
+def test_a_failed_draft_rows_capture_stops_the_server():
+    """FLASHTREE_DRAFT_ROWS below gamma asks for draft graphs at that many rows: a capture that fails stops the server
+    naming the toggle, the error and what to do (it was a warning, and every draft forward then ran eagerly); DSPARK's
+    tail hooks are restored first."""
+    from flashtree.patches import draft_rows
+
+    class FailingDraftCapture(StandInDraftGraphRunner):
+        def __init__(self, model_runner, *, attn_backend=None, speculative_num_draft_tokens=None):
+            if speculative_num_draft_tokens != W:
+                raise RuntimeError("CUDA out of memory")
+            super().__init__(model_runner, speculative_num_draft_tokens=speculative_num_draft_tokens)
+
+    dspark_hooks = ["DSPARK's tail"]
+    dmr = types.SimpleNamespace(capture_tail_hooks=[])
+    dmr.attn_backend = StandInAttnBackend(dmr)
+    dmr.decode_cuda_graph_runner = FailingDraftCapture(dmr, speculative_num_draft_tokens=W)
+    dmr.capture_tail_hooks = dspark_hooks
+    worker = types.SimpleNamespace(draft_model_runner=dmr, _draft_context=contextlib.nullcontext)
+    path = draft_rows.DraftRows(proposer="d-row proposer")
+    state = types.SimpleNamespace(draft_rows=path, plan=types.SimpleNamespace(forward_rows=4, gamma=GAMMA))
+    with pytest.raises(SystemExit, match=rf"FLASHTREE_DRAFT_ROWS=4 needs draft CUDA graphs captured at 4 rows, and "
+                                         rf"capturing them failed \(RuntimeError: CUDA out of memory\); unset "
+                                         rf"FLASHTREE_DRAFT_ROWS \(DSPARK's {GAMMA} rows and graphs\)"):
+        draft_rows.capture(state, worker)
+    assert dmr.capture_tail_hooks is dspark_hooks and path.runner is None

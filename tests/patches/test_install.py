@@ -239,6 +239,35 @@ def test_unsupported_version_is_refused_untouched(monkeypatch):
     assert diff(before, snapshot()) == set()
 
 
+def test_a_broken_dependency_of_a_supported_release_is_named_as_such(monkeypatch, sglang_release):
+    """A supported release whose modules fail to import (a dependency missing or broken) is refused with that import
+    error, naming the module and the error, not as an unsupported release."""
+    from flashtree.patches.adapters import probe
+
+    worker_module = W.partition(":")[0]
+
+    def import_module(name):
+        if name == worker_module:
+            raise ModuleNotFoundError("No module named 'sgl_kernel'", name="sgl_kernel")
+        return importlib.import_module(name)
+
+    monkeypatch.setattr(probe, "importlib", types.SimpleNamespace(import_module=import_module))
+    before = snapshot()
+    with pytest.raises(SystemExit) as exc:
+        patches.install(TreeToggles(tree_n=8))
+    msg = str(exc.value)
+    assert msg == (
+        f"flashtree: FLASHTREE_* toggles are set and sglang {sglang_release} is a supported release, but importing "
+        f"{worker_module} fails (ModuleNotFoundError: No module named 'sgl_kernel'); install what it lacks "
+        f"(flashtree's test venv: scripts/setup_sglang.sh {sglang_release}) or unset the FLASHTREE_* toggles."
+    )
+    assert "not a supported release" not in msg and diff(before, snapshot()) == set()
+    # Another release's version with the same failure: unsupported, as before.
+    monkeypatch.setattr(adapters, "installed_version", lambda: "0.5.99")
+    with pytest.raises(SystemExit, match="sglang 0.5.99 is not a supported release"):
+        patches.install(TreeToggles(tree_n=8))
+
+
 def test_signature_drift_is_refused_untouched(monkeypatch, sglang_release):
     """Same version string, but a probed signature changed (a patched wheel, a backport): refuse."""
     planner = owner(P)

@@ -298,3 +298,33 @@ def test_simulate_acc_needs_an_existing_file(tmp_path):
         read_toggles({"FLASHTREE_TREE_N": "8", "FLASHTREE_SIMULATE_ACC": "/no/such.json"})
     chain = read_toggles({"FLASHTREE_SIMULATE_ACC": str(table)})  # a chain server's DSPARK steps draw from it too
     assert chain.simulate_acc == str(table) and not chain.tree_enabled
+
+
+@pytest.mark.parametrize("plugins", ["", "flashtree", "other", "other, flashtree", " flashtree ,x", ",", "Flashtree"])
+def test_excluded_plugin_check_reads_sglang_plugins_as_sglang_does(monkeypatch, plugins):
+    """sglang's load_plugins_by_group skips an excluded plugin before importing it, so an excluded flashtree runs no
+    code in the server (the limitation the README states); a launcher's check (refuse_excluded_plugin) refuses
+    exactly the SGLANG_PLUGINS values under which sglang's own loader leaves flashtree's plugin out."""
+    from sglang.srt.plugins import GENERAL_PLUGINS_GROUP, load_plugins_by_group
+
+    monkeypatch.setenv("SGLANG_PLUGINS", plugins)
+    loaded = toggles.PLUGIN in load_plugins_by_group(GENERAL_PLUGINS_GROUP)
+    environ = {"SGLANG_PLUGINS": plugins, "FLASHTREE_TREE_N": "8", "FLASHTREE_TREE_DEPTH": "4"}
+    if loaded:
+        toggles.refuse_excluded_plugin(environ)
+        return
+    with pytest.raises(SystemExit) as exc:
+        toggles.refuse_excluded_plugin(environ)
+    assert str(exc.value) == (
+        f"flashtree: FLASHTREE_TREE_N, FLASHTREE_TREE_DEPTH set, but SGLANG_PLUGINS={plugins!r} leaves out the "
+        "flashtree plugin, so sglang would never load it and the server would run DSPARK's chain; add flashtree to "
+        "SGLANG_PLUGINS, unset SGLANG_PLUGINS, or unset the toggles"
+    )
+    toggles.refuse_excluded_plugin({"SGLANG_PLUGINS": plugins})  # no toggles: nothing to refuse
+    toggles.refuse_excluded_plugin({"SGLANG_PLUGINS": plugins, "FLASHTREE_TREE_N": "0"})  # explicitly off
+
+
+def test_plugin_name_is_the_entry_point_name():
+    text = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    section = text.split('[project.entry-points."sglang.srt.plugins"]', 1)[1].split("\n[", 1)[0]
+    assert section.strip() == f'{toggles.PLUGIN} = "flashtree.patches:register"'

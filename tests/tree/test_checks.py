@@ -71,3 +71,6 @@ def test_the_public_entry_points_check_their_arguments():
             verify_sampled(tree, logits, **kw)
     with pytest.raises(ValueError, match="NaN"):
         verify_sampled(tree, torch.full((1, 4, 5), float("nan")), 1.0)
+    # A tree of token ids the target's logits do not cover (it was walked silently).
+    with pytest.raises(ValueError, match="tree holds token id 7, outside target_logits' vocabulary of 5"):
+        verify_sampled(build_vote_tree(torch.tensor([[[7, 1, 2]]]), 4), logits, 1.0)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..toggles import ToggleError
 from .base import SglangAdapter
+from .probe import import_failure
 
 RELEASES = Path(__file__).with_name("RELEASES")
 
@@ -52,6 +53,14 @@ def select_adapter() -> SglangAdapter:
     )
     if version is None:
         raise UnsupportedRelease(head)
+    if version in SUPPORTED:  # a release flashtree adapts whose modules do not import: that error, not "unsupported"
+        failure = import_failure(ADAPTERS[SUPPORTED.index(version)].probes)
+        if failure is not None:
+            raise ToggleError(
+                f"flashtree: FLASHTREE_* toggles are set and sglang {version} is a supported release, but importing "
+                f"{failure.module} fails ({type(failure.error).__name__}: {failure.error}); install what it lacks "
+                f"(flashtree's test venv: scripts/setup_sglang.sh {version}) or unset the FLASHTREE_* toggles."
+            )
     report = {}
     for cls in ADAPTERS:
         adapter = cls()

@@ -8,13 +8,22 @@ from dataclasses import dataclass
 from typing import Any
 
 
+class ImportFailure(LookupError):
+    """Importing a probed module raised: another release's layout, or, inside a supported release, a dependency that
+    is missing or broken (adapters.select_adapter tells the two apart by the installed version)."""
+
+    def __init__(self, module: str, error: BaseException):
+        super().__init__(f"cannot import {module}: {type(error).__name__}: {error}")
+        self.module, self.error = module, error
+
+
 def resolve(path: str) -> Any:
-    """'pkg.module:Attr.sub' -> the object. Raises LookupError with the reason."""
+    """'pkg.module:Attr.sub' -> the object. Raises LookupError with the reason (ImportFailure: the import raised)."""
     module_name, _, attr_path = path.partition(":")
     try:
         obj = importlib.import_module(module_name)
-    except Exception as err:  # noqa: BLE001 - any import failure means "not this release"
-        raise LookupError(f"cannot import {module_name}: {type(err).__name__}: {err}") from None
+    except Exception as err:  # noqa: BLE001 - any import failure: reported as the release's or as this one
+        raise ImportFailure(module_name, err) from None
     for part in filter(None, attr_path.split(".")):
         try:
             obj = getattr(obj, part)
@@ -85,3 +94,15 @@ class Lacks:
             present = [p for p in self.params if p in param_names(obj)]
             return f"{self.path}: has parameters {present}, which this release does not" if present else None
         return f"{self.path} exists, which this release does not have"
+
+
+def import_failure(probes) -> ImportFailure | None:
+    """The first module a probe needs (Sig, Has: not Lacks, whose module may rightly be absent) whose import raises."""
+    for probe in probes:
+        if isinstance(probe, Lacks):
+            continue
+        try:
+            resolve(probe.path.partition(":")[0])
+        except ImportFailure as failure:
+            return failure
+    return None
