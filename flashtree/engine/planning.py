@@ -44,30 +44,32 @@ def modelled_costs(shapes: list[Shape], ms: dict[int, float] | None = None) -> C
 @torch.no_grad()
 def measure_costs(target, shapes: list[Shape], prompt: torch.Tensor, repeats: int = 3) -> CostTable:
     """Step time per shape on `target`: per distinct width, the fastest of `repeats` verify forwards of W tokens
-    after `prompt` (one untimed first). The engine verifies one request per forward, so the table is for batch size
-    1; a batch of b costs every shape b times as much and ranks them alike."""
+    after `prompt`, in rounds over the widths after an untimed one (so first-call setup and drift hit none of them
+    alone). The engine verifies one request per forward, so the table is for batch size 1; a batch of b costs every
+    shape b times as much and ranks them alike."""
     device = next(target.parameters()).device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     prompt = prompt.to(device).view(1, -1)
     cache, _ = prefill(target, prompt, ())
     prefix = cache.get_seq_length()
     nothing = torch.zeros(0, dtype=torch.long, device=device)
-    table = CostTable()
-    for w in sorted({s.width for s in shapes}):
-        ids = prompt[:, -1:].expand(1, w)
-        pos = torch.arange(prefix, prefix + w, device=device).view(1, -1)
-        mask = torch.ones(w, w, dtype=torch.bool, device=device).tril().view(1, w, w)  # the pattern costs nothing
-        times = []
-        for _ in range(repeats + 1):
+    widths = sorted({s.width for s in shapes})
+    best = dict.fromkeys(widths, float("inf"))
+    for timed in [False] + [True] * repeats:
+        for w in widths:
+            ids = prompt[:, -1:].expand(1, w)
+            pos = torch.arange(prefix, prefix + w, device=device).view(1, -1)
+            mask = torch.ones(w, w, dtype=torch.bool, device=device).tril().view(1, w, w)  # its pattern costs nothing
             sync()
             t0 = time.perf_counter()
             verify_forward(target, cache, ids, pos, mask, ())
             sync()
-            times.append(time.perf_counter() - t0)
+            if timed:
+                best[w] = min(best[w], time.perf_counter() - t0)
             keep_in_cache(cache, prefix, nothing)  # back to the prompt for the next forward
-        for s in shapes:
-            if s.width == w:
-                table.add(s, 1, min(times[1:]))
+    table = CostTable()
+    for s in shapes:
+        table.add(s, 1, best[s.width])
     return table
 
 
