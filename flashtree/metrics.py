@@ -43,9 +43,11 @@ STEP_COLUMNS = (
     "accepted_path",  # list[int] node indices, root excluded
     "accepted_depth_votes",  # list[int] votes of the accepted nodes
     *(f"time_{s}_s" for s in STAGES),
+    "plan_n",  # tree.n=auto: the N and W the planner chose for the step (NaN for a fixed shape)
+    "plan_width",
 )
 INT_COLUMNS = ("prompt", "request", "step", "position", "candidates", "distinct_candidates", "tree_size", "accept_len",
-               "committed", "oracle_len")
+               "committed", "oracle_len", "plan_n", "plan_width")
 PROMPT_COLUMNS = ("prompt", "prompt_tokens", "new_tokens", "steps", "wall_time_s")
 SCHEMA_KEY = b"flashtree.steps_schema_version"
 
@@ -71,6 +73,8 @@ def step_rows(records: Iterable, prompt: int) -> list[dict]:
         }
         for s in STAGES:
             row[f"time_{s}_s"] = float(r.time_s.get(s, math.nan))
+        row["plan_n"] = math.nan if r.plan_n is None else r.plan_n
+        row["plan_width"] = math.nan if r.plan_width is None else r.plan_width
         rows.append(row)
     return rows
 

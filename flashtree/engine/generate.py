@@ -14,6 +14,7 @@ from contextlib import contextmanager
 import torch
 
 from ..drafters.base import DraftState, Drafter
+from ..planner import Planner, check_policy
 from ..tree import (DEFAULT_POLICY, VerifyResult, VoteTree, ancestor_mask, build_tree, get_policy, tree_positions,
                     verify_greedy, verify_rejection, verify_sampled)
 from ..tree.checks import check_sampling, check_tokens, check_width
@@ -82,10 +83,17 @@ def _count(name: str, value, why: str) -> None:
         raise ValueError(f"{name} ({why}) must be an int >= 1, got {value!r}")
 
 
-def _check(target, drafter: Drafter, rows, n, width, max_new_tokens, temperature, top_k, top_p, walk, policy) -> None:
+def _check(target, drafter: Drafter, rows, n, width, max_new_tokens, temperature, top_k, top_p, walk, policy,
+           planner) -> None:
     get_policy(policy)  # UnknownPolicy (a ValueError) lists the registered names
     _count("n", n, "candidate blocks per step")
     check_width(width)
+    if planner is not None:
+        check_policy(policy)
+        over = [s.label() for s in planner.acceptance.shapes if s.is_chain or s.n > n or s.width > width]
+        if over or walk == "rejection":
+            raise ValueError(f"the planner's shapes must be trees within n={n} and width={width} on the target walk; "
+                             f"got walk={walk!r} and {', '.join(over) or 'no shape over them'}")
     _count("max_new_tokens", max_new_tokens, "tokens to generate per prompt")
     _count(f"{type(drafter).__name__}.k", drafter.k, "the drafter's block length K")
     check_sampling(temperature, top_k, top_p)
@@ -146,6 +154,7 @@ def tree_generate(
     pad_token_id: int | None = None,
     walk: str = "target",
     policy: str = DEFAULT_POLICY,
+    planner: Planner | None = None,
 ) -> GenerateResult:
     """Generate up to `max_new_tokens` per prompt. `input_ids`: (L,), (bs, L) or a list of token lists.
 
@@ -155,9 +164,13 @@ def tree_generate(
     probabilities: n == 1, temperature > 0, and a drafter whose proposals carry `probs`). `policy` names the tree
     policy (flashtree.tree.policies) that builds each step's tree; `prob` and `best-first` read the proposal's
     `scores` (the DSPARK drafter proposes them).
+
+    `planner` (tree.n=auto, `flashtree.engine.planning`): each step draws `n` candidates, runs the tree of the
+    shape the planner chooses (its first N candidates, its W; every shape within `n` and `width`) and credits every
+    shape with what it would have committed. Every shape is a tree verified as above, so the output is unchanged.
     """
     rows = _as_rows(input_ids, target.config.vocab_size)
-    _check(target, drafter, rows, n, width, max_new_tokens, temperature, top_k, top_p, walk, policy)
+    _check(target, drafter, rows, n, width, max_new_tokens, temperature, top_k, top_p, walk, policy, planner)
     device = next(target.parameters()).device
     stops = torch.tensor(sorted(set(stop_token_ids or ())), dtype=torch.long, device=device)
     layers = tuple(drafter.hidden_layers)
@@ -183,24 +196,30 @@ def tree_generate(
                 f"walk='rejection' needs draft probabilities, but {type(drafter).__name__} proposed no probs (for "
                 "DSPARK: load_drafter('dspark', ..., temperature=T > 0, greedy_first=False, return_probs=True))"
             )
+        live = [b for b, r in enumerate(reqs) if not r.done]
+        plan = None if planner is None else planner.choose(len(live)).shape
+        step_n, step_w = (n, width) if plan is None else (plan.n, plan.width)
         with watch("build"):
-            tree = build_tree(cands, width, policy, scores=proposal.scores)
+            tree = build_tree(cands[:, :step_n], step_w, policy, scores=proposal.scores)
         shared = watch.take()
-        for b, r in enumerate(reqs):
-            if r.done:
-                continue
+        committed = []
+        for b in live:
+            r = reqs[b]
             probs = None if draft_probs is None else draft_probs[b : b + 1, 0]
             row = _row(tree, b)
             position = r.tokens.numel()
             res = _step_one(target, r, row, probs, layers, temperature, top_k, top_p, generator, watch)
-            taken.append((b, step, position, row, cands[b], res, {**shared, **watch.take()}))
+            taken.append((b, step, position, row, cands[b, :step_n], res, plan, {**shared, **watch.take()}))
+            committed.append(res.tokens)
             _truncate(r, position, stops, max_new_tokens)
+        if planner is not None:
+            planner.observe(cands[live], torch.cat(committed), policy)
         drafter.advance(_draft_state(reqs, layers, device))
         step += 1
 
     # Built once the requests are done: the oracle measure reads what each request committed after the step.
     steps = [step_record(row, c, res, reqs[b].tokens[pos:], request=b, step=i, position=pos, policy=policy,
-                         time_s=times) for b, i, pos, row, c, res, times in taken]
+                         time_s=times, plan=plan) for b, i, pos, row, c, res, plan, times in taken]
     return GenerateResult(
         sequences=_pad_rows([r.tokens for r in reqs], pad_token_id, target),
         acceptance_length=sum(s.accept_len + 1 for s in steps) / max(len(steps), 1),

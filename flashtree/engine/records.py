@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..planner import Shape
 from ..tree import VerifyResult, VoteTree
 
 
@@ -29,6 +30,8 @@ class StepRecord:
     accepted_depth_votes: tuple[int, ...]  # votes of each accepted node
     oracle_len: int  # longest prefix of the target's choice matched by any of the N candidates (W unbounded)
     time_s: dict[str, float] = field(default_factory=dict)  # per-stage wall time, stages of flashtree.metrics.STAGES
+    plan_n: int | None = None  # tree.n=auto: the shape the planner chose for the step (None: a fixed shape)
+    plan_width: int | None = None
 
 
 @dataclass
@@ -42,9 +45,11 @@ class GenerateResult:
 
 
 def step_record(tree: VoteTree, candidates: torch.Tensor, result: VerifyResult, continuation: torch.Tensor, *,
-                request: int, step: int, position: int, policy: str, time_s: dict | None = None) -> StepRecord:
+                request: int, step: int, position: int, policy: str, time_s: dict | None = None,
+                plan: Shape | None = None) -> StepRecord:
     """The record of one request's step: `tree` and `result` hold that request alone (batch row 0), `candidates`
-    (N, K) its drawn blocks, `continuation` the tokens the request committed from `position` on (for the oracle)."""
+    (N, K) the blocks its tree was built from, `continuation` the tokens the request committed from `position` on
+    (for the oracle), `plan` the planner's shape when it chose this step's."""
     a = int(result.accept_len[0])
     path = result.path[0, 1 : a + 1]  # accepted node indices, root excluded
     return StepRecord(
@@ -60,6 +65,8 @@ def step_record(tree: VoteTree, candidates: torch.Tensor, result: VerifyResult, 
         accepted_depth_votes=tuple(tree.votes[0, path - 1].tolist()),
         oracle_len=oracle_len(candidates, continuation, a),
         time_s=dict(time_s or {}),
+        plan_n=None if plan is None else plan.n,
+        plan_width=None if plan is None else plan.width,
     )
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ..drafters.base import DraftState
+from ..planner import Planner, Shape
 from ..tree import DEFAULT_POLICY, POLICIES, DraftScores, VoteTree, build_tree, get_policy, verify_greedy
 from .records import StepRecord, step_record
 from .stopping import stop_end
@@ -159,19 +160,36 @@ def replay(rec: Recording, n: int, width: int, policy: str = DEFAULT_POLICY) -> 
     """The steps a direct greedy run with N = n, W = width and tree policy `policy` makes on the recorded prompt."""
     if not 1 <= n <= rec.n_max:
         raise ValueError(f"tree.n={n}: the recording holds N_max = {rec.n_max} candidates per position")
+    return _walk(rec, policy, lambda: Shape(n, width))
+
+
+def replay_planned(rec: Recording, planner: Planner, policy: str = DEFAULT_POLICY) -> list[StepRecord]:
+    """The steps a direct greedy run with tree.n=auto makes: per step the planner's shape, then its update with
+    every shape's credit on the recorded candidates (the engine's `planner` loop, replayed)."""
+    over = [s.label() for s in planner.acceptance.shapes if s.n > rec.n_max]
+    if over:
+        raise ValueError(f"tree.n=auto: the recording holds N_max = {rec.n_max} candidates, the menu has {over}")
+    return _walk(rec, policy, lambda: planner.choose(1).shape, planner)
+
+
+def _walk(rec: Recording, policy: str, shape_of_step, planner: Planner | None = None) -> list[StepRecord]:
     g = rec.sequence
     committed = g[: rec.end]  # what the run keeps (the engine truncates at the stop / budget)
     pos, step, steps = rec.prompt_len, 0, []
     while pos < rec.end:
-        cands = rec.candidates[pos - rec.prompt_len, :n]
-        tree = replay_tree(rec, pos - rec.prompt_len, n, width, policy)
+        i = pos - rec.prompt_len
+        shape = shape_of_step()
+        cands = rec.candidates[i, : shape.n]
+        tree = replay_tree(rec, i, shape.n, shape.width, policy)
         # The target's choice after a node at depth d on the greedy path is g[pos + d]; off the path it is never
         # read (a node is accepted only if all its ancestors are), so g[pos + d] serves every node.
         depth = torch.cat([tree.depth.new_zeros(1, 1), tree.depth], dim=1)
         choice = g[pos + depth]
         res = verify_greedy(tree, choice)
-        steps.append(step_record(tree, cands, res, committed[pos:], request=0, step=step, position=pos, policy=policy))
+        steps.append(step_record(tree, cands, res, committed[pos:], request=0, step=step, position=pos, policy=policy,
+                                 plan=None if planner is None else shape))
+        if planner is not None:
+            planner.observe(rec.candidates[i : i + 1], res.tokens, policy)
         pos += steps[-1].accept_len + 1
         step += 1
     return steps
-

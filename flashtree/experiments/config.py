@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
+from flashtree.planner import AUTO, check_policy
 from flashtree.strict_config import check_device
 from flashtree.tree import DEFAULT_POLICY, UnknownPolicy, get_policy
 
@@ -73,17 +74,35 @@ class DrafterConfig:
 
 @dataclass
 class TreeConfig:
-    n: int = 4  # N: candidate blocks drawn per step (1 = chain speculative decoding)
-    width: int = 8  # W: verify tokens per step, the root included
+    # N: candidate blocks drawn per step (1 = chain speculative decoding), or "auto": per step the planner's shape,
+    # trees of up to `width` tokens (experiments/README.md, "tree.n=auto"). Any: checked below, one message.
+    n: Any = 4
+    width: int = 8  # W: verify tokens per step, the root included (with n=auto: the widest tree it may choose)
     policy: str = DEFAULT_POLICY  # the tree policy that keeps W - 1 nodes (flashtree.tree.policies; vote = trie vote)
+    # n=auto only: ms per step by verify width, {9: 3.1, 64: 3.6}; empty = measured (sweeps) or modelled (replay)
+    costs: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def auto(self) -> bool:
+        return self.n == AUTO
 
     def __post_init__(self) -> None:
-        _check(self.n >= 1, "tree.n", self.n, "the candidate count N must be >= 1 (N=1 is the chain)")
+        count = isinstance(self.n, int) and not isinstance(self.n, bool) and self.n >= 1
+        _check(count or self.auto, "tree.n", self.n,
+               f"use an int >= 1 (the candidate count N; 1 = the chain) or {AUTO!r} (the planner chooses per step)")
         _check(self.width >= 2, "tree.width", self.width, "the verify width W must be >= 2 (the root plus >= 1 node)")
         try:
             get_policy(self.policy)
         except UnknownPolicy as exc:
             raise ConfigError(f"tree.policy={self.policy!r}: {exc}") from None
+        if self.auto:
+            try:
+                check_policy(self.policy)
+            except ValueError as exc:
+                raise ConfigError(f"tree.policy={self.policy!r} with tree.n={AUTO}: {exc}") from None
+        for w, ms in self.costs.items():
+            _check(w >= 2 and ms > 0, "tree.costs", dict(self.costs), "each entry is width (>= 2): ms per step (> 0)")
+        _check(self.auto or not self.costs, "tree.costs", dict(self.costs), f"prices the planner's shapes: tree.n={AUTO} only")
 
 
 @dataclass

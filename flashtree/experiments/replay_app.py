@@ -68,11 +68,13 @@ def load_or_record(rc, out: Path):
     return recs, elapsed
 
 
-def write_config(rc, out: Path, n: int, w: int, steps_per_prompt, recs) -> dict:
-    """One (N, W) of the grid, written as a sweep run is."""
+def write_config(rc, out: Path, n, w: int, steps_per_prompt, recs, planner=None) -> dict:
+    """One (N, W) of the grid (N "auto": the run of `planner`), written as a sweep run is."""
+    from flashtree.engine.planning import report
     from flashtree.experiments.run import measured_config, write_run
 
-    cfg = dataclasses.replace(rc, tree=dataclasses.replace(rc.tree, n=n, width=w))
+    costs = rc.tree.costs if planner is not None else {}  # the grid's fixed shapes are not priced
+    cfg = dataclasses.replace(rc, tree=dataclasses.replace(rc.tree, n=n, width=w, costs=costs))
     run_dir = out / f"tree.n={n},tree.width={w}"
     run_dir.mkdir(parents=True, exist_ok=True)
     rows = [row for i, steps in enumerate(steps_per_prompt) for row in metrics.step_rows(steps, prompt=i)]
@@ -87,8 +89,22 @@ def write_config(rc, out: Path, n: int, w: int, steps_per_prompt, recs) -> dict:
     params = {k: v for k, v in params_of(cfg).items() if not k.startswith("replay.")}
     head = {"label": run_dir.name, "mode": "replay",
             "config_hash": store.config_hash({**measured_config(cfg), "mode": "replay"}),
-            **metrics.summarize(steps, prompts, recs[0].k if recs else 0)}
+            **metrics.summarize(steps, prompts, recs[0].k if recs else 0),
+            **({} if planner is None else report(planner, steps))}
     return write_run(cfg, run_dir, steps, prompts, head, params)
+
+
+def replay_auto(rc, out: Path, recs) -> dict:
+    """tree.n=auto beside the grid: the planner over trees of up to tree.width tokens from up to the recording's
+    N_max candidates, priced by tree.costs or the documented model (replay has no timing), learning prompt by prompt."""
+    from flashtree.engine import planning
+    from flashtree.engine.replay import replay_planned
+    from flashtree.planner import AUTO
+
+    shapes = planning.menu(rc.tree.width, recs[0].k, recs[0].n_max)
+    planner = planning.make_planner(shapes, planning.modelled_costs(shapes, rc.tree.costs))
+    steps = [replay_planned(r, planner, rc.tree.policy) for r in recs]
+    return write_config(rc, out, AUTO, rc.tree.width, steps, recs, planner)
 
 
 def run_replay(cfg: DictConfig) -> float:
@@ -121,7 +137,12 @@ def replay_grid(rc, out: Path) -> float:
         steps = [replay(r, n, w, rc.tree.policy) for r in recs]
         replay_time += time.perf_counter() - start
         write_config(rc, out, n, w, steps, recs)
-    timing = {"prompts": len(recs), "configs": len(grid), "record_time_s": record_time, "replay_time_s": replay_time}
+    if rc.tree.auto and recs:
+        start = time.perf_counter()
+        replay_auto(rc, out, recs)
+        replay_time += time.perf_counter() - start
+    timing = {"prompts": len(recs), "configs": len(grid) + rc.tree.auto, "record_time_s": record_time,
+              "replay_time_s": replay_time}
     store.write_json_atomic(out / "replay_timing.json", timing)
     df = collect(out)
     print(f"\n{format_table(df)}\n\n[flashtree] record {record_time:.1f}s, replay of {len(grid)} configs "

@@ -19,6 +19,8 @@ from flashtree.results import store
 def measured_config(cfg: RunConfig) -> dict:
     """The part of the config that changes what is measured (hashed for resume)."""
     d = dataclasses.asdict(cfg)
+    if not d["tree"]["costs"]:
+        del d["tree"]["costs"]  # the default: hashes as before the key existed, so earlier runs still resume
     return {k: v for k, v in d.items() if k not in NOT_MEASURED}
 
 
@@ -53,14 +55,32 @@ def make_drafter(cfg: RunConfig, model, reference=None):
     return load_drafter(cfg.drafter.name, model, **options)
 
 
+def make_planner(cfg: RunConfig, model, k: int, prompt):
+    """tree.n=auto: the planner over trees of up to tree.width tokens (N up to 64 and W), priced by tree.costs or,
+    without it, by timing the verify forward of each width on `prompt` now."""
+    import torch
+
+    from flashtree.engine import planning
+
+    shapes = planning.menu(cfg.tree.width, k)
+    if cfg.tree.costs:
+        costs = planning.modelled_costs(shapes, cfg.tree.costs)
+    else:
+        costs = planning.measure_costs(model, shapes, torch.tensor(prompt, device=cfg.target.device))
+    print("[flashtree] tree.n=auto cost table (ms per step): "
+          + ", ".join(f"{r['shape']} {r['ms']}" for r in costs.rows()))
+    return planning.make_planner(shapes, costs)
+
+
 def generate_prompts(cfg: RunConfig, label: str):
-    """Run the engine over the configured prompts; returns (steps DataFrame, prompts DataFrame, K)."""
+    """Run the engine over the configured prompts; returns (steps DataFrame, prompts DataFrame, K, plan report: {}
+    unless tree.n=auto)."""
     import pandas as pd
     import torch
     from tqdm.auto import tqdm
 
     from flashtree.datasets import encode_prompts, load_prompts
-    from flashtree.engine import tree_generate
+    from flashtree.engine import planning, tree_generate
     from flashtree.engine.generate import check_context
 
     model, tokenizer = load(cfg)
@@ -74,14 +94,16 @@ def generate_prompts(cfg: RunConfig, label: str):
     # The oracle drafter knows each prompt's greedy continuation (past max_new_tokens by a block or two).
     per_prompt_drafter = cfg.drafter.name == "oracle" and "sequences" not in cfg.drafter.options
     drafter = None if per_prompt_drafter else make_drafter(cfg, model)
+    planner = None  # tree.n=auto: made at the first prompt (its menu needs the drafter's K), kept for the run
 
     def generate(ids, drafter, max_new, seed):
         generator = torch.Generator(device=device).manual_seed(seed)
+        n = cfg.tree.n if planner is None else planning.draws(planner)
         with torch.no_grad():
             return tree_generate(
-                model, drafter, ids, n=cfg.tree.n, width=cfg.tree.width, max_new_tokens=max_new,
+                model, drafter, ids, n=n, width=cfg.tree.width, max_new_tokens=max_new,
                 temperature=e.temperature, top_k=e.top_k, top_p=e.top_p, generator=generator,
-                stop_token_ids=stop or None, policy=cfg.tree.policy,
+                stop_token_ids=stop or None, policy=cfg.tree.policy, planner=planner,
             )
 
     step_rows, prompt_rows, k = [], [], None
@@ -94,6 +116,8 @@ def generate_prompts(cfg: RunConfig, label: str):
             reference = greedy_reference(model, input_ids, e.max_new_tokens + 16, stop)[0].tolist()
         d = make_drafter(cfg, model, reference) if per_prompt_drafter else drafter
         k = d.k
+        if cfg.tree.auto and planner is None:
+            planner = make_planner(cfg, model, k, ids)
         if e.warmup and i == 0:
             generate(input_ids, d, min(4, e.max_new_tokens), 0)  # untimed: first-call allocations and lazy init
             if per_prompt_drafter:
@@ -114,7 +138,8 @@ def generate_prompts(cfg: RunConfig, label: str):
     bar.close()
     steps = metrics.steps_frame(step_rows)
     prompts_df = pd.DataFrame(prompt_rows, columns=list(metrics.PROMPT_COLUMNS))
-    return steps, prompts_df, k if k is not None else 0
+    plan = {} if planner is None else planning.report(planner, steps)
+    return steps, prompts_df, k if k is not None else 0, plan
 
 
 def run_configuration(cfg: RunConfig, run_dir: Path, *, label: str, params: dict, log=print) -> dict:
@@ -131,8 +156,8 @@ def run_configuration(cfg: RunConfig, run_dir: Path, *, label: str, params: dict
             return done
 
     start = time.perf_counter()
-    steps, prompts_df, k = generate_prompts(cfg, label)
-    head = {"label": label, "mode": "direct", "config_hash": digest, **metrics.summarize(steps, prompts_df, k),
+    steps, prompts_df, k, plan = generate_prompts(cfg, label)
+    head = {"label": label, "mode": "direct", "config_hash": digest, **metrics.summarize(steps, prompts_df, k), **plan,
             "run_time_s": time.perf_counter() - start}
     summary = write_run(cfg, run_dir, steps, prompts_df, head, params)
     log(f"[flashtree] {label}: tau={summary['tau']:.3f} tokens/s={summary['tokens_per_s']:.1f} -> {run_dir}")

@@ -10,10 +10,10 @@ committed tokens per second of step time.
 Pure torch and Python (no sglang): the server plugin and the engine both drive it.
 """
 
-from .acceptance import PRIOR_TAU, AcceptanceModel, counterfactual_commits
+from .acceptance import PRIOR_TAU, AcceptanceModel, check_policy, counterfactual_commits
 from .costs import CostTable
 from .plan import Choice, Planner
-from .shapes import CHAIN, Shape, default_shapes
+from .shapes import AUTO, CHAIN, Shape, default_shapes
 
-__all__ = ["CHAIN", "PRIOR_TAU", "AcceptanceModel", "Choice", "CostTable", "Planner", "Shape", "counterfactual_commits",
-           "default_shapes"]
+__all__ = ["AUTO", "CHAIN", "PRIOR_TAU", "AcceptanceModel", "Choice", "CostTable", "Planner", "Shape", "check_policy",
+           "counterfactual_commits", "default_shapes"]

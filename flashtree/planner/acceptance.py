@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..tree import build_tree
+from ..tree import build_tree, get_policy
 from .shapes import Shape
 
 # Committed tokens per step before any step is seen, by tree width: flashtree's trained SmolLM2-135M drafter on held-out
@@ -27,6 +27,14 @@ def prior_tau(shape: Shape) -> float:
     w = min(widths, key=lambda x: abs(x - shape.width))
     scale = min(1.0, shape.n / max(shape.width - 1, 1)) ** 0.5  # fewer candidates fill less of the width
     return 1.0 + (PRIOR_TAU[w] - 1.0) * scale
+
+
+def check_policy(policy: str) -> None:
+    """ValueError unless `policy` builds its tree from the candidate tokens alone, as the credit below rebuilds it."""
+    needs = get_policy(policy).needs_scores
+    if needs:
+        raise ValueError(f"the planner (tree.n=auto) needs a tree policy that reads only the candidate tokens (vote); "
+                         f"{policy!r} also reads the draft's {', '.join(needs)}")
 
 
 def counterfactual_commits(candidates: torch.Tensor, committed: torch.Tensor, shapes: list[Shape],

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from .acceptance import AcceptanceModel
+import torch
+
+from .acceptance import AcceptanceModel, counterfactual_commits
 from .costs import CostTable
 from .shapes import Shape
 
@@ -45,6 +47,11 @@ class Planner:
         best = max(options, key=lambda c: (c.tokens_per_s, -c.step_s))
         self.chosen[(bs, best.shape.label())] += 1
         return best
+
+    def observe(self, candidates: torch.Tensor, committed: torch.Tensor, policy: str = "vote") -> None:
+        """Credit every shape with what it would have committed on this step: `candidates` (bs, N, K) as drawn,
+        `committed` (bs, L) the step's committed tokens, -1 past each row's end (the walk's `tokens`)."""
+        self.acceptance.update(counterfactual_commits(candidates, committed, self.acceptance.shapes, policy))
 
     def summary(self) -> list[dict]:
         """The choices so far, per batch size and shape, with the current estimates (what the server logs)."""

@@ -24,6 +24,7 @@ class Shape:
 
 
 CHAIN = "chain"
+AUTO = "auto"  # the toggle's value that turns the planner on (FLASHTREE_TREE_N=auto, tree.n=auto)
 
 
 def default_shapes(window: int, depth: int, max_n: int = 64) -> list[Shape]:

@@ -72,7 +72,7 @@ def collect(sweep_dir, write: bool = True) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     if len(df):
         keys = [c for c in ("dataset", "target", "drafter", "policy", "tree.n", "tree.width", "seed") if c in df]
-        df = df.sort_values(keys, kind="stable").reset_index(drop=True)
+        df = df.sort_values(keys, kind="stable", key=_order).reset_index(drop=True)
         # Options dicts and other mixed objects do not round-trip through parquet; keep them as text.
         for col in df.columns:
             if col not in LIST_COLUMNS and df[col].map(lambda v: isinstance(v, (dict, list))).any():
@@ -80,9 +80,25 @@ def collect(sweep_dir, write: bool = True) -> pd.DataFrame:
     if write:
         fd, tmp = tempfile.mkstemp(dir=sweep_dir, prefix=f".{COLLECTED}.", suffix=".tmp")
         os.close(fd)
-        df.to_parquet(tmp, index=False)
+        _as_stored(df).to_parquet(tmp, index=False)
         os.replace(tmp, sweep_dir / COLLECTED)
     return df
+
+
+def _order(col: pd.Series) -> pd.Series:
+    """Sort key: tree.n mixes counts and "auto" (the planner's runs), which sort after them."""
+    return pd.to_numeric(col, errors="coerce").fillna(float("inf")) if col.name == "tree.n" else col
+
+
+def _as_stored(df: pd.DataFrame) -> pd.DataFrame:
+    """The table as parquet holds it: tree.n as text when it mixes counts and "auto" (`load_results` reads it back)."""
+    if "tree.n" in df and df["tree.n"].map(lambda v: isinstance(v, str)).any():
+        return df.assign(**{"tree.n": df["tree.n"].map(str)})
+    return df
+
+
+def _tree_n(v):
+    return int(v) if isinstance(v, str) and v.isdigit() else v
 
 
 class EmptyResults(ValueError):
@@ -107,6 +123,8 @@ def load_results(source) -> pd.DataFrame:
     df = pd.concat(tables, ignore_index=True)
     for col, then in (("mode", "direct"), ("policy", DEFAULT_POLICY)):
         df[col] = df[col].fillna(then) if col in df else then
+    if "tree.n" in df:
+        df["tree.n"] = df["tree.n"].map(_tree_n)  # counts stored as text beside "auto" (`_as_stored`)
     return df
 
 

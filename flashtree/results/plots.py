@@ -18,8 +18,15 @@ import pandas as pd
 from flashtree.results.collect import EmptyResults, load_results
 
 
+def _on_grid(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a fixed N: the planner's (tree.n = "auto") have no place on the (N, W) axes; the table shows them."""
+    fixed = df["tree.n"].map(lambda v: not isinstance(v, str))
+    return df if fixed.all() else df[fixed].assign(**{"tree.n": lambda d: pd.to_numeric(d["tree.n"])})
+
+
 def _panels(df: pd.DataFrame):
     """(title, rows) per panel: per dataset, and per policy when more than one policy is in the table."""
+    df = _on_grid(df)
     keys = ["dataset", "policy"] if "policy" in df and df["policy"].nunique() > 1 else ["dataset"]
     for key, part in df.groupby(keys, sort=True, dropna=False):
         yield " / ".join(map(str, key)), part
@@ -103,6 +110,7 @@ def gain_table(df: pd.DataFrame) -> pd.DataFrame:
     """τ(N, W) / τ(N=1, W) − 1 per dataset and policy: what the extra candidates buy over the chain at the same
     width."""
     keys = [c for c in ("dataset", "policy") if c in df]
+    df = _on_grid(df)
     chain = df[df["tree.n"] == 1].groupby([*keys, "tree.width"])["tau"].mean().rename("tau_chain")
     out = df.groupby([*keys, "tree.n", "tree.width"], as_index=False)["tau"].mean()
     out = out.join(chain, on=[*keys, "tree.width"])
