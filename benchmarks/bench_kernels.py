@@ -208,7 +208,7 @@ def part_inputs():
         log(**row)
 
 
-def part_markov():
+def part_markov(min_rank: int = 0):
     """The tree step's N draft draws through a vanilla Markov head (DSPARK's draft graph tail): flashtree's fused
     Markov draws (K launches) against the torch ops the graph tail ran before (sglang's VanillaMarkov step:
     embedding + GEMV + add on the repeated base logits, then exponential noise + Gumbel-max per step)."""
@@ -222,6 +222,8 @@ def part_markov():
     for bs, n, k, v, rank in [(1, 8, 7, 49152, 32), (8, 8, 7, 49152, 32), (32, 8, 7, 49152, 32),
                               (64, 8, 7, 49152, 32), (1, 8, 15, 151936, 64), (1, 8, 7, 151936, 256),
                               (8, 8, 7, 151936, 256), (32, 8, 7, 151936, 256), (64, 8, 7, 151936, 256)]:
+        if rank < min_rank:
+            continue
         base = (torch.randn(bs, k, v, device="cuda") * 3).bfloat16()
         w1 = torch.randn(v, rank, device="cuda").bfloat16()
         w2 = (torch.randn(v, rank, device="cuda") / rank**0.5).bfloat16()
@@ -240,13 +242,13 @@ def part_markov():
         ref = peer()
         row = dict(kind="markov_draws", bs=bs, n=n, k=k, vocab=v, rank=rank, dtype="bf16",
                    torch_graph_us=try_graph(peer), torch_wall_us=host_and_wall_us(peer)[1])
-        # launch variants: (vocabulary tile, rows per program); None = the shipped choice
-        variants = [(None, 16), (128, 16), (256, 16), (256, 32)] if rank <= 64 else [(None, 16), (64, 16), (128, 32),
-                                                                                     (64, 64)]
-        for block_v, block_rows in variants:
-            tag = f"{block_v or 'auto'}x{block_rows}"
+        # launch variants: (vocabulary tile, rows per program, groups of row blocks); None = the shipped choice
+        variants = ([(None, 16, None), (128, 16, None), (256, 16, None), (256, 32, None)] if rank <= 64 else
+                    [(None, 16, None), (128, 16, None), (128, 16, 1), (128, 64, 1), (64, 64, 2)])
+        for block_v, block_rows, groups in variants:
+            tag = f"{block_v or 'auto'}x{block_rows}" + (f"g{groups}" if groups else "")
             mine = lambda: markov_draws_triton(base, anchor, w1, w2, n, inv, greedy, state,  # noqa: E731
-                                               block_v=block_v, block_rows=block_rows)
+                                               block_v=block_v, block_rows=block_rows, groups=groups)
             got = mine()
             row[f"greedy_same_{tag}"] = bool(torch.equal(got[:, 0], ref[:, 0]))
             row[f"flashtree_graph_us_{tag}"] = try_graph(mine)
@@ -459,6 +461,7 @@ def main():
     ap.add_argument("--out", default="results")
     ap.add_argument("--parts", default="builder,walk,inputs,markov,sampler,attention")
     ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--markov-min-rank", type=int, default=0, help="markov: only heads of at least this rank")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     OUT_FILE = os.path.join(a.out, "kernels.jsonl")
@@ -467,7 +470,7 @@ def main():
         python=sys.version.split()[0], date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     torch.manual_seed(0)
     bw = ceiling()
-    parts = {"builder": part_builder, "walk": part_walk, "inputs": part_inputs, "markov": part_markov,
+    parts = {"builder": part_builder, "walk": part_walk, "inputs": part_inputs, "markov": lambda: part_markov(a.markov_min_rank),
              "sampler": lambda: part_sampler(bw),
              "attention": lambda: part_attention(bw, not a.no_flex)}
     for name in a.parts.split(","):

@@ -1,7 +1,7 @@
 """Fused Triton kernel for `flashtree.sampler.markov.markov_draws`: a block's N Markov draws in K launches.
 
-Launch j (grid: vocabulary tiles) is step j for all rows. Each program loads its tile of w2 once, then per block of
-rows loads their step j - 1 tokens (the anchor at j = 0), gathers w1[prev], forms its tile of w2 @ w1[prev] with one
+Launch j (grid: vocabulary tiles x groups of row blocks) is step j for all rows. Each program loads its tile of w2
+once, then per row block of its group loads their step j - 1 tokens (the anchor at j = 0), gathers w1[prev], forms its tile of w2 @ w1[prev] with one
 `tl.dot`, adds the base logits,
 rounds as sglang's torch ops would, adds in-kernel Philox Gumbel noise on sampled rows and writes its tile's maximum
 and argmax per row; the row block's last program to finish (a ticket counter) merges the tiles into the step's tokens.
@@ -39,25 +39,27 @@ def _merge_tiles(pmax_ptr, parg_ptr, rows, live, NT, NTP: tl.constexpr):
 
 
 # Integer arguments that change per call or per step: one compiled kernel for all their values.
-@triton.jit(do_not_specialize=["ROWS", "V", "N", "K", "step", "NT", "BLOCKS"])
+@triton.jit(do_not_specialize=["ROWS", "V", "N", "K", "step", "NT", "BLOCKS", "GROUPS"])
 def _markov_step_kernel(
     base_ptr, stride_bb, stride_bk, anchor_ptr, w1_ptr, stride_w1, w2_ptr, stride_w2,
     invt_ptr, greedy_ptr, pmax_ptr, parg_ptr, ticket_ptr, out_ptr, state_ptr,
-    ROWS, V, N, K, step, NT, BLOCKS,
+    ROWS, V, N, K, step, NT, BLOCKS, GROUPS,
     R: tl.constexpr, RP: tl.constexpr, BR: tl.constexpr, BV: tl.constexpr, NTP: tl.constexpr,
     FIRST: tl.constexpr, LAST: tl.constexpr, BIAS_DT: tl.constexpr, SUM_DT: tl.constexpr, PREC: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    # One program per vocabulary tile: its w2 tile is read once per step and every row block streams past it (a
-    # program per (tile, row block) re-read all of w2 per row block: 78 MB per 16 rows at Qwen3-8B's rank 256).
+    # Program (tile, group) loads its tile of w2 once and streams the group's row blocks past it: GROUPS = BLOCKS
+    # gives a program per row block (the most parallel), fewer groups read w2 fewer times (all of it once per
+    # group and step: 78 MB at Qwen3-8B's rank 256).
     pv = tl.program_id(0)
+    pg = tl.program_id(1)
     calls = tl.load(state_ptr + 1)
     c = tl.arange(0, RP)
     cols = pv * BV + tl.arange(0, BV)
     in_v = cols < V
     w2t = tl.load(w2_ptr + cols[None, :].to(tl.int64) * stride_w2 + c[:, None],
                   mask=in_v[None, :] & (c[:, None] < R), other=0.0)
-    for pb in range(0, BLOCKS):
+    for pb in range(pg, BLOCKS, GROUPS):
         rows = pb * BR + tl.arange(0, BR)
         live = rows < ROWS
         if FIRST:
@@ -95,13 +97,13 @@ def _markov_step_kernel(
             tl.store(out_ptr + rows * K + step, _merge_tiles(pmax_ptr, parg_ptr, rows, live, NT, NTP).to(tl.int64),
                      mask=live)
     if LAST:  # the launch's very last program advances the call counter: every program has read it by then
-        if tl.atomic_add(ticket_ptr + BLOCKS, 1, sem="acq_rel") == NT - 1:
+        if tl.atomic_add(ticket_ptr + BLOCKS, 1, sem="acq_rel") == NT * GROUPS - 1:
             tl.store(ticket_ptr + BLOCKS, 0)
             tl.store(state_ptr + 1, calls + 1)
 
 
 def markov_draws_triton(base_logits, anchor, w1, w2, n, inv_temperature, greedy, state, *, block_v: int | None = None,
-                        block_rows: int = 16, num_warps: int = 4) -> torch.Tensor:
+                        block_rows: int = 16, groups: int | None = None, num_warps: int = 4) -> torch.Tensor:
     bs, k, v = base_logits.shape
     rank = w2.shape[1]
     rows = bs * n
@@ -112,14 +114,17 @@ def markov_draws_triton(base_logits, anchor, w1, w2, n, inv_temperature, greedy,
     anchor, inv_temperature, greedy = anchor.contiguous(), inv_temperature.contiguous(), greedy.contiguous()
     w1, w2 = w1.contiguous(), w2.contiguous()
     out = torch.empty((bs, n, k), dtype=torch.int64, device=dev)
-    # The w2 tile stays in registers while the row blocks stream past it: R x BV elements, so a wide rank takes
-    # narrower tiles (Qwen3-8B's DSPARK head: rank 256)
-    block_v = block_v or (128 if rank > 64 or (rows <= 16 and v <= 65536) else 256)
+    # H200, bf16 (BENCHMARKS.md, kernels): at one request's 8 rows 128-token tiles win for V = 49152 (82 vs 102 µs) and
+    # lose for V = 151936 (946 vs 641: the merge reads twice the tiles); 256 from 8 requests up; 16 rows per program
+    # beat 32 at 256 and 512 rows (694 vs 900, 1365 vs 1644 µs), and a program per row block beat one per tile
+    # streaming every row block (1388 vs 694 µs at 256 rows, rank 32)
+    block_v = block_v or (128 if rows <= 16 and v <= 65536 else 256)
     nt = triton.cdiv(v, block_v)
     pmax = torch.empty((rows, nt), dtype=torch.float32, device=dev)
     parg = torch.empty((rows, nt), dtype=torch.int32, device=dev)
     br = block_rows
     blocks = triton.cdiv(rows, br)
+    groups = min(groups or blocks, blocks)
     tickets = _ticket_buffer(blocks + 1, dev)
     sum_dtype = torch.promote_types(base_logits.dtype, w2.dtype)
     meta = dict(
@@ -130,9 +135,9 @@ def markov_draws_triton(base_logits, anchor, w1, w2, n, inv_temperature, greedy,
         UPCAST=w2.dtype == torch.float32 or os.environ.get("TRITON_INTERPRET") == "1",
     )
     for j in range(k):
-        _markov_step_kernel[(nt,)](
+        _markov_step_kernel[(nt, groups)](
             base_logits, base_logits.stride(0), base_logits.stride(1), anchor, w1, w1.stride(0), w2, w2.stride(0),
-            inv_temperature, greedy, pmax, parg, tickets, out, state, rows, v, n, k, j, nt, blocks,
+            inv_temperature, greedy, pmax, parg, tickets, out, state, rows, v, n, k, j, nt, blocks, groups,
             FIRST=j == 0, LAST=j == k - 1, **meta,
         )
     return out

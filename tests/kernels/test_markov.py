@@ -39,6 +39,12 @@ def test_greedy_rows_equal_the_reference(dtype):
         ref = markov_draws_reference(base, anchor, w1, w2, n, inv, greedy, new_state(3, DEV)).cpu()
         mask = greedy.view(bs, n).cpu()
         assert torch.equal(ours[mask], ref[mask])
+        # programs streaming several row blocks past their w2 tile draw the same tokens
+        for groups in (1, 2):
+            streamed = markov_draws_triton(base, anchor, w1, w2, n, inv, greedy, new_state(3, DEV), block_rows=2,
+                                           groups=groups).cpu()
+            assert torch.equal(streamed, markov_draws_triton(base, anchor, w1, w2, n, inv, greedy, new_state(3, DEV),
+                                                             block_rows=2).cpu())
         assert ours.dtype == torch.int64 and ((ours >= 0) & (ours < v)).all()
         # a greedy row is the Markov chain of argmaxes, step by step
         prev, chain = anchor.long(), []
