@@ -118,7 +118,12 @@ def markov_draws_triton(base_logits, anchor, w1, w2, n, inv_temperature, greedy,
     # lose for V = 151936 (946 vs 641: the merge reads twice the tiles); 256 from 8 requests up; 16 rows per program
     # beat 32 at 256 and 512 rows (694 vs 900, 1365 vs 1644 µs), and a program per row block beat one per tile
     # streaming every row block (1388 vs 694 µs at 256 rows, rank 32)
-    block_v = block_v or (128 if rows <= 16 and v <= 65536 else 256)
+    # A program holds its R x BV tile of w2: wide ranks take narrower tiles (at most 16K elements), so Qwen3-8B's
+    # DSPARK head (rank 256) runs 64-token tiles, not 256 x 256 (live at 8B shapes the draft graph with the N draws
+    # took 8.9 ms at 32 requests against 1.2 ms at 1; the narrower tile is not yet measured: bench_kernels.py
+    # --parts markov --markov-min-rank 256)
+    rank_p = max(16, triton.next_power_of_2(rank))
+    block_v = block_v or min(128 if rows <= 16 and v <= 65536 else 256, max(32, 16384 // rank_p))
     nt = triton.cdiv(v, block_v)
     pmax = torch.empty((rows, nt), dtype=torch.float32, device=dev)
     parg = torch.empty((rows, nt), dtype=torch.int32, device=dev)
@@ -128,7 +133,7 @@ def markov_draws_triton(base_logits, anchor, w1, w2, n, inv_temperature, greedy,
     tickets = _ticket_buffer(blocks + 1, dev)
     sum_dtype = torch.promote_types(base_logits.dtype, w2.dtype)
     meta = dict(
-        R=rank, RP=max(16, triton.next_power_of_2(rank)), BR=br, BV=block_v, NTP=max(16, triton.next_power_of_2(nt)),
+        R=rank, RP=rank_p, BR=br, BV=block_v, NTP=max(16, triton.next_power_of_2(nt)),
         BIAS_DT=_TL_DTYPES[w2.dtype], SUM_DT=_TL_DTYPES[sum_dtype],
         PREC="ieee" if w2.dtype == torch.float32 else "tf32", num_warps=num_warps,
         # float32 weights take the ieee dot; Triton's interpreter computes bf16 / fp16 dots wrongly, so it upcasts
