@@ -164,8 +164,8 @@ def compare_with_chain(run, chain) -> dict:
     out.update(zip(("speedup", "speedup_ci_lo", "speedup_ci_hi"), nan3))
     if not all(_has_list(run, k) and _has_list(chain, k) for k in PER_PROMPT):
         with np.errstate(divide="ignore", invalid="ignore"):
-            out["tau_gain"] = float(np.float64(run.get("tau", math.nan)) / chain.get("tau", math.nan) - 1)
-            out["speedup"] = float(np.float64(run.get("tokens_per_s", math.nan)) / chain.get("tokens_per_s", math.nan))
+            out["tau_gain"] = float(_value(run, "tau") / _value(chain, "tau") - 1)
+            out["speedup"] = float(_value(run, "tokens_per_s") / _value(chain, "tokens_per_s"))
         return out
     a, b = (pd.DataFrame({k: list(r[k]) for k in PER_PROMPT}).set_index("prompt_ids") for r in (run, chain))
     shared = a.index.intersection(b.index)
@@ -179,6 +179,12 @@ def compare_with_chain(run, chain) -> dict:
                                    b["prompt_wall_time_s"])
         out.update(zip(("speedup", "speedup_ci_lo", "speedup_ci_hi"), speed))
     return out
+
+
+def _value(row, key) -> np.float64:
+    """A scalar of a summary or row as a float64 (None, the JSON of NaN, and a missing key read as NaN)."""
+    value = row.get(key)
+    return np.float64(math.nan if value is None else value)
 
 
 def _has_list(row, key) -> bool:

@@ -118,7 +118,7 @@ def load_results(source) -> pd.DataFrame:
     each row tagged with its table's folder (`source`); FileNotFoundError / EmptyResults when there is nothing. Tables written before a column existed read with its value of
     then: `mode` "direct", `policy` the trie vote (the only tree before the policy registry)."""
     source = Path(source)
-    files = [source] if source.suffix == ".parquet" else sorted(source.rglob(COLLECTED)) or sorted(source.glob("*.parquet"))
+    files = [source] if source.suffix == ".parquet" else _outermost(sorted(source.rglob(COLLECTED))) or sorted(source.glob("*.parquet"))
     if not files:
         raise FileNotFoundError(f"no {COLLECTED} under {source}; run a sweep or `python -m flashtree.results.collect DIR`")
     tables = [pd.read_parquet(f).assign(source=f.parent.name) for f in files]
@@ -131,6 +131,13 @@ def load_results(source) -> pd.DataFrame:
         df[col] = df[col].fillna(then) if col in df else then
     # tables collected before the comparisons with the chain existed get them (point values, no per-prompt sums)
     return df if "tau_gain" in df else with_chain_comparison(df)
+
+
+def _outermost(tables: list[Path]) -> list[Path]:
+    """The tables not inside another one's folder: a multirun's summary.parquet already holds the rows of the
+    per-job tables under it (a replay job collects its own grid), which would otherwise count twice."""
+    folders = {t.parent for t in tables}
+    return [t for t in tables if not any(p in folders for p in t.parent.parents)]
 
 
 def varying(df: pd.DataFrame) -> list[str]:
