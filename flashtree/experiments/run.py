@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from flashtree import metrics
 from flashtree.engine.stopping import stop_ids
 from flashtree.engine.target import greedy_reference
 from flashtree.experiments.config import NOT_MEASURED, RunConfig
-from flashtree.results import store
+from flashtree.results import provenance, store
 
 
 def measured_config(cfg: RunConfig) -> dict:
@@ -54,7 +55,7 @@ def make_drafter(cfg: RunConfig, model, reference=None):
 
 
 def generate_prompts(cfg: RunConfig, label: str):
-    """Run the engine over the configured prompts; returns (steps DataFrame, prompts DataFrame, K)."""
+    """Run the engine over the configured prompts; returns (steps DataFrame, prompts DataFrame, K, warm-up record)."""
     import pandas as pd
     import torch
     from tqdm.auto import tqdm
@@ -85,6 +86,7 @@ def generate_prompts(cfg: RunConfig, label: str):
             )
 
     step_rows, prompt_rows, k = [], [], None
+    warmup = {"generations": 0}
     bar = tqdm(encoded, desc=label, unit="prompt", disable=not cfg.logger.progress, dynamic_ncols=True)
     committed = n_steps = 0
     for i, ids in enumerate(bar):
@@ -95,7 +97,10 @@ def generate_prompts(cfg: RunConfig, label: str):
         d = make_drafter(cfg, model, reference) if per_prompt_drafter else drafter
         k = d.k
         if e.warmup and i == 0:
+            start = time.perf_counter()
             generate(input_ids, d, min(4, e.max_new_tokens), 0)  # untimed: first-call allocations and lazy init
+            warmup = {"generations": 1, "prompt": 0, "max_new_tokens": min(4, e.max_new_tokens),
+                      "time_s": time.perf_counter() - start}
             if per_prompt_drafter:
                 d = make_drafter(cfg, model, reference)  # a fresh oracle: its step counter restarts
         result = generate(input_ids, d, e.max_new_tokens, prompt_seed(cfg.seed, i))
@@ -114,7 +119,21 @@ def generate_prompts(cfg: RunConfig, label: str):
     bar.close()
     steps = metrics.steps_frame(step_rows)
     prompts_df = pd.DataFrame(prompt_rows, columns=list(metrics.PROMPT_COLUMNS))
-    return steps, prompts_df, k if k is not None else 0
+    return steps, prompts_df, k if k is not None else 0, warmup
+
+
+@contextmanager
+def fixed_threads(threads: int | None):
+    """torch's CPU thread count held at `threads` for the run (None: the process's count), restored after: a sweep's
+    configurations are timed with the same threads whatever ran before them."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def run_configuration(cfg: RunConfig, run_dir: Path, *, label: str, params: dict, log=print) -> dict:
@@ -130,10 +149,14 @@ def run_configuration(cfg: RunConfig, run_dir: Path, *, label: str, params: dict
                 done = _log_wandb(cfg, run_dir, done, label)
             return done
 
-    start = time.perf_counter()
-    steps, prompts_df, k = generate_prompts(cfg, label)
+    with fixed_threads(cfg.engine.threads):
+        machine = provenance.machine()  # before the run: its load average is what the run started under
+        start = time.perf_counter()
+        steps, prompts_df, k, warmup = generate_prompts(cfg, label)
+        run_time = time.perf_counter() - start
     head = {"label": label, "mode": "direct", "config_hash": digest, **metrics.summarize(steps, prompts_df, k),
-            "run_time_s": time.perf_counter() - start}
+            "run_time_s": run_time, "warmup": warmup,
+            "machine": {**machine, "load_average_after": provenance.machine()["load_average"]}}
     summary = write_run(cfg, run_dir, steps, prompts_df, head, params)
     log(f"[flashtree] {label}: tau={summary['tau']:.3f} tokens/s={summary['tokens_per_s']:.1f} -> {run_dir}")
     return summary

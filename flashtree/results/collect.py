@@ -59,9 +59,10 @@ def row(summary: dict) -> dict:
         **params,
     }
     for key, value in summary.items():
-        if key in ("params", "config", "versions", "git", "wandb", "status"):
+        if key in ("params", "config", "versions", "git", "wandb", "status", "machine", "warmup"):
             continue
         out[key] = value
+    out["threads"] = (summary.get("machine") or {}).get("threads")
     out["git_commit"] = (summary.get("git") or {}).get("commit")
     out["wandb_dir"] = (summary.get("wandb") or {}).get("dir")
     return out
