@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from flashtree.results.wandb_log import SUMMARY_FILE, offline_runs, offline_summary
+from flashtree.results.wandb_log import SUMMARY_FILE, offline_records, offline_runs, offline_summary
 
 from .helpers import CONFIGS, TINY, run_app
 
@@ -89,6 +89,26 @@ def test_wandb_offline_run_holds_the_summary(grid):
     assert logged["accept_per_depth"] == pytest.approx(local["accept_per_depth"])
     assert json.loads((wandb_run / "files" / SUMMARY_FILE).read_text())["tau"] == pytest.approx(local["tau"])
     assert local["wandb"]["mode"] == "offline"
+
+
+def test_wandb_run_opens_at_job_start_logs_each_step_by_prompt_and_the_tables_as_an_artifact(grid):
+    sweep, _ = grid
+    (run_dir,) = sweep.glob("*tree.n=4,tree.width=8")
+    local = json.loads((run_dir / "summary.json").read_text())
+    (wandb_run,) = offline_runs(run_dir)
+    records = [(r.WhichOneof("record_type"), r) for r in offline_records(wandb_run)]
+    (run,) = [r.run for kind, r in records if kind == "run"]
+    assert run.start_time.ToMicroseconds() / 1e6 <= local["started_at"]  # opened before the first prompt ran
+    assert json.loads(next(r.config for kind, r in records if kind == "config").update[0].value_json)
+    history = [{i.key: json.loads(i.value_json) for i in r.history.item} for kind, r in records if kind == "history"]
+    per_step = [h for h in history if "verify_step" in h]
+    steps = pd.read_parquet(run_dir / "steps.parquet")
+    assert [(h["prompt"], h["verify_step"], h["accept_len"]) for h in per_step] == \
+        list(zip(steps["prompt"], steps["step"], steps["accept_len"]))
+    assert steps["prompt"].nunique() == 2
+    manifests = [{e.path for e in r.artifact.manifest.contents} for kind, r in records if kind == "artifact"]
+    assert {"steps.parquet", "prompts.parquet", "summary.json"} in manifests
+    assert local["wandb"]["artifact"].startswith("tables-")
 
 
 def test_interrupted_sweep_keeps_finished_runs_and_resume_skips_them(tmp_path):
