@@ -100,7 +100,8 @@ def test_wandb_run_opens_at_job_start_logs_each_step_by_prompt_and_the_tables_as
     (run,) = [r.run for kind, r in records if kind == "run"]
     assert run.start_time.ToMicroseconds() / 1e6 <= local["started_at"]  # opened before the first prompt ran
     assert json.loads(next(r.config for kind, r in records if kind == "config").update[0].value_json)
-    history = [{i.key: json.loads(i.value_json) for i in r.history.item} for kind, r in records if kind == "history"]
+    history = [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+               for kind, r in records if kind == "history"]
     per_step = [h for h in history if "verify_step" in h]
     steps = pd.read_parquet(run_dir / "steps.parquet")
     assert [(h["prompt"], h["verify_step"], h["accept_len"]) for h in per_step] == \
