@@ -6,30 +6,13 @@
     python experiments/live.py run=[speed] phases.speed.servers=[chain,tree8-w16] phases.speed.rounds=3
     python experiments/live.py +preset=best live.dry_run=true   # print the servers' commands, start nothing
 
-Presets: configs/live/ (servers/*.yaml: the named servers; model/: paths, shared flags, precision profiles;
+Presets: flashtree/configs/live/ (servers/*.yaml: the named servers; model/: paths, shared flags, precision profiles;
 preset/: whole runs). Results in live.out_dir: <phase>_results.json, steps.parquet, summary.json, logs/.
+
+The same app as `flashtree live ...` (flashtree/cli.py).
 """
 
-import sys
-from pathlib import Path
-
-import hydra
-from omegaconf import DictConfig
-
-from flashtree.live.config import register
-
-register()
-
-
-@hydra.main(version_base="1.3", config_path=str(Path(__file__).resolve().parents[1] / "configs" / "live"),
-            config_name="live")
-def main(cfg: DictConfig) -> None:
-    from flashtree.live.app import run
-
-    status = run(cfg)
-    if status:
-        sys.exit(status)
-
+from flashtree.cli import run_app
 
 if __name__ == "__main__":
-    main()
+    run_app("live")

@@ -6,24 +6,11 @@
     python experiments/replay.py --multirun dataset=mt-bench,humaneval,gsm8k    # one recording per dataset
 
 Writes per (N, W) the same steps.parquet / summary.json a sweep run writes, and the collected summary.parquet.
+
+The same app as `flashtree replay ...` (flashtree/cli.py).
 """
 
-from pathlib import Path
-
-import hydra
-from omegaconf import DictConfig
-
-from flashtree.experiments.config import register
-
-register()
-
-
-@hydra.main(version_base="1.3", config_path=str(Path(__file__).resolve().parents[1] / "configs"), config_name="replay")
-def main(cfg: DictConfig) -> float:
-    from flashtree.experiments.replay_app import run_replay
-
-    return run_replay(cfg)
-
+from flashtree.cli import run_app
 
 if __name__ == "__main__":
-    main()
+    run_app("replay")

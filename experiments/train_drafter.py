@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Train a DSPARK block drafter for a flashtree target (flashtree.dspark), exported in sglang's DSPARK layout.
 
-    python experiments/train_drafter.py                                   # SmolLM2-135M on CUDA (configs/train/default.yaml)
+    python experiments/train_drafter.py                                   # SmolLM2-135M on CUDA (flashtree/configs/train/default.yaml)
     python experiments/train_drafter.py --config-name tiny                # tiny random target on CPU, seconds
     python experiments/train_drafter.py optim.steps=5000 out_dir=results/dspark-long logger.wandb.mode=disabled
     python experiments/train_drafter.py prepare_only=true target.device=cpu   # select the prompts, write prompts.json.gz
@@ -9,25 +9,11 @@
 Reruns resume from out_dir/state.pt (and reuse out_dir/data.pt) unless resume=false. The draft lands in
 out_dir/draft/ and loads with load_drafter("dspark", target, path=out_dir/draft) or sglang's
 --speculative-algorithm DSPARK --speculative-draft-model-path out_dir/draft.
+
+The same app as `flashtree train-drafter ...` (flashtree/cli.py).
 """
 
-from pathlib import Path
-
-import hydra
-from omegaconf import DictConfig
-
-from flashtree.dspark.train_config import register
-
-register()
-
-
-@hydra.main(version_base="1.3", config_path=str(Path(__file__).resolve().parents[1] / "configs" / "train"),
-            config_name="default")
-def main(cfg: DictConfig) -> float:
-    from flashtree.dspark.train_app import run
-
-    return run(cfg)
-
+from flashtree.cli import run_app
 
 if __name__ == "__main__":
-    main()
+    run_app("train-drafter")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The live benchmark on the lent H200: SmolLM2-135M-Instruct served by sglang 0.5.17 with flashtree's trained DSPARK
-# drafter; the app experiments/live.py does the rest (servers from configs/live/ presets, identity, speed, sampled).
+# drafter; the app experiments/live.py does the rest (servers from flashtree/configs/live/ presets, identity, speed, sampled).
 #
 # Dev machine, once: `bash scripts/live_smollm2_h200.sh pack-site` (hydra for the app -> .cache/live-site).
 # Device, right after `scripts/train_drafter_h200.sh train` (or its `stage-a`, `convert`, `stage-draft` modes) on the

@@ -19,7 +19,7 @@ from flashtree.engine import tree_generate
 from flashtree.files import DamagedFile
 from flashtree.models import load_target
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "train"
+CONFIGS = Path(__file__).resolve().parents[1] / "flashtree" / "configs" / "train"
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 
 Every command of the ```bash blocks of README.md and experiments/README.md, and every ```python block of README.md,
 is read from the files when the tests are collected (the files change; nothing here copies a command). Small limits:
-`python experiments/*.py` commands get a tiny model, one prompt, four new tokens, no W&B and temporary output folders
+`python experiments/*.py` and `flashtree sweep|replay` commands get a tiny model, one prompt, four new tokens, no W&B and temporary output folders
 appended (an override of the same key the command sets is replaced, so a sweep over datasets becomes one dataset);
 Optuna sweeps run 2 trials; `scripts/*.sh` run as written (they are the small jobs); Python blocks get `limit=1` and
 `max_new_tokens=8`. A `launcher=slurm` line cannot reach a cluster here: its config is composed and printed with
@@ -148,6 +148,9 @@ def test_readme_shell_command(command, tmp_path, request):
             assert "SlurmLauncher" in run.stdout
             return
         _run([sys.executable, app, *_small(args, tmp_path)], env)
+        assert (tmp_path / "run").exists() or (tmp_path / "sweep").exists()
+    elif program == "flashtree" and args[:1] in (["sweep"], ["replay"]):  # the installed command: same apps
+        _run([sys.executable, "-m", "flashtree.cli", args[0], *_small(args[1:], tmp_path)], env)
         assert (tmp_path / "run").exists() or (tmp_path / "sweep").exists()
     elif program in PYTHONS and args[:1] == ["-m"] and args[1].startswith("flashtree."):
         placeholders = [a for a in args if re.search(r"<\w+>", a)]

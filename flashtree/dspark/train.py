@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import random
 import time
@@ -29,6 +30,8 @@ from .data import (build_sequences, data_summary, expand_samples, generate_respo
 from .loss import block_loss, lr_at, sample_anchors, target_features
 from .model import DSparkDraftModel
 from .train_config import TrainConfig
+
+_log = logging.getLogger(__name__).info  # Hydra's job logging: the console and <output dir>/<job>.log
 
 MASK_CANDIDATES = ("<empty_output>", "<|mask|>", "<mask>", "[MASK]")
 
@@ -75,7 +78,7 @@ def draft_config(cfg: TrainConfig, target, tokenizer) -> DSparkConfig:
 # ---- data -----------------------------------------------------------------------------------------------------------
 
 
-def prepare_data(cfg: TrainConfig, target, tokenizer, out: Path, log=print):
+def prepare_data(cfg: TrainConfig, target, tokenizer, out: Path, log=_log):
     """The training sequences: out/data.pt when resuming, else prompts -> the target's greedy responses, plus the
     sampled ones data.extra_samples asks for."""
     from flashtree.datasets import encode_prompts
@@ -191,7 +194,7 @@ class _Wandb:
             self.run.finish()
 
 
-def train(cfg: TrainConfig, log=print) -> dict:
+def train(cfg: TrainConfig, log=_log) -> dict:
     """Run (or resume) a training; returns the summary (also written to out_dir/summary.json)."""
     from tqdm.auto import tqdm
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -9,6 +10,8 @@ from omegaconf import DictConfig
 
 from .train_config import TrainConfigError, to_train_config
 
+
+log = logging.getLogger(__name__)  # Hydra's job logging: the console and <output dir>/<job>.log
 
 def run(cfg: DictConfig) -> float:
     """Validate the config, then train (or only select the prompts); returns the last logged loss."""
@@ -38,5 +41,5 @@ def prepare_prompts(tc) -> int:
     prompts, counts = select_prompts(tc.data.sources, tokenizer, max_prompt_tokens=tc.data.max_prompt_tokens,
                                      seed=tc.seed)
     path = write_prompts_file(Path(tc.out_dir) / "prompts.json.gz", prompts, counts)
-    print(f"[dspark] {len(prompts)} prompts -> {path}: {counts}")
+    log.info(f"[dspark] {len(prompts)} prompts -> {path}: {counts}")
     return len(prompts)

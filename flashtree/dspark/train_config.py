@@ -1,4 +1,4 @@
-"""Structured config of `experiments/train_drafter.py` (Hydra composes configs/train/*.yaml over it)."""
+"""Structured config of `experiments/train_drafter.py` (Hydra composes flashtree/configs/train/*.yaml over it)."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import sys
 from pathlib import Path
 
@@ -11,6 +12,8 @@ from omegaconf import DictConfig
 from flashtree.experiments.config import ConfigError, to_run_config
 from flashtree.results import store
 
+
+log = logging.getLogger(__name__)  # Hydra's job logging: the console and <output dir>/<job>.log
 
 def params_of(cfg) -> dict:
     """Flat `group.key` parameters of a run (what the collected table and W&B config show), logger excluded."""
@@ -37,7 +40,7 @@ def run_job(cfg: DictConfig) -> float:
     label = hc.job.override_dirname or "default"
     if rc.objective.max_budget is not None and rc.tree.width > rc.objective.max_budget:
         # Over the verify budget: infeasible whatever it measures, so do not spend the compute.
-        print(f"[flashtree] {label}: tree.width={rc.tree.width} > objective.max_budget={rc.objective.max_budget}, "
+        log.info(f"[flashtree] {label}: tree.width={rc.tree.width} > objective.max_budget={rc.objective.max_budget}, "
               "not run (objective 0)")
         return 0.0
     out = Path(hc.runtime.output_dir)

@@ -21,14 +21,18 @@ class SweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from flashtree.results.lock import acquire_or_exit
 
+        from flashtree.experiments import progress
+
         self.lock = acquire_or_exit(config.hydra.sweep.dir)  # one sweep at a time per directory
         jobs = grid_jobs(config)
         if jobs is None:  # another sweeper (Optuna): its trials are checked one by one as they start
             trials = config.hydra.sweeper.get("n_trials")
             self.total = int(trials) if isinstance(trials, int) else None
+            progress.start(self.total)
             return
         self.total = len(jobs)
         check_jobs(jobs, config.hydra.job.config_name)
+        progress.start(self.total, jobs)
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         from hydra.core.hydra_config import HydraConfig
@@ -36,7 +40,10 @@ class SweepCallback(Callback):
 
         if HydraConfig.get().mode != RunMode.MULTIRUN:
             return
+        from flashtree.experiments import progress
+
         self.done += 1
+        progress.job_done()
         total = f"/{self.total}" if self.total else ""
         print(f"[flashtree] sweep: {self.done}{total} jobs ended here", flush=True)
 

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import sys
 import time
@@ -21,6 +22,8 @@ from flashtree.experiments.app import params_of
 from flashtree.experiments.config import ConfigError, to_run_config
 from flashtree.files import DamagedFile, load_torch, set_aside
 from flashtree.results import store
+
+log = logging.getLogger(__name__)  # Hydra's job logging: the console and <output dir>/<job>.log
 
 RECORDING = "recording.pt"
 
@@ -36,7 +39,7 @@ def load_or_record(rc, out: Path):
 
     if rc.replay.recording:
         saved = load_torch(rc.replay.recording, "the replay recording (replay.recording)")
-        print(f"[flashtree] replaying {rc.replay.recording} ({len(saved['recordings'])} prompts)")
+        log.info(f"[flashtree] replaying {rc.replay.recording} ({len(saved['recordings'])} prompts)")
         return [Recording(**r) for r in saved["recordings"]], saved["record_time_s"]
     grown_width = max(rc.replay.widths)
     key = {**measured_config(rc), "tree": None, "replay": None, "n_max": rc.replay.n_max, "v": RECORDING_VERSION}
@@ -52,7 +55,7 @@ def load_or_record(rc, out: Path):
         recs = [Recording(**r) for r in saved["recordings"]]
         # grown policies' trees are recorded up to the widest W asked for then: a wider grid records again
         if all(t.shape[1] + 1 >= grown_width for r in recs for t, _ in (r.grown or {}).values()):
-            print(f"[flashtree] reusing {path} ({len(recs)} prompts)")
+            log.info(f"[flashtree] reusing {path} ({len(recs)} prompts)")
             return recs, saved["record_time_s"]
     model, tokenizer = load(rc)
     drafter = make_drafter(rc, model)
@@ -145,6 +148,6 @@ def replay_grid(rc, out: Path) -> float:
               "replay_time_s": replay_time}
     store.write_json_atomic(out / "replay_timing.json", timing)
     df = collect(out)
-    print(f"\n{format_table(df)}\n\n[flashtree] record {record_time:.1f}s, replay of {len(grid)} configs "
+    log.info(f"\n{format_table(df)}\n\n[flashtree] record {record_time:.1f}s, replay of {len(grid)} configs "
           f"{replay_time:.1f}s; {len(df)} rows -> {out / COLLECTED}")
     return float(df["tau"].max()) if len(df) else 0.0

@@ -1,6 +1,6 @@
 """From named presets to processes: the `python -m sglang.launch_server` command line and environment of each server.
 
-A server instance is one named server (`configs/live/servers/`) in one precision profile of the model, with the extra
+A server instance is one named server (`flashtree/configs/live/servers/`) in one precision profile of the model, with the extra
 environment of the phase that runs it; instances that agree on all three are one process shared by the phases.
 """
 

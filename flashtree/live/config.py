@@ -1,5 +1,5 @@
 """Structured config of the live benchmark (`experiments/live.py`): named sglang servers, the model they serve, the
-phases that measure them. Hydra composes the YAML presets under `configs/live/` on top of these schemas; value checks
+phases that measure them. Hydra composes the YAML presets under `flashtree/configs/live/` on top of these schemas; value checks
 run in `__post_init__` (called by `to_live_config`) and name the offending key.
 
 Importing this module needs no hydra (`register` imports it when called).
@@ -225,7 +225,7 @@ class LiveConfig:
 
 
 def register() -> None:
-    """Put the schema in Hydra's ConfigStore (configs/live/*.yaml extend it)."""
+    """Put the schema in Hydra's ConfigStore (flashtree/configs/live/*.yaml extend it)."""
     from hydra.core.config_store import ConfigStore
 
     cs = ConfigStore.instance()

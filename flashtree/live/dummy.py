@@ -13,7 +13,7 @@ ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
 @dataclass
 class DummyShapes:
     """A target of a real model's shapes with no weights (`--load-format dummy`), and a DSPARK draft for it; the
-    shapes of each preset are in configs/live/model/*-dummy.yaml."""
+    shapes of each preset are in flashtree/configs/live/model/*-dummy.yaml."""
 
     architecture: str  # qwen3 | llama
     num_hidden_layers: int

@@ -27,8 +27,6 @@ OTHER_VARIABLES = {
     "FLASHTREE_CACHE": "flashtree's model cache (flashtree/models.py, scripts/*_h200.sh)",
     "FLASHTREE_TORCH": "scripts/setup.sh: skip = keep the venv's torch",
     "FLASHTREE_SGLANG_REBUILD": "scripts/setup_sglang.sh: 1 = rebuild the release's venv",
-    "FLASHTREE_RESULTS": "notebooks/acceptance.ipynb: the results it reads",
-    "FLASHTREE_FIGURES": "notebooks/acceptance.ipynb: where it writes figures",
 }
 
 README = Path(__file__).with_name("README.md")

@@ -1,6 +1,6 @@
 """Figures of a collected results table (summary.parquet): where does width pay?
 
-    python -m flashtree.results.plots multirun/<name>      # writes <dir>/figures/*.png
+    python -m flashtree.results.plots multirun/<name>      # writes <dir>/figures/*.pdf and *.png
 
 Each function takes the collected table (one row per configuration; columns dataset, tree.n, tree.width, tau,
 accept_per_depth, tokens_per_s, ...) and returns a matplotlib Figure (None when the table lacks what it needs).
@@ -51,14 +51,51 @@ def _axes(count: int, width: float = 4.2, height: float = 3.4):
     return fig, axes[0]
 
 
+def _log2_axis(ax, values) -> None:
+    """A base-2 log x axis ticked at exactly `values`, labelled 4, 8, 16 (not 2^2, 2^3)."""
+    from matplotlib.ticker import NullLocator
+
+    values = sorted(set(int(v) for v in values))
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(values, [str(v) for v in values])
+    ax.xaxis.set_minor_locator(NullLocator())
+
+
+def _series(part: pd.DataFrame, x: str, columns: list[str], xs) -> pd.DataFrame:
+    """`columns` of `part` against every x of the panel (`xs`), averaged over other keys; a point the table lacks is
+    NaN, so its line breaks there instead of joining its neighbours."""
+    present = [c for c in columns if c in part]
+    return part.groupby(x)[present].mean().reindex(sorted(xs))
+
+
+def _errorbars(ax, x, series: pd.DataFrame, value: str, label: str, scale: float = 1.0) -> None:
+    """One line of `series[value]` at `x` with its 95% interval as error bars (when the table has it)."""
+    y = series[value] * scale
+    lo, hi = f"{value}_ci_lo", f"{value}_ci_hi"
+    if lo in series and series[lo].notna().any():
+        yerr = np.vstack([y - series[lo] * scale, series[hi] * scale - y]).clip(min=0)
+        ax.errorbar(x, y, yerr=yerr, marker="o", ms=4, capsize=2.5, lw=1.4, elinewidth=0.9, label=label)
+    else:
+        ax.plot(x, y, marker="o", ms=4, lw=1.4, label=label)
+
+
+def _dodge(count: int, spread: float) -> np.ndarray:
+    """Offsets in [-spread, spread] that set `count` lines' points apart at each x, so their error bars do not merge
+    into one block (on a log-2 axis they are exponents: ±spread of an octave)."""
+    return np.linspace(-spread, spread, count) if count > 1 else np.zeros(1)
+
+
 def tau_heatmaps(df: pd.DataFrame):
-    """τ over the (N, W) grid, one panel per dataset (shared colour scale)."""
+    """τ over the (N, W) grid, one panel per dataset; one colour scale for every panel, anchored at τ = 1 (no draft
+    token accepted), so a colour means the same τ in every panel and every figure of one table."""
+    import matplotlib
+
     grids = _grid(df, "tau")
     fig, axes = _axes(len(grids))
-    lo = min(g.min().min() for g in grids.values())
-    hi = max(g.max().max() for g in grids.values())
+    lo, hi = 1.0, max(1.0 + 1e-9, max(g.max().max() for g in grids.values()))
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="0.9")  # missing (N, W): light grey
     for ax, (name, g) in zip(axes, grids.items()):
-        im = ax.imshow(g.to_numpy(), origin="lower", cmap="viridis", vmin=lo, vmax=hi, aspect="auto")
+        im = ax.imshow(g.to_numpy(), origin="lower", cmap=cmap, vmin=lo, vmax=hi, aspect="auto")
         ax.set_xticks(range(len(g.columns)), [str(c) for c in g.columns])
         ax.set_yticks(range(len(g.index)), [str(i) for i in g.index])
         for (i, j), v in np.ndenumerate(g.to_numpy()):
@@ -69,17 +106,17 @@ def tau_heatmaps(df: pd.DataFrame):
     return fig
 
 
-def _lines_over_width(df: pd.DataFrame, value: str, label: str, band: bool = False):
-    """`value` against W, one line per N, one panel each; with `band`, the prompts' 95% CI as a band when known."""
+def _lines_over_width(df: pd.DataFrame, value: str, label: str):
+    """`value` against W, one line per N, one panel each, with the prompts' 95% interval as error bars when known."""
     fig, axes = _axes(_panel_count(df))
-    columns = [value, f"{value}_ci_lo", f"{value}_ci_hi"] if band else [value]
+    columns = [value, f"{value}_ci_lo", f"{value}_ci_hi"]
     for ax, (name, part) in zip(axes, _panels(df)):
-        for n, line in part.groupby("tree.n", sort=True):
-            line = line.groupby("tree.width", as_index=False)[columns].mean()
-            ax.plot(line["tree.width"], line[value], marker="o", label=f"N={n}")
-            if band and line[f"{value}_ci_lo"].notna().all():
-                ax.fill_between(line["tree.width"], line[f"{value}_ci_lo"], line[f"{value}_ci_hi"], alpha=0.15)
-        ax.set_xscale("log", base=2)
+        widths = part["tree.width"].unique()
+        ns = sorted(part["tree.n"].unique())
+        for n, shift in zip(ns, _dodge(len(ns), 0.12)):
+            line = _series(part[part["tree.n"] == n], "tree.width", columns, widths)
+            _errorbars(ax, line.index * 2**shift, line, value, f"N={n}")
+        _log2_axis(ax, widths)
         ax.set(title=f"{label} vs W — {name}", xlabel="W (verify tokens)", ylabel=label)
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -87,55 +124,63 @@ def _lines_over_width(df: pd.DataFrame, value: str, label: str, band: bool = Fal
 
 
 def tau_lines(df: pd.DataFrame):
-    """τ against W, one line per N, one panel per dataset, with the prompts' 95% CI as a band when known."""
-    return _lines_over_width(df, "tau", "τ", band=True)
+    """τ against W, one line per N, one panel per dataset, with the prompts' 95% intervals."""
+    return _lines_over_width(df, "tau", "τ")
 
 
 def depth_curves(df: pd.DataFrame):
-    """Conditional acceptance per depth, P(d accepted | d-1 accepted), for each N at the widest W."""
+    """Conditional acceptance per depth, P(d accepted | d-1 accepted), for each N at the widest W, with the prompts'
+    95% intervals. Conditional, unlike vLLM's per-position acceptance rate (flashtree's reach: P(accept_len >= d))."""
     fig, axes = _axes(_panel_count(df))
     for ax, (name, part) in zip(axes, _panels(df)):
-        widest = part[part["tree.width"] == part["tree.width"].max()]
-        for _, row in widest.sort_values("tree.n").iterrows():
+        widest = part[part["tree.width"] == part["tree.width"].max()].sort_values("tree.n")
+        for (_, row), shift in zip(widest.iterrows(), _dodge(len(widest), 0.25)):
             acc = np.asarray(row["accept_per_depth"], dtype=float)
-            ax.plot(np.arange(1, len(acc) + 1), acc, marker="o", label=f"N={row['tree.n']}")
-        ax.set(title=f"acceptance per depth — {name} (W={part['tree.width'].max()})", xlabel="depth d",
-               ylabel="P(d | d-1)", ylim=(0, 1.02))
-        ax.legend(fontsize=8)
+            depth = pd.DataFrame({"a": acc}, index=np.arange(1, len(acc) + 1))
+            if "accept_per_depth_ci_lo" in row and row["accept_per_depth_ci_lo"] is not None:
+                depth["a_ci_lo"] = np.asarray(row["accept_per_depth_ci_lo"], dtype=float)
+                depth["a_ci_hi"] = np.asarray(row["accept_per_depth_ci_hi"], dtype=float)
+            _errorbars(ax, depth.index + shift, depth, "a", f"N={row['tree.n']}")
+        ax.set(title=f"acceptance per depth — {name} (W={part['tree.width'].max()})",
+               xlabel="depth d (conditional; vLLM's per-position rate is reach)",
+               ylabel="P(d accepted | d−1 accepted)", ylim=(0, 1.02))
+        ax.legend(fontsize=8, loc="lower left")
     fig.tight_layout()
     return fig
 
 
 def gain_table(df: pd.DataFrame) -> pd.DataFrame:
-    """τ(N, W) / τ(N=1, W) − 1 per dataset and policy: what the extra candidates buy over the chain at the same
-    width."""
+    """The gain in τ over the chain (collected column tau_gain, paired intervals tau_gain_ci_lo/hi; see
+    flashtree.metrics) per dataset, policy, N and W."""
     keys = [c for c in ("dataset", "policy") if c in df]
     df = _on_grid(df)
-    chain = df[df["tree.n"] == 1].groupby([*keys, "tree.width"])["tau"].mean().rename("tau_chain")
-    out = df.groupby([*keys, "tree.n", "tree.width"], as_index=False)["tau"].mean()
-    out = out.join(chain, on=[*keys, "tree.width"])
-    out["gain"] = out["tau"] / out["tau_chain"] - 1
-    return out
+    columns = [c for c in ("tau", "tau_gain", "tau_gain_ci_lo", "tau_gain_ci_hi") if c in df]
+    out = df.groupby([*keys, "tree.n", "tree.width"], as_index=False)[columns].mean()
+    return out.rename(columns={"tau_gain": "gain", "tau_gain_ci_lo": "gain_ci_lo", "tau_gain_ci_hi": "gain_ci_hi"})
 
 
 def gain_over_chain(df: pd.DataFrame):
-    if not (df["tree.n"] == 1).any():
-        return None
+    """τ gain over the chain (%) against N, one line per W, with the paired 95% intervals."""
     gains = gain_table(df)
+    if "gain" not in gains or not gains["gain"].notna().any():
+        return None
     fig, axes = _axes(_panel_count(gains))
     for ax, (name, part) in zip(axes, _panels(gains)):
-        for w, line in part.groupby("tree.width", sort=True):
-            ax.plot(line["tree.n"], 100 * line["gain"], marker="o", label=f"W={w}")
+        ns = part["tree.n"].unique()
+        widths = sorted(part["tree.width"].unique())
+        for w, shift in zip(widths, _dodge(len(widths), 0.12)):
+            line = _series(part[part["tree.width"] == w], "tree.n", ["gain", "gain_ci_lo", "gain_ci_hi"], ns)
+            _errorbars(ax, line.index * 2**shift, line, "gain", f"W={w}", scale=100)
         ax.axhline(0, color="grey", lw=0.8)
-        ax.set_xscale("log", base=2)
-        ax.set(title=f"τ gain over chain (N=1) — {name}", xlabel="N (candidates)", ylabel="gain (%)")
+        _log2_axis(ax, ns)
+        ax.set(title=f"τ gain over the chain — {name}", xlabel="N (candidates)", ylabel="gain over N=1 vote (%)")
         ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
 
 
 def tokens_per_s(df: pd.DataFrame):
-    """Measured tokens/s per (N, W) (replayed rows carry no timing and are left out)."""
+    """Measured tokens/s per (N, W) with the prompts' 95% intervals (replayed rows carry no timing and are left out)."""
     timed = df[df["tokens_per_s"].notna()] if "tokens_per_s" in df else df.iloc[:0]
     if not len(timed):
         return None
@@ -151,7 +196,12 @@ FIGURES = {
 }
 
 
+FORMATS = ("pdf", "png")  # vector for papers, raster for notebooks and READMEs
+PNG_DPI = 200
+
+
 def save_all(df: pd.DataFrame, out_dir) -> list[Path]:
+    """Every figure the table supports, as <out_dir>/<name>.pdf and .png; returns the paths written."""
     import matplotlib.pyplot as plt
 
     out_dir = Path(out_dir)
@@ -161,10 +211,11 @@ def save_all(df: pd.DataFrame, out_dir) -> list[Path]:
         fig = make(df)
         if fig is None:
             continue
-        path = out_dir / f"{name}.png"
-        fig.savefig(path, dpi=110, bbox_inches="tight")
+        for fmt in FORMATS:
+            path = out_dir / f"{name}.{fmt}"
+            fig.savefig(path, dpi=PNG_DPI, bbox_inches="tight")
+            written.append(path)
         plt.close(fig)
-        written.append(path)
     return written
 
 

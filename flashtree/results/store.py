@@ -3,7 +3,7 @@ run marked done. Sweeps, replay and live runs all write through `write_run`, so 
 
     <run dir>/steps.parquet    one row per verify step (flashtree.metrics.STEP_COLUMNS, schema version in metadata)
     <run dir>/prompts.parquet  one row per prompt (tokens, steps, wall time)
-    <run dir>/summary.json     metrics + config + versions; written last, atomically. `resume` trusts a run whose
+    <run dir>/summary.json     metrics + config + provenance (versions, machine, warm-up, git); written last, atomically. `resume` trusts a run whose
                                summary has status "complete" and a matching config hash, and whose steps.parquet
                                is readable, of this schema version and as long as the summary says
     <run dir>/wandb/           the W&B run (offline runs: offline-run-*/, `wandb sync` uploads them)
@@ -15,14 +15,13 @@ import hashlib
 import json
 import math
 import os
-import platform
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from flashtree import metrics
 from flashtree.files import DamagedFile, load_json, set_aside
+from flashtree.results import provenance
 
 SUMMARY = "summary.json"
 STEPS = "steps.parquet"
@@ -118,8 +117,10 @@ def write_run(run_dir: Path, steps, prompts, head: dict, *, params: dict, config
         "steps_schema_version": metrics.STEPS_SCHEMA_VERSION,
         "params": params,
         "config": config,
-        "versions": versions(),
-        "git": git_commit(),
+        "versions": provenance.versions(),
+        # the caller's machine record (taken before its run, so the load average is the run's) or one taken now
+        "machine": head.get("machine") or provenance.machine(),
+        "git": provenance.git_commit(),
         "run_dir": str(run_dir.resolve()),
     }
     write_json_atomic(run_dir / SUMMARY, summary)
@@ -136,28 +137,3 @@ def flatten(d: dict, prefix: str = "") -> dict:
         else:
             out[name] = value
     return out
-
-
-def versions() -> dict:
-    import importlib.metadata as md
-
-    out = {"python": platform.python_version()}
-    for pkg in ("flashtree", "torch", "transformers", "hydra-core", "wandb", "flashmap"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            pass
-    return out
-
-
-def git_commit() -> dict:
-    """Commit (and whether the tree is dirty) of the flashtree checkout, when it is one."""
-    root = Path(__file__).resolve().parents[2]
-    try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        if commit.returncode != 0:
-            return {"commit": None}
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True, timeout=10)
-        return {"commit": commit.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
-    except (OSError, subprocess.TimeoutExpired):
-        return {"commit": None}

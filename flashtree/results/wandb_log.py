@@ -1,4 +1,5 @@
-"""W&B logging of one finished run: config, summary, per-depth acceptance (table + line plot), per-step history.
+"""W&B logging of one run: config at its start, per-step history (with the prompt index) as it runs, then summary,
+per-depth acceptance (table + line plot) and its parquet tables as an artifact.
 
 The local files (summary.json, steps.parquet) are written first and stay the source of truth; W&B is a view of them.
 Offline runs land in <run dir>/wandb/offline-run-*/ and upload later with `wandb sync <that folder>`.
@@ -24,46 +25,75 @@ SCALARS = (
 )
 
 
-def log_run(wcfg, run_dir: Path, summary: dict, *, label: str, group: str, steps=None) -> dict:
-    """Log `summary` (and the steps, if given) as one W&B run; returns where it went."""
-    # wandb reads its mode from the environment in some code paths; make the config's choice the only one.
-    os.environ["WANDB_MODE"] = wcfg.mode
-    os.environ.setdefault("WANDB_SILENT", "true")
-    import wandb
+HISTORY = ("accept_len", "committed", "tree_size", "distinct_candidates")  # per verify step, with prompt and step
 
-    run = wandb.init(
-        mode=wcfg.mode,
-        project=wcfg.project,
-        entity=wcfg.entity,
-        group=group,
-        name=label,
-        tags=list(wcfg.tags) or None,
-        dir=str(run_dir),
-        config=summary.get("params", {}),
-        reinit="finish_previous",
-    )
-    try:
-        if steps is not None and len(steps):
-            # Per-step history: accepted length and tree size, so W&B can chart them against the step.
-            for row in steps[["accept_len", "committed", "tree_size", "distinct_candidates"]].itertuples(index=False):
-                run.log(row._asdict())
-        depth_rows = [
-            [d + 1, _num(a), _num(r)] for d, (a, r) in enumerate(zip(summary["accept_per_depth"], summary["reach_per_depth"]))
-        ]
-        table = wandb.Table(columns=["depth", "acceptance", "reach"], data=depth_rows)
-        run.log({
-            "accept_per_depth": table,
-            "accept_per_depth_plot": wandb.plot.line(table, "depth", "acceptance", title=f"acceptance per depth: {label}"),
-        })
-        run.summary.update({k: _num(summary[k]) for k in SCALARS if k in summary})
-        run.summary["accept_per_depth"] = [_num(a) for a in summary["accept_per_depth"]]
-        run.summary["reach_per_depth"] = [_num(a) for a in summary["reach_per_depth"]]
-        # The full summary (config, versions, CIs) as a run file too: `wandb sync` uploads the files folder.
-        store.write_json_atomic(Path(run.dir) / SUMMARY_FILE, summary)
-        info = {"mode": wcfg.mode, "id": run.id, "dir": str(Path(run.dir).parent)}
-    finally:
-        run.finish()
-    return info
+
+class WandbRun:
+    """One W&B run, opened when its job starts (so W&B's system monitor covers the run and its config is there from
+    the start), fed each prompt's steps as they finish, closed with the summary, per-depth table and the run's
+    parquet tables as an artifact."""
+
+    def __init__(self, wcfg, run_dir: Path, *, label: str, group: str, config: dict) -> None:
+        # wandb reads its mode from the environment in some code paths; make the config's choice the only one.
+        os.environ["WANDB_MODE"] = wcfg.mode
+        os.environ.setdefault("WANDB_SILENT", "true")
+        import wandb
+
+        self.mode, self.label = wcfg.mode, label
+        self.run = wandb.init(
+            mode=wcfg.mode,
+            project=wcfg.project,
+            entity=wcfg.entity,
+            group=group,
+            name=label,
+            tags=list(wcfg.tags) or None,
+            dir=str(run_dir),
+            config=config,
+            reinit="finish_previous",
+        )
+
+    def log_steps(self, rows) -> None:
+        """Per-step history of one prompt (rows of the steps table: dicts or a DataFrame), keyed by its prompt and
+        verify step, so W&B charts acceptance against the step and filters by prompt."""
+        records = rows.to_dict("records") if hasattr(rows, "to_dict") else rows
+        for r in records:
+            self.run.log({"prompt": int(r["prompt"]), "verify_step": int(r["step"]), **{k: r[k] for k in HISTORY}})
+
+    def finish(self, summary: dict, run_dir: Path) -> dict:
+        """Summary, per-depth table and plot, the run's files as an artifact; returns where the run went."""
+        import wandb
+
+        run = self.run
+        try:
+            depth_rows = [[d + 1, _num(a), _num(r)]
+                          for d, (a, r) in enumerate(zip(summary["accept_per_depth"], summary["reach_per_depth"]))]
+            table = wandb.Table(columns=["depth", "acceptance", "reach"], data=depth_rows)
+            run.log({
+                "accept_per_depth": table,
+                "accept_per_depth_plot": wandb.plot.line(table, "depth", "acceptance",
+                                                         title=f"acceptance per depth (conditional): {self.label}"),
+            })
+            run.summary.update({k: _num(summary[k]) for k in SCALARS if k in summary})
+            run.summary["accept_per_depth"] = [_num(a) for a in summary["accept_per_depth"]]
+            run.summary["reach_per_depth"] = [_num(a) for a in summary["reach_per_depth"]]
+            # The full summary (config, provenance, CIs) as a run file too: `wandb sync` uploads the files folder.
+            store.write_json_atomic(Path(run.dir) / SUMMARY_FILE, summary)
+            tables = wandb.Artifact(f"tables-{run.id}", type="results", description=f"flashtree run {self.label}")
+            for name in (store.STEPS, store.PROMPTS, store.SUMMARY):
+                if (Path(run_dir) / name).is_file():
+                    tables.add_file(str(Path(run_dir) / name), name=name)
+            run.log_artifact(tables)
+            return {"mode": self.mode, "id": run.id, "dir": str(Path(run.dir).parent), "artifact": tables.name}
+        finally:
+            run.finish()
+
+
+def log_run(wcfg, run_dir: Path, summary: dict, *, label: str, group: str, steps=None) -> dict:
+    """Log a stored run as one W&B run after the fact (a resumed or replayed run): open, history, finish."""
+    run = WandbRun(wcfg, run_dir, label=label, group=group, config=summary.get("params", {}))
+    if steps is not None and len(steps):
+        run.log_steps(steps)
+    return run.finish(summary, run_dir)
 
 
 def _num(x):
@@ -75,19 +105,25 @@ def offline_runs(run_dir: Path) -> list[Path]:
     return sorted((Path(run_dir) / "wandb").glob("offline-run-*"))
 
 
-def offline_summary(wandb_run: Path) -> dict:
-    """The run summary recorded in an offline W&B run's transaction log (what `wandb sync` would upload).
+def offline_records(wandb_run: Path):
+    """The protobuf `Record`s of an offline W&B run's transaction log, in order (what `wandb sync` would upload).
 
     The .wandb file is a LevelDB-style log (7-byte file header, 32 KiB blocks of chunks with a 7-byte header:
-    crc32, length, type full/first/middle/last) of protobuf `Record`s; summary records are folded in order.
+    crc32, length, type full/first/middle/last) of protobuf `Record`s.
     """
     from wandb.proto import wandb_internal_pb2 as pb
 
     (log,) = Path(wandb_run).glob("run-*.wandb")
-    summary: dict = {}
     for blob in _log_records(log.read_bytes()):
         record = pb.Record()
         record.ParseFromString(blob)
+        yield record
+
+
+def offline_summary(wandb_run: Path) -> dict:
+    """The run summary recorded in an offline W&B run: its summary records folded in order."""
+    summary: dict = {}
+    for record in offline_records(wandb_run):
         if record.WhichOneof("record_type") == "summary":
             for item in record.summary.update:
                 key = item.key or "/".join(item.nested_key)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+CONFIGS = REPO / "flashtree" / "configs"
 # A tiny target and the oracle drafter: real engine runs with known, non-trivial acceptance, in seconds.
 TINY = ["target=tiny-llama", "drafter=oracle", "dataset.limit=2", "engine.max_new_tokens=12", "logger.progress=false"]
 

@@ -13,7 +13,7 @@ def run_config(overrides):
     from flashtree.experiments.config import register, to_run_config
 
     register()
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(REPO / "flashtree" / "configs"), version_base="1.3"):
         return to_run_config(compose("config", overrides=overrides), overrides)
 
 
@@ -21,7 +21,7 @@ def train_config(overrides, name="tiny"):
     from flashtree.dspark.train_config import register, to_train_config
 
     register()
-    with initialize_config_dir(config_dir=str(REPO / "configs" / "train"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(REPO / "flashtree" / "configs" / "train"), version_base="1.3"):
         return to_train_config(compose(name, overrides=overrides), overrides)
 
 
@@ -53,5 +53,5 @@ def test_trainer_config_refuses_what_it_would_drop_or_misread(override, message)
 
 
 def test_a_command_line_dict_replaces_the_presets():
-    # configs/train/default.yaml lists four sources; Hydra alone would merge and keep all four
+    # flashtree/configs/train/default.yaml lists four sources; Hydra alone would merge and keep all four
     assert train_config(["data.sources={gsm8k-first-half: 2}"], name="default").data.sources == {"gsm8k-first-half": 2}

@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 import torch
 
-from flashtree.results.wandb_log import SUMMARY_FILE, offline_runs, offline_summary
+from flashtree.results.wandb_log import SUMMARY_FILE, offline_records, offline_runs, offline_summary
 
-from .helpers import TINY, run_app
+from .helpers import CONFIGS, TINY, run_app
 
 
 def direct_tau(n: int, width: int) -> float:
@@ -91,6 +91,27 @@ def test_wandb_offline_run_holds_the_summary(grid):
     assert local["wandb"]["mode"] == "offline"
 
 
+def test_wandb_run_opens_at_job_start_logs_each_step_by_prompt_and_the_tables_as_an_artifact(grid):
+    sweep, _ = grid
+    (run_dir,) = sweep.glob("*tree.n=4,tree.width=8")
+    local = json.loads((run_dir / "summary.json").read_text())
+    (wandb_run,) = offline_runs(run_dir)
+    records = [(r.WhichOneof("record_type"), r) for r in offline_records(wandb_run)]
+    (run,) = [r.run for kind, r in records if kind == "run"]
+    assert run.start_time.ToMicroseconds() / 1e6 <= local["started_at"]  # opened before the first prompt ran
+    assert json.loads(next(r.config for kind, r in records if kind == "config").update[0].value_json)
+    history = [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+               for kind, r in records if kind == "history"]
+    per_step = [h for h in history if "verify_step" in h]
+    steps = pd.read_parquet(run_dir / "steps.parquet")
+    assert [(h["prompt"], h["verify_step"], h["accept_len"]) for h in per_step] == \
+        list(zip(steps["prompt"], steps["step"], steps["accept_len"]))
+    assert steps["prompt"].nunique() == 2
+    manifests = [{e.path for e in r.artifact.manifest.contents} for kind, r in records if kind == "artifact"]
+    assert {"steps.parquet", "prompts.parquet", "summary.json"} in manifests
+    assert local["wandb"]["artifact"].startswith("tables-")
+
+
 def test_interrupted_sweep_keeps_finished_runs_and_resume_skips_them(tmp_path):
     sweep = tmp_path / "sweep"
     args = ["--multirun", *TINY, "logger.wandb.mode=disabled", "tree.n=1,2", "tree.width=4", f"hydra.sweep.dir={sweep}"]
@@ -157,3 +178,39 @@ def test_a_bad_target_drafter_or_split_in_a_grid_fails_before_any_job(tmp_path, 
     assert proc.returncode == 2
     assert message in proc.stderr, proc.stderr
     assert not list(sweep.rglob("summary.json"))
+
+
+def test_every_run_records_its_machine_versions_and_warmup(grid):
+    sweep, _ = grid
+    (run_dir,) = sweep.glob("*tree.n=4,tree.width=8")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    machine = summary["machine"]
+    assert machine["threads"] == 1  # the test runs the app under OMP_NUM_THREADS=1
+    assert machine["cpu"] and machine["cpu_count"] >= 1 and machine["gpu"] is None
+    assert len(machine["load_average"]) == 3 and len(machine["load_average_after"]) == 3
+    assert {"python", "flashtree", "torch", "triton"} <= set(summary["versions"])
+    assert summary["warmup"]["generations"] == 1 and summary["warmup"]["time_s"] > 0
+    assert (pd.read_parquet(sweep / "summary.parquet")["threads"] == 1).all()
+
+
+def test_engine_threads_fixes_the_thread_count_and_no_warmup_is_recorded(tmp_path):
+    run = tmp_path / "run"
+    run_app("sweep.py", [*TINY, "logger.wandb.mode=disabled", "engine.threads=2", "engine.warmup=false",
+                         f"hydra.run.dir={run}"], cwd=tmp_path)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["machine"]["threads"] == 2 and summary["config"]["engine"]["threads"] == 2
+    assert summary["warmup"] == {"generations": 0}
+
+
+def test_the_optuna_preset_maximises_tau_not_raw_tokens_per_s():
+    from hydra import compose, initialize_config_dir
+
+    from flashtree.experiments.config import register, to_run_config
+    from flashtree.experiments.run import objective
+
+    register()
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["sweeper=optuna", *TINY])
+    rc = to_run_config(cfg)
+    assert rc.objective.metric == "tau"
+    assert objective({"tau": 2.5, "tokens_per_s": 99.0}, rc) == 2.5

@@ -18,7 +18,7 @@ def compose(*overrides: str):
     from flashtree.live.config import register
 
     register()
-    with initialize_config_dir(config_dir=str(ROOT / "configs" / "live"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(ROOT / "flashtree" / "configs" / "live"), version_base="1.3"):
         return hydra_compose("live", overrides=list(overrides))
 
 

@@ -1,4 +1,4 @@
-"""The 8B presets' dummy-weight configs (configs/live/model/*-dummy.yaml, written by flashtree/live/dummy.py) as
+"""The 8B presets' dummy-weight configs (flashtree/configs/live/model/*-dummy.yaml, written by flashtree/live/dummy.py) as
 sglang reads them: its HF config loader for the target and its DSPARK draft-config parser (block, Markov head, target
 layers against the target's layer count)."""
 
@@ -11,7 +11,7 @@ import yaml
 
 from flashtree.live.dummy import DummyShapes, write
 
-MODELS = Path(__file__).resolve().parents[2] / "configs" / "live" / "model"
+MODELS = Path(__file__).resolve().parents[2] / "flashtree" / "configs" / "live" / "model"
 
 
 def shapes(preset: str) -> DummyShapes:
