@@ -121,7 +121,7 @@ def markov_draws_triton(base_logits, anchor, w1, w2, n, inv_temperature, greedy,
     # A program holds its R x BV tile of w2: wide ranks take narrower tiles (at most 16K elements), so Qwen3-8B's
     # DSPARK head (rank 256) runs 64-token tiles, not 256 x 256 (live at 8B shapes the draft graph with the N draws
     # took 8.9 ms at 32 requests against 1.2 ms at 1; the narrower tile is not yet measured: bench_kernels.py
-    # --parts markov --markov-min-rank 256)
+    # --parts markov --markov-min-rank 256 does)
     rank_p = max(16, triton.next_power_of_2(rank))
     block_v = block_v or min(128 if rows <= 16 and v <= 65536 else 256, max(32, 16384 // rank_p))
     nt = triton.cdiv(v, block_v)
@@ -129,7 +129,11 @@ def markov_draws_triton(base_logits, anchor, w1, w2, n, inv_temperature, greedy,
     parg = torch.empty((rows, nt), dtype=torch.int32, device=dev)
     br = block_rows
     blocks = triton.cdiv(rows, br)
-    groups = min(groups or blocks, blocks)
+    # A wide head's w2 (V x R: 78 MB at Qwen3-8B's rank 256) read once per row block was most of the 8B draft
+    # graph's time (8.9 ms at 32 requests, linear in the rows): there its tiles alone give thousands of programs, so
+    # each streams every row block (read once per step; not yet measured). Narrow heads keep a program per row
+    # block, measured fastest at rank 32.
+    groups = min(groups or (1 if rank > 64 else blocks), blocks)
     tickets = _ticket_buffer(blocks + 1, dev)
     sum_dtype = torch.promote_types(base_logits.dtype, w2.dtype)
     meta = dict(

@@ -88,3 +88,18 @@ def test_graph_replays_redraw():
         seen.append(out.clone())
     assert not torch.equal(seen[0][:, 1:], seen[1][:, 1:])  # sampled candidates change per replay
     assert all(torch.equal(s[:, 0], seen[0][:, 0]) for s in seen)  # the greedy candidate does not
+
+
+def test_a_wide_head_streams_its_row_blocks():
+    """A rank-256 head (Qwen3-8B's DSPARK draft) takes the streaming launch by default: the greedy rows still equal
+    the reference's, sampled rows equal the one-program-per-row-block launch's."""
+    bs, n, k, v, rank = (4, 8, 3, 4096, 256) if CUDA else (3, 2, 2, 300, 128)
+    base, anchor, w1, w2 = head_inputs(bs, k, v, rank, torch.float32, seed=5)
+    inv, greedy = row_consts(bs, n, 0.8)
+    ours = markov_draws_triton(base, anchor, w1, w2, n, inv, greedy, new_state(3, DEV), block_rows=2).cpu()
+    ref = markov_draws_reference(base, anchor, w1, w2, n, inv, greedy, new_state(3, DEV)).cpu()
+    assert torch.equal(ours[greedy.view(bs, n).cpu()], ref[greedy.view(bs, n).cpu()])
+    blocks = -(-bs * n // 2)
+    per_block = markov_draws_triton(base, anchor, w1, w2, n, inv, greedy, new_state(3, DEV), block_rows=2,
+                                    groups=blocks).cpu()
+    assert torch.equal(ours, per_block)
