@@ -50,6 +50,9 @@ def run_app(name: str, argv: list[str] | None = None):
     """Run Hydra app `name` on `argv` (default: this process's arguments), as `flashtree <name> ...` does."""
     import hydra
 
+    from flashtree.config_help import register_resolver
+
+    register_resolver()  # every app's hydra.help.template is ${flashtree_help:<name>}
     app = APPS[name]
     _load(app.register)()
     job = _load(app.job)

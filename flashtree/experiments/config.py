@@ -226,9 +226,6 @@ def register() -> None:
     """Put the schemas in Hydra's ConfigStore (the YAML files under flashtree/configs/ extend them)."""
     from hydra.core.config_store import ConfigStore
 
-    from flashtree.config_help import register_resolver
-
-    register_resolver()
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
     cs.store(name="replay_schema", node=ReplayRunConfig)

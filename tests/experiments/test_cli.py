@@ -58,7 +58,7 @@ def test_sweep_help_describes_every_group_and_key_without_schema_options(install
     proc = flashtree(installed, ["sweep", "--help"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout
-    assert "  tree: chain, default" in text and "  sweeper: grid, optuna" in text
+    assert "  tree: auto, chain, default" in text and "  sweeper: grid, optuna" in text
     assert "schema" not in text.split("== Keys")[0]  # the structured schemas are no option of any group
     keys = [f"{g.name}.{f.name}" for g in dataclasses.fields(RunConfig) if dataclasses.is_dataclass(g.type)
             for f in dataclasses.fields(g.type)]
@@ -69,6 +69,30 @@ def test_sweep_help_describes_every_group_and_key_without_schema_options(install
     replay = flashtree(installed, ["replay", "--help"], tmp_path).stdout
     assert "  replay.widths = [4, 8, 16, 32]" in replay
 
+
+
+@pytest.mark.parametrize("app, script", [("train-drafter", "train_drafter.py"), ("live", "live.py")])
+def test_train_and_live_help_describe_their_keys_from_the_schemas(installed, tmp_path, app, script):
+    """The same help as sweep's, from the installed command and from the checkout's script."""
+    proc = flashtree(installed, [app, "--help"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
+    script_help = subprocess.run([sys.executable, str(REPO / "experiments" / script), "--help"], cwd=tmp_path, env=env,
+                                 capture_output=True, text=True, timeout=600)
+    assert script_help.returncode == 0, script_help.stderr
+    assert script_help.stdout.split("== Composed")[0] == text.split("== Composed")[0]
+    assert text.startswith(f"flashtree {app}: ") and "powered by Hydra" not in text and "== Composed config" in text
+    if app == "train-drafter":
+        assert "--config-name NAME; each is flashtree/configs/train/NAME.yaml) ==\n  default, tiny\n" in text
+        assert "  optim.lr = 0.0006" in text and "  model.block_size = 8" in text
+        assert "steps between resumable checkpoints" in text  # a trailing comment
+        assert "the cosine schedule ends here" in text.split("optim.time_limit_s = null")[1]  # a comment above
+    else:
+        assert "  preset: best, " in text and "  servers: baseline, paged, simulated, wide, window" in text
+        assert "  servers.<name>.tree_n = null" in text and "FLASHTREE_TREE_N" in text  # the catalog's values
+        assert "  phases.identity.precision = fp32" in text and "  model.dummy.architecture = ???" in text
+        assert "  logger.wandb.mode = disabled" in text  # LiveConfig's own logger default, not the sweep's
 
 def test_the_command_lists_its_subcommands(capsys):
     cli.main([])
