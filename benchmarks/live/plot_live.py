@@ -2,10 +2,10 @@
 
 usage: python benchmarks/live/plot_live.py RESULTS_DIR [--out DIR]
 RESULTS_DIR holds speed_results.json and stage_times.txt (experiments/live.py's live.out_dir, or a recorded run of
-the earlier scripts under benchmarks/data/live/results-*); figures: speed.png (bars: the
-mean over rounds; dots: each round, since rounds of one server can differ by more than servers do), stages.png (mean
-ms per tree step per stage per stage-timed tree server, at batch size 1 and, where the stage phase ran at concurrency
-32, at 28-32 requests; only when a server ran with FLASHTREE_STAGE_TIMES).
+the earlier scripts under benchmarks/data/live/results-*); figures, each as .pdf and .png (flashtree.results.plots's
+save_figure): speed (bars: the mean over rounds; dots: each round, since rounds of one server can differ by more than
+servers do), stages (mean ms per tree step per stage per stage-timed tree server, at batch size 1 and, where the stage
+phase ran at concurrency 32, at 28-32 requests; only when a server ran with FLASHTREE_STAGE_TIMES).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import argparse
 import json
 import re
 from pathlib import Path
+
+from flashtree.results.plots import save_figure
 
 LINE = re.compile(r"steps (\d+)-\d+; mean bs ([\d.]+)\): (.*); total")
 TAG = re.compile(r"^\[server_(\S+)\] ")  # each line tagged with its server's log
@@ -58,7 +60,6 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     out = args.out or args.results
-    out.mkdir(parents=True, exist_ok=True)
 
     result = json.loads((args.results / "speed_results.json").read_text())
     speed = result["servers"]
@@ -74,17 +75,17 @@ def main(argv=None) -> None:
         ax.set_xticks(range(len(tags)), [short(t) for t in tags], rotation=45, ha="right")
         ax.set_title(f"concurrency {concs[i]}")
         ax.set_ylabel("output tokens / s")
+        ax.ticklabel_format(axis="y", style="plain", useOffset=False)  # 1200000, not 1.2 under a 1e6 label
     label = f" ({result['label']})" if result.get("label") else ""
     fig.suptitle(f"{result.get('model', 'smollm2-135m')} on sglang 0.5.17, H200, bf16{label}")
     fig.tight_layout()
-    fig.savefig(out / "speed.png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    written = save_figure(fig, out, "speed")
 
     stages = args.results / "stage_times.txt"
     panels = [(title, stage_means(stages, batch, tol)) for title, batch, tol in PANELS] if stages.exists() else []
     panels = [(title, means) for title, means in panels if means]
     if not panels:  # no stage-timed server in this run
-        print(out / "speed.png")
+        print(*written)
         return
     fig, axes = plt.subplots(len(panels), 1, figsize=(6.5, 2.2 + 1.2 * len(panels)), squeeze=False, sharex=True)
     for ax, (title, means) in zip(axes[:, 0], panels):
@@ -96,13 +97,12 @@ def main(argv=None) -> None:
             ax.barh(names, vals, left=left, label=k)
             left = [a + b for a, b in zip(left, vals)]
         ax.set_title(title, fontsize=9)
+        ax.ticklabel_format(axis="x", style="plain", useOffset=False)
     axes[-1, 0].set_xlabel("ms per tree step")
     fig.tight_layout()
     handles, labels = axes[0, 0].get_legend_handles_labels()
     fig.legend(handles, labels, ncol=len(labels), fontsize=8, loc="upper center", bbox_to_anchor=(0.5, 0.0))
-    fig.savefig(out / "stages.png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    print(out / "speed.png", out / "stages.png")
+    print(*written, *save_figure(fig, out, "stages"))
 
 
 if __name__ == "__main__":

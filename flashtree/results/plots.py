@@ -200,22 +200,29 @@ FORMATS = ("pdf", "png")  # vector for papers, raster for notebooks and READMEs
 PNG_DPI = 200
 
 
-def save_all(df: pd.DataFrame, out_dir) -> list[Path]:
-    """Every figure the table supports, as <out_dir>/<name>.pdf and .png; returns the paths written."""
+def save_figure(fig, out_dir, name: str) -> list[Path]:
+    """`fig` as <out_dir>/<name>.pdf and .png (PNG_DPI), then closed; returns the paths written."""
     import matplotlib.pyplot as plt
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
+    for fmt in FORMATS:
+        path = out_dir / f"{name}.{fmt}"
+        fig.savefig(path, dpi=PNG_DPI, bbox_inches="tight")
+        written.append(path)
+    plt.close(fig)
+    return written
+
+
+def save_all(df: pd.DataFrame, out_dir) -> list[Path]:
+    """Every figure the table supports, as <out_dir>/<name>.pdf and .png; returns the paths written."""
+    Path(out_dir).mkdir(parents=True, exist_ok=True)  # also when the table supports no figure
+    written = []
     for name, make in FIGURES.items():
         fig = make(df)
-        if fig is None:
-            continue
-        for fmt in FORMATS:
-            path = out_dir / f"{name}.{fmt}"
-            fig.savefig(path, dpi=PNG_DPI, bbox_inches="tight")
-            written.append(path)
-        plt.close(fig)
+        if fig is not None:
+            written += save_figure(fig, out_dir, name)
     return written
 
 

@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import pytest
 
-LIVE = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "live"
+ROOT = Path(__file__).resolve().parents[2]
+LIVE = ROOT / "benchmarks" / "data" / "live"  # recorded runs
+
+sys.path.insert(0, str(ROOT / "benchmarks" / "live"))
+try:
+    import plot_live
+finally:
+    sys.path.remove(str(ROOT / "benchmarks" / "live"))
 
 
 def test_live_figures_from_the_recorded_smollm2_run(tmp_path):
-    sys.path.insert(0, str(LIVE))
-    try:
-        import plot_live
-    finally:
-        sys.path.remove(str(LIVE))
     results = LIVE / "results-2026-11-30-smollm2"
     means = plot_live.stage_means(results / "stage_times.txt")
     assert list(means) == ["1", "2", "3", "4"]  # untagged (run 1): tree4, tree8, tree8b, tree8s in log order
@@ -26,17 +29,13 @@ def test_live_figures_from_the_recorded_smollm2_run(tmp_path):
     tagged.write_text("\n".join(f"[server_b_tree{i}] {line}" for i in (1, 8) for line in lines[:3]) + "\n")
     assert list(plot_live.stage_means(tagged)) == ["b_tree1", "b_tree8"]
     plot_live.main([str(results), "--out", str(tmp_path)])
-    assert (tmp_path / "speed.png").stat().st_size > 10_000 and (tmp_path / "stages.png").stat().st_size > 10_000
+    for name in ("speed", "stages"):
+        assert (tmp_path / f"{name}.png").stat().st_size > 10_000 and (tmp_path / f"{name}.pdf").stat().st_size > 5_000
 
 
 def test_live_figures_at_32_requests_and_of_a_single_concurrency(tmp_path):
     """Run 18's stage phase ran at concurrency 1 and 32: stages.png gets a panel for the windows of 28-32 requests;
     run 19 measured concurrency 32 alone (one speed panel)."""
-    sys.path.insert(0, str(LIVE))
-    try:
-        import plot_live
-    finally:
-        sys.path.remove(str(LIVE))
     run18 = LIVE / "results-2026-12-01-smollm2-run18"
     at32 = plot_live.stage_means(run18 / "stage_times.txt", 30.0, 2.0)
     assert list(at32) == ["b_tree1gt", "b_tree64w1t", "b_tree64wb512t"]
@@ -46,3 +45,26 @@ def test_live_figures_at_32_requests_and_of_a_single_concurrency(tmp_path):
     assert (tmp_path / "18" / "stages.png").stat().st_size > 10_000
     plot_live.main([str(LIVE / "results-2026-12-01-smollm2-run19"), "--out", str(tmp_path / "19")])
     assert (tmp_path / "19" / "speed.png").stat().st_size > 10_000 and not (tmp_path / "19" / "stages.png").exists()
+
+
+def test_live_figures_are_pdf_and_200_dpi_png_with_plain_ticks(tmp_path, monkeypatch):
+    """A tiny speed_results.json (the app's layout) and no stage times: speed.pdf and speed.png, through the sweep
+    figures' save_figure; tokens/s in the millions still read 1000000, not 1.0 with a 1e6 label."""
+    from PIL import Image
+
+    rows = lambda *tps: [{"concurrency": c, "tokens_per_s": t, "tokens_per_s_rounds": [t]} for c, t in zip((1, 8), tps)]
+    speed = {"model": "tiny", "label": "synthetic", "servers": {"bf16-plain": rows(1.1e6, 2.0e6),
+                                                               "bf16-tree8": rows(1.3e6, 2.4e6)}}
+    (tmp_path / "speed_results.json").write_text(json.dumps(speed))
+    figures = []
+    save = plot_live.save_figure
+    monkeypatch.setattr(plot_live, "save_figure", lambda fig, *a: figures.append(fig) or save(fig, *a))
+    plot_live.main([str(tmp_path), "--out", str(tmp_path / "out")])
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["speed.pdf", "speed.png"]
+    assert (tmp_path / "out" / "speed.pdf").read_bytes().startswith(b"%PDF")
+    assert Image.open(tmp_path / "out" / "speed.png").info["dpi"] == pytest.approx((200, 200), abs=0.1)
+    (fig,) = figures
+    fig.canvas.draw()
+    for ax in fig.axes:
+        assert ax.yaxis.get_offset_text().get_text() == ""
+        assert "1000000" in [t.get_text() for t in ax.get_yticklabels()]
