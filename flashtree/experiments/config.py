@@ -77,8 +77,8 @@ class DrafterConfig:
 @dataclass
 class TreeConfig:
     # N: candidate blocks drawn per step (1 = chain speculative decoding), or "auto": per step the planner's shape,
-    # trees of up to `width` tokens (experiments/README.md, "tree.n=auto"). Any: checked below, one message.
-    n: Any = 4
+    # trees of up to `width` tokens (experiments/README.md, "tree.n=auto")
+    n: Any = 4  # Any for OmegaConf (an int or "auto"), checked in __post_init__ with one message
     width: int = 8  # W: verify tokens per step, the root included (with n=auto: the widest tree it may choose)
     policy: str = DEFAULT_POLICY  # the tree policy that keeps W - 1 nodes (flashtree.tree.policies; vote = trie vote)
     # n=auto only: ms per step by verify width, {9: 3.1, 64: 3.6}; empty = measured (sweeps) or modelled (replay)
