@@ -7,6 +7,7 @@ package (flashtree/configs/), so a `pip install flashtree[experiments]` can swee
     flashtree live [+preset=NAME] key=value ...   sglang servers: identity, speed, sampled
     flashtree plots DIR [--out DIR]               figures of a sweep's collected table
     flashtree collect DIR                         rebuild and print a sweep's collected table
+    flashtree accept-table RECORDING --out FILE   per tree shape, a replay's accepted lengths (FLASHTREE_SIMULATE_ACC)
 
 `flashtree <app> --help` describes the app's groups and keys; `--cfg job` prints the composed config.
 The scripts experiments/*.py run the same apps.
@@ -38,7 +39,8 @@ APPS = {
                          "flashtree.dspark.train_app:run"),
     "live": App(CONFIGS / "live", "live", "flashtree.live.config:register", "flashtree.live.app:run", exit_status=True),
 }
-TOOLS = {"plots": "flashtree.results.plots:main", "collect": "flashtree.results.collect:main"}
+TOOLS = {"plots": "flashtree.results.plots:main", "collect": "flashtree.results.collect:main",
+         "accept-table": "flashtree.engine.accept_table:main"}
 
 
 def _load(ref: str):

@@ -1,8 +1,10 @@
 """Write an accept table (`flashtree.planner.accept_table`) from a replay recording: per tree shape (N, W), how many
 steps of an exact greedy replay accepted each length. What `FLASHTREE_SIMULATE_ACC` draws from.
 
-    python -m flashtree.engine.accept_table benchmarks/recordings/smollm2-dspark-gsm8k.pt \\
+    flashtree accept-table benchmarks/recordings/smollm2-dspark-gsm8k.pt \\
         --shapes 8x8,16x16,32x32 --out benchmarks/data/simulate/smollm2-dspark-gsm8k.json
+
+(or `python -m flashtree.engine.accept_table ...`).
 
 A shape is NxW; W = K + 1 with N = 1 is the chain of candidate 0 (DSPARK's greedy block).
 """
@@ -41,7 +43,7 @@ def accept_table(recordings: list[Recording], shapes: list[tuple[int, int]], pol
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m flashtree.engine.accept_table", description=__doc__,
+    parser = argparse.ArgumentParser(prog="flashtree accept-table", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("recording", type=Path, help="a replay recording (.pt; replay.recording of a replay sweep)")
     parser.add_argument("--shapes", default="1x8,8x8,16x16,32x32", help="comma-separated NxW (default %(default)s)")

@@ -97,7 +97,7 @@ def test_train_and_live_help_describe_their_keys_from_the_schemas(installed, tmp
 def test_the_command_lists_its_subcommands(capsys):
     cli.main([])
     out = capsys.readouterr().out
-    for name in ("sweep", "replay", "train-drafter", "live", "plots", "collect"):
+    for name in ("sweep", "replay", "train-drafter", "live", "plots", "collect", "accept-table"):
         assert f"flashtree {name}" in out
     with pytest.raises(SystemExit, match="unknown command 'swep'"):
         cli.main(["swep"])

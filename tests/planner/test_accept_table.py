@@ -60,8 +60,10 @@ def test_bad_tables_name_the_file_and_the_problem(tmp_path, text, message):
 
 
 def test_the_command_writes_a_table(tmp_path, capsys):
+    from flashtree import cli
+
     out = tmp_path / "t.json"
-    main([RECORDING, "--shapes", "1x8,4x8", "--out", str(out)])
+    cli.main(["accept-table", RECORDING, "--shapes", "1x8,4x8", "--out", str(out)])
     assert sorted(load(out).counts) == [(1, 8), (4, 8)]
     assert "wrote" in capsys.readouterr().out
     assert json.loads(out.read_text())["format"] == "flashtree-accept-table"
