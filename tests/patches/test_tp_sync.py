@@ -73,3 +73,49 @@ def test_tp1_does_nothing():
     for step in range(1, 130):
         sync.committed(torch.zeros(2, 5, dtype=torch.long), torch.ones(2, dtype=torch.int32), step)
     assert sync.checksum is None and sync.checked == 0
+
+
+class Recorder:
+    """torch.distributed as the tree step's sync sees it on the first rank of a TP group: broadcasts leave the tensor
+    as it is, the all-reduce of an agreeing group too; every call is recorded."""
+
+    ReduceOp = dist.ReduceOp
+
+    def __init__(self):
+        self.calls = []
+
+    def get_global_rank(self, group, rank):
+        return 0
+
+    def broadcast(self, tensor, src, group):
+        self.calls.append(("broadcast", tuple(tensor.shape), tensor.dtype))
+
+    def all_reduce(self, tensor, op, group):
+        self.calls.append(("all_reduce", tuple(tensor.shape), tensor.dtype))
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_tree_step_syncs_candidates_draws_and_checks_commits(monkeypatch, sampled):
+    """Through the tree step on stand-ins (test_decode_cpu.run) with a TP group: each step broadcasts the candidates
+    (bs, N, K) after the draws and, in a sampled batch, the walk's per-node draws (bs, W) before the walk; every
+    CHECK_EVERY steps one all-reduce of the checksum. Greedy rows still equal the sequential greedy decode."""
+    import types
+
+    from test_decode_cpu import W, run
+
+    from flashtree.patches.adapters.base import SglangAdapter
+
+    recorder = Recorder()
+    monkeypatch.setattr(tp_sync, "dist", recorder)
+    monkeypatch.setattr(tp_sync, "CHECK_EVERY", 2)
+    monkeypatch.setattr(SglangAdapter, "tp_group", lambda self, worker: "tp-group")
+    info = None
+    if sampled:
+        top_ks = torch.tensor([1, 1 << 30, 1], dtype=torch.int32)
+        info = types.SimpleNamespace(is_all_greedy=False, temperatures=torch.tensor([[1.0], [0.7], [1.0]]),
+                                     top_ks=top_ks, top_ps=torch.ones(3))
+    _accepts, state, _generated, _world = run(n=4, steps=4, sampling_info=info)
+    assert state.steps == 4 and state.tp.checked == 4
+    step = [("broadcast", (3, 4, W - 1), torch.int64)] + [("broadcast", (3, W), torch.int64)] * sampled
+    check = [("all_reduce", (2,), torch.int64)]
+    assert recorder.calls == (step + step + check) * 2
