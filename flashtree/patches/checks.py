@@ -14,12 +14,17 @@ from .toggles import ToggleError, TreeToggles
 
 def at_worker_start(adapter, toggles: TreeToggles, worker) -> None:
     parallel = adapter.parallelism(worker)
-    if parallel:
-        settings = " ".join(parallel)
-        flags = " / ".join(p.split()[0] for p in parallel)
+    refused = [p for p in parallel if not (toggles.tp and p.startswith("--tp-size"))]  # FLASHTREE_TP: tp_sync.py
+    if refused:
+        settings = " ".join(refused)
+        flags = " / ".join(p.split()[0] for p in refused)
+        opt_in = ""
+        if any(p.startswith("--tp-size") for p in refused):
+            opt_in = ("; for --tp-size, FLASHTREE_TP=1 opts in to the tree path's tensor-parallel sync (not yet proven "
+                      "on GPUs)")
         raise ToggleError(
             f"flashtree: FLASHTREE_TREE_N is set but this server runs {settings}; the tree path is single-GPU only for "
-            f"now: drop {flags} or unset FLASHTREE_TREE_N"
+            f"now: drop {flags} or unset FLASHTREE_TREE_N{opt_in}"
         )
     gamma = adapter.gamma(worker)
     window = gamma + 1

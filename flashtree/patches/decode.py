@@ -18,13 +18,16 @@ the server's --speculative-num-draft-tokens W reserving and capturing the wider 
      the first w slots of the window and through a verify graph captured at width w: verify_widths.py; likewise a
      fixed FLASHTREE_TREE_WIDTH below the window);
   5. greedy walk with its commit plan and (page size 1) the req_to_token window rewrite in one launch on CUDA
-     (`walk_and_commit`), or the lossless target-only sampled walk and its plan (`walk_sampled_and_commit`);
+     (`walk_and_commit`); sampled batches walk greedily over one target draw per node (`sampled_draws`: the
+     lossless target-only walk);
   6. commit: page size 1 permutes req_to_token's window so the accepted path's slots come first (no KV moves); paged
      KV copies the accepted nodes' target KV into the window's first offsets (the pool's own move_kv_cache); the
      draft's context K/V is injected for the committed path only, at sequential positions;
   7. sglang's GenerationBatchResult, with per-request tree statistics in `logits_output.customized_info["flashtree"]`
      ([candidates, distinct candidates, tree size, accepted depth, verify width, simulated] per step; they reach the
      response's meta_info; simulated: 1 when the step's length was drawn, simulate.py).
+Under tensor parallelism (FLASHTREE_TP=1) the candidates, the sampled walk's draws and a simulated step's lengths are
+the TP group's first rank's, and the ranks compare their commits every 64 steps (tp_sync.py).
 
 Batches the step does not take go to DSPARK's own decode unchanged: idle batches (DSPARK's idle result), DP-attention
 coordination, sampled batches when N = 1 (DSPARK's chain rejection sampling uses the draft's probabilities and
@@ -39,13 +42,14 @@ import torch
 
 from flashtree.sampler import candidate_rows
 from flashtree.sampler.markov import markov_draws, new_state
-from flashtree.tree import build_tree, chain_tree, pad_tree, verify_inputs, walk_and_commit, walk_sampled_and_commit
+from flashtree.tree import build_tree, chain_tree, pad_tree, sampled_draws, verify_inputs, walk_and_commit
 from flashtree.tree.simulate import simulated_walk_and_commit
 from flashtree.tree.types import VoteTree
 
 from . import checks, flashmap_draft, graph_draws, simulate
 from .draft_rows import DraftRows, drafting
 from .stage_times import NoTimer, StageTimer
+from .tp_sync import TpSync
 from .state import TreePlan, TreeRun
 from .toggles import TreeToggles, load_for_toggle
 from .verify_widths import verifying_with
@@ -93,6 +97,7 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeRun:
         timer=StageTimer(toggles.stage_times, device) if toggles.stage_times else None,
         draft_rows=DraftRows(adapter.proposer_with_rows(worker, rows)) if rows < gamma else None,
         simulate=simulate.from_server(adapter, toggles, worker, gamma, device),
+        tp=TpSync(adapter.tp_group(worker)),
     )
     logger.info("flashtree tree path on (sglang %s): %s, W=%d, gamma=%d, depth=%d", adapter.release, toggles.describe(),
                 window, gamma, plan.depth)
@@ -211,7 +216,8 @@ def draw_candidates(run: TreeRun, worker, base_logits, anchor, draft_hidden, n: 
 def walk(run: TreeRun, tree: VoteTree, logits: torch.Tensor, sampling_info, req_to_token, rows, starts):
     """The accepted path and its commit plan; with `req_to_token` (page size 1) the window `req_to_token[rows[b],
     starts[b]:][:W]` is also rewritten so the accepted path's slots come first. Greedy batches: one launch on CUDA.
-    Here only sglang's sampling_info becomes per-request tensors (top_k = 1 rows are greedy)."""
+    Here only sglang's sampling_info becomes per-request tensors (top_k = 1 rows are greedy). Sampled batches: the
+    walk is greedy over the per-node target draws, which every TP rank takes from the first (run.tp)."""
     bs, w = tree.batch_size, tree.width
     logits = logits.view(bs, w, -1)
     if sampling_info is None or sampling_info.is_all_greedy:
@@ -221,7 +227,8 @@ def walk(run: TreeRun, tree: VoteTree, logits: torch.Tensor, sampling_info, req_
     top_k = torch.where(greedy, 0, sampling_info.top_ks.view(-1).to(torch.long))
     top_k = torch.where(top_k >= logits.shape[-1], 0, top_k)
     top_p = sampling_info.top_ps.view(-1).float()
-    return walk_sampled_and_commit(tree, logits, temperature, run.generator, top_k, top_p, req_to_token, rows, starts)
+    draws = run.tp.from_first(sampled_draws(tree, logits, temperature, run.generator, top_k, top_p))
+    return walk_and_commit(tree, draws, req_to_token, rows, starts)
 
 
 def tree_step(run: TreeRun, worker, batch, on_publish):
@@ -258,6 +265,7 @@ def tree_step(run: TreeRun, worker, batch, on_publish):
         # drawn length could be committed along it: a simulated step builds from N copies of candidate 0 (the same
         # shapes and kernels), whose path reaches the full depth.
         candidates = candidates[:, :1].expand_as(candidates)
+    candidates = run.tp.from_first(candidates)  # every rank builds rank 0's tree (its draws are its own generator's)
     timer.mark("draws")
     tree = pad_tree(build_tree(candidates, tree_w, policy=plan.policy), w, n)
     if w < plan.width:  # a narrower verify graph: the first w slots of DSPARK's window
@@ -275,7 +283,7 @@ def tree_step(run: TreeRun, worker, batch, on_publish):
     # KV is copied to offsets 1..accept_len. Then the draft context is injected for the committed tokens only.
     req_to_token = adapter.req_to_token(worker) if plan.page_size == 1 else None
     if run.simulate is not None:  # profiling: a drawn length along one path of the tree (simulate.py)
-        accept = run.simulate.draw(bs, n, tree_w, run.generator)
+        accept = run.tp.from_first(run.simulate.draw(bs, n, tree_w, run.generator))
         result, commit = simulated_walk_and_commit(tree, verified.logits.view(bs, w, -1).argmax(dim=-1), accept,
                                                    req_to_token, batch.req_pool_indices, prefix)
     else:
@@ -310,6 +318,7 @@ def tree_step(run: TreeRun, worker, batch, on_publish):
     info[STATS_KEY] = stats
     logits_output.customized_info = info
     run.steps += 1
+    run.tp.committed(result.tokens, commit_lens, run.steps)
 
     next_draft_input = adapter.make_next_draft_input(result.bonus, new_seq_lens)
     timer.mark("output")

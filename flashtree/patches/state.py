@@ -10,6 +10,7 @@ from typing import Callable, Iterable
 import torch
 
 from .toggles import TreeToggles
+from .tp_sync import TpSync
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class TreeRun:
     draft_rows: object | None = None  # FLASHTREE_DRAFT_ROWS below gamma: the D-row forward (draft_rows.DraftRows)
     simulate: object | None = None  # simulated acceptance's length source (simulate.py), None on a verified server
     row_tails: dict = field(default_factory=dict)  # (bs, verify width) -> the statistics rows' fixed tail
+    tp: TpSync = field(default_factory=lambda: TpSync(None))  # rank 0's draws for every TP rank (TP 1: nothing)
 
     def row_tail(self, bs: int, width: int) -> torch.Tensor:
         """(bs, 2) int32 [verify width, simulated] of a step's statistics rows: fixed per shape, built once."""

@@ -267,6 +267,12 @@ class TreeToggles:
         "draw the N candidate blocks inside DSPARK's captured draft CUDA graph (its draft-sampler tail hook) instead "
         "of eagerly; batches the graphs do not cover draw eagerly; see \"Graph draws\" below", "set")
 
+    tp: bool = toggle(
+        "FLASHTREE_TP", Flag(), False,
+        "serve the tree path at `--tp-size` > 1: the tree path's tensor-parallel sync (rank 0's draws and sampled-walk "
+        "draws broadcast, an agreement check every 64 steps), not yet proven on GPUs; without it `--tp-size` > 1 is "
+        "refused at worker start; see \"Tensor parallelism\" below", "set")
+
     simulate_acc: str = toggle(
         "FLASHTREE_SIMULATE_ACC", File("an accept table (JSON, `python -m flashtree.engine.accept_table`)"), "",
         "profiling only (with `SGLANG_SIMULATE_ACC_LEN=1`): every step, DSPARK's chain steps (N = 1) and tree steps, "

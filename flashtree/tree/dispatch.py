@@ -69,23 +69,17 @@ def walk_and_commit(tree: VoteTree, target_tokens: torch.Tensor, req_to_token: t
     return result, plan
 
 
-def verify_sampled(tree: VoteTree, target_logits: torch.Tensor, temperature, generator=None, top_k=None,
-                   top_p=None) -> VerifyResult:
-    """`verify.verify_sampled` (the lossless target-only walk) with the row sampler and the walk kernels on CUDA."""
+def sampled_draws(tree: VoteTree, target_logits: torch.Tensor, temperature, generator=None, top_k=None,
+                  top_p=None) -> torch.Tensor:
+    """The target-only walk's per-node draws (bs, W) (`verify.node_draws`, the row sampler on CUDA): the sampled walk
+    is the greedy walk over them, so a caller can share them (tensor parallelism) before walking."""
     check_logits("target_logits", target_logits)
     check_tree_vocab(tree, target_logits.shape[-1])
     check_sampling(temperature, top_k, top_p)
-    draws = verify.node_draws(tree, target_logits, temperature, generator, top_k, top_p, sample_rows=sampler.sample_rows)
-    return verify_greedy(tree, draws)
+    return verify.node_draws(tree, target_logits, temperature, generator, top_k, top_p, sample_rows=sampler.sample_rows)
 
 
-def walk_sampled_and_commit(tree: VoteTree, target_logits: torch.Tensor, temperature, generator=None, top_k=None,
-                            top_p=None, req_to_token: torch.Tensor | None = None, rows: torch.Tensor | None = None,
-                            starts: torch.Tensor | None = None):
-    """`walk_and_commit` for sampled requests: the target-only walk (`verify_sampled`), its commit plan and, with
-    `req_to_token`, the page-size-1 window rewrite -> (VerifyResult, CommitPlan)."""
-    result = verify_sampled(tree, target_logits, temperature, generator, top_k, top_p)
-    plan = commit_plan(tree, result)
-    if req_to_token is not None:
-        commit.apply_permutation(req_to_token, rows, starts, plan)
-    return result, plan
+def verify_sampled(tree: VoteTree, target_logits: torch.Tensor, temperature, generator=None, top_k=None,
+                   top_p=None) -> VerifyResult:
+    """`verify.verify_sampled` (the lossless target-only walk) with the row sampler and the walk kernels on CUDA."""
+    return verify_greedy(tree, sampled_draws(tree, target_logits, temperature, generator, top_k, top_p))

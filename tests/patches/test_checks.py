@@ -1,6 +1,7 @@
 """Worker-start refusals (flashtree/patches/checks.py) through the installed DSparkWorkerV2.__init__ replacement, with
 each release's real ServerArgs: multi-GPU servers (tensor, pipeline, attention data parallelism) are refused with one
-message naming the setting; a single-GPU server starts."""
+message naming the setting; FLASHTREE_TP=1 lets tensor parallelism (only) start, with sglang's TP group; a single-GPU
+server starts."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from flashtree.patches.toggles import TreeToggles
 
 REFUSAL = ("flashtree: FLASHTREE_TREE_N is set but this server runs {settings}; the tree path is single-GPU only for "
            "now: drop {flags} or unset FLASHTREE_TREE_N")
+TP_OPT_IN = "; for --tp-size, FLASHTREE_TP=1 opts in to the tree path's tensor-parallel sync (not yet proven on GPUs)"
 
 
 def server_args(**kwargs):
@@ -22,11 +24,11 @@ def server_args(**kwargs):
     return ServerArgs(model_path="dummy", **kwargs)
 
 
-def start_worker(args):
+def start_worker(args, **toggles):
     """flashtree's DSparkWorkerV2.__init__ replacement around a stand-in for sglang's own (which needs a live server
     and keeps `server_args` on the worker, as the last assertion of the test below checks)."""
     adapter = adapters.select_adapter()
-    patch = next(p for p in plan.patches(adapter, TreeToggles(tree_n=4)) if p.key == "DSparkWorkerV2.__init__")
+    patch = next(p for p in plan.patches(adapter, TreeToggles(tree_n=4, **toggles)) if p.key == "DSparkWorkerV2.__init__")
     worker = types.SimpleNamespace(verify_num_draft_tokens=8, device="cpu", model_runner=types.SimpleNamespace(page_size=1),
                                    _proposer=types.SimpleNamespace(draft_model=types.SimpleNamespace()))
 
@@ -44,8 +46,10 @@ def dp_attention(release):
     return server_args(dp_size=2, enable_dp_attention=True), "--enable-dp-attention", "--enable-dp-attention"
 
 
-@pytest.mark.parametrize("case", ["tp", "pp", "dp-attention", "tp-and-pp"])
-def test_multi_gpu_servers_are_refused_at_worker_start(case, sglang_release):
+@pytest.mark.parametrize("case, tp_opt_in", [("tp", False), ("pp", False), ("dp-attention", False), ("tp-and-pp", False),
+                                             ("pp", True), ("dp-attention", True), ("tp-and-pp", True)])
+def test_multi_gpu_servers_are_refused_at_worker_start(case, tp_opt_in, sglang_release):
+    """Refused by default; FLASHTREE_TP=1 lifts --tp-size only (it alone starts: the next test)."""
     if case == "dp-attention":
         args, settings, flags = dp_attention(sglang_release)
     else:
@@ -54,9 +58,25 @@ def test_multi_gpu_servers_are_refused_at_worker_start(case, sglang_release):
             "pp": (server_args(pp_size=2), "--pp-size 2", "--pp-size"),
             "tp-and-pp": (server_args(tp_size=2, pp_size=4), "--tp-size 2 --pp-size 4", "--tp-size / --pp-size"),
         }[case]
+    if tp_opt_in and case == "tp-and-pp":
+        settings, flags = "--pp-size 4", "--pp-size"
     with pytest.raises(SystemExit) as err:
-        start_worker(args)
-    assert str(err.value) == REFUSAL.format(settings=settings, flags=flags)
+        start_worker(args, tp=tp_opt_in)
+    tp_refused = "--tp-size" in settings
+    assert str(err.value) == REFUSAL.format(settings=settings, flags=flags) + (TP_OPT_IN if tp_refused else "")
+
+
+def test_tp_opt_in_starts_with_sglangs_tp_group(monkeypatch):
+    """FLASHTREE_TP=1 at --tp-size 2: the worker starts and its tree state syncs over sglang's TP group (the
+    device group of parallel_state.get_tp_group, stood in for here: no process group exists on CPU)."""
+    from sglang.srt.distributed import parallel_state
+
+    asked = []
+    group = types.SimpleNamespace(device_group=None)
+    monkeypatch.setattr(parallel_state, "get_tp_group", lambda: asked.append(1) or group)
+    worker = start_worker(server_args(tp_size=2), tp=True)
+    assert asked == [1] and worker._flashtree.tp.group is None
+    assert start_worker(server_args(), tp=True)._flashtree.tp.group is None and asked == [1]  # TP 1: not asked
 
 
 def test_single_gpu_server_starts_and_workers_keep_server_args():

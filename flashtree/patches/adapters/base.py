@@ -199,6 +199,14 @@ class SglangAdapter:
             found.append("--enable-dp-attention")
         return found
 
+    def tp_group(self, worker):
+        """The torch ProcessGroup of the worker's tensor-parallel ranks (the tree step's sync, tp_sync.py); None at
+        --tp-size 1. DP attention and pipeline parallelism are refused at worker start, so this is sglang's TP group."""
+        args = getattr(worker, "server_args", None)
+        if int(getattr(args, "tp_size", 1) or 1) <= 1:
+            return None
+        return resolve("sglang.srt.distributed.parallel_state:get_tp_group")().device_group
+
     def embed_module(self, worker):
         proposer = worker._proposer
         unwrap = resolve("sglang.srt.lora.layers:unwrap_lora_layer")
