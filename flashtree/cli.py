@@ -17,28 +17,9 @@ from __future__ import annotations
 
 import importlib
 import sys
-from dataclasses import dataclass
-from pathlib import Path
 
-CONFIGS = Path(__file__).resolve().parent / "configs"
+from flashtree.apps import APPS
 
-
-@dataclass(frozen=True)
-class App:
-    config_dir: Path
-    config_name: str
-    register: str  # "module:function" that puts the app's schemas in Hydra's ConfigStore
-    job: str  # "module:function" run on the composed config
-    exit_status: bool = False  # the job returns a process exit status (live)
-
-
-APPS = {
-    "sweep": App(CONFIGS, "config", "flashtree.experiments.config:register", "flashtree.experiments.app:run_job"),
-    "replay": App(CONFIGS, "replay", "flashtree.experiments.config:register", "flashtree.experiments.replay_app:run_replay"),
-    "train-drafter": App(CONFIGS / "train", "default", "flashtree.dspark.train_config:register",
-                         "flashtree.dspark.train_app:run"),
-    "live": App(CONFIGS / "live", "live", "flashtree.live.config:register", "flashtree.live.app:run", exit_status=True),
-}
 TOOLS = {"plots": "flashtree.results.plots:main", "collect": "flashtree.results.collect:main",
          "accept-table": "flashtree.engine.accept_table:main"}
 

@@ -1,7 +1,7 @@
 """`--help` of the Hydra apps: their config groups (the options shipped in flashtree/configs/) and every key with its
 default and the one-line comment it carries in its schema dataclass, so the help is the schema and cannot drift.
 
-The apps' configs set `hydra.help.template: ${flashtree_help:<app>}` (<app> as in flashtree.cli.APPS);
+The apps' configs set `hydra.help.template: ${flashtree_help:<app>}` (<app> as in flashtree.apps.APPS);
 `register_resolver()`, which `flashtree.cli.run_app` calls, makes that resolve.
 """
 
@@ -91,7 +91,7 @@ class Help:
 
 EXPERIMENTS = "Metrics and tables: flashtree/metrics.py; every key and preset: experiments/README.md."
 
-# Keyed like flashtree.cli.APPS, whose config_dir says where the groups' options are.
+# Keyed like flashtree.apps.APPS, whose config_dir says where the groups' options are.
 APPS = {
     "sweep": Help("τ, per-depth acceptance and tokens/s per configuration, to parquet + W&B",
                   "flashtree sweep [--multirun] [group=option] [key=value ...]",
@@ -119,8 +119,8 @@ def help_text(app: str) -> str:
     """The help template of `app`: Hydra substitutes $CONFIG (the composed config) and $FLAGS_HELP in it."""
     import importlib
 
-    from flashtree.cli import APPS as CLI_APPS
-    from flashtree.cli import CONFIGS
+    from flashtree.apps import APPS as CLI_APPS
+    from flashtree.apps import CONFIGS
 
     spec, config_dir = APPS[app], CLI_APPS[app].config_dir
     shown_dir = Path("flashtree/configs") / config_dir.relative_to(CONFIGS)

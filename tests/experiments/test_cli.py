@@ -48,7 +48,7 @@ def test_an_installed_wheel_sweeps_from_its_own_configs_and_logs_the_job(install
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["run_dir"].startswith(str(tmp_path))
     assert str(installed) in subprocess.run(
-        [sys.executable, "-c", "import flashtree.cli as c; print(c.CONFIGS)"], env={**os.environ, "PYTHONPATH": str(installed)},
+        [sys.executable, "-c", "import flashtree.apps as a; print(a.CONFIGS)"], env={**os.environ, "PYTHONPATH": str(installed)},
         cwd=tmp_path, capture_output=True, text=True).stdout  # the configs came from the wheel, not the checkout
     log = (tmp_path / "run" / "sweep.log").read_text()  # Hydra's job log file: the job logs through `logging`
     assert "tau=" in log and "flashtree.experiments.run" in log
