@@ -1,6 +1,6 @@
 """Hydra callback of the sweep app: check a whole grid before any job runs, keep `summary.parquet` current after
 every job (the job itself collects, so an interrupted sweep still has its table), hold the sweep directory's lock
-(flashtree.results.lock) and print the collected table at the end."""
+(flashtree.results.lock) and print the collected table at the end (and log it to W&B as the sweep's own run)."""
 
 from __future__ import annotations
 
@@ -54,8 +54,23 @@ class SweepCallback(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         df = collect(sweep_dir)
         print(f"\n{format_table(df)}\n\n[flashtree] {len(df)} runs -> {sweep_dir / COLLECTED}", flush=True)
+        log_sweep_table(config, sweep_dir, df)
         if self.lock is not None:
             release(self.lock)
+
+
+def log_sweep_table(config: DictConfig, sweep_dir: Path, df) -> None:
+    """The collected table as one W&B run of the sweep; W&B trouble is one warning (the local table stands)."""
+    wcfg = config.get("logger", {}).get("wandb")
+    if wcfg is None or wcfg.mode == "disabled" or not len(df):
+        return
+    from flashtree.results.wandb_log import log_sweep
+
+    try:
+        log_sweep(wcfg, sweep_dir, df, group=wcfg.group or config.name)
+    except Exception as err:  # noqa: BLE001 - import errors, missing API key, network: the local table stands
+        print(f"flashtree: warning: W&B logging of the sweep's table failed ({type(err).__name__}: {err}); "
+              f"{sweep_dir / 'summary.parquet'} is complete", file=sys.stderr)
 
 
 def grid_jobs(config: DictConfig) -> list[list[str]] | None:

@@ -1,5 +1,6 @@
 """W&B logging of one run: config at its start, per-step history (with the prompt index) as it runs, then summary,
-per-depth acceptance (table + line plot) and its parquet tables as an artifact.
+per-depth acceptance (table + line plot) and its parquet tables as an artifact; and of a whole sweep, its collected
+table (`log_sweep`).
 
 The local files (summary.json, steps.parquet) are written first and stay the source of truth; W&B is a view of them.
 Offline runs land in <run dir>/wandb/offline-run-*/ and upload later with `wandb sync <that folder>`.
@@ -94,6 +95,31 @@ def log_run(wcfg, run_dir: Path, summary: dict, *, label: str, group: str, steps
     if steps is not None and len(steps):
         run.log_steps(steps)
     return run.finish(summary, run_dir)
+
+
+def log_sweep(wcfg, sweep_dir: Path, table, *, group: str) -> dict:
+    """One W&B run for a whole sweep (job type "sweep", in the runs' group): the collected table as a W&B table of its
+    scalar columns, and summary.parquet as an artifact."""
+    import pandas as pd
+
+    from flashtree.results.collect import COLLECTED
+
+    os.environ["WANDB_MODE"] = wcfg.mode
+    os.environ.setdefault("WANDB_SILENT", "true")
+    import wandb
+
+    run = wandb.init(mode=wcfg.mode, project=wcfg.project, entity=wcfg.entity, group=group, name=f"{group} (sweep)",
+                     job_type="sweep", tags=list(wcfg.tags) or None, dir=str(sweep_dir), reinit="finish_previous")
+    try:
+        scalar = [c for c in table.columns if pd.api.types.is_numeric_dtype(table[c])
+                  or table[c].map(lambda v: v is None or isinstance(v, str)).all()]
+        run.log({"runs": wandb.Table(dataframe=table[scalar].reset_index(drop=True))})
+        artifact = wandb.Artifact(f"sweep-{run.id}", type="results", description=f"flashtree sweep {group}")
+        artifact.add_file(str(Path(sweep_dir) / COLLECTED), name=COLLECTED)
+        run.log_artifact(artifact)
+        return {"mode": wcfg.mode, "id": run.id, "artifact": artifact.name}
+    finally:
+        run.finish()
 
 
 def _num(x):

@@ -214,3 +214,17 @@ def test_the_optuna_preset_maximises_tau_not_raw_tokens_per_s():
     rc = to_run_config(cfg)
     assert rc.objective.metric == "tau"
     assert objective({"tau": 2.5, "tokens_per_s": 99.0}, rc) == 2.5
+
+
+def test_the_sweep_logs_its_collected_table_as_one_wandb_run(grid):
+    """Besides one run per configuration, the sweep's own W&B run (job type "sweep") holds the collected table: a W&B
+    table of its scalar columns and summary.parquet as an artifact."""
+    sweep, _ = grid
+    (wandb_run,) = offline_runs(sweep)  # under the sweep directory itself, not a job's
+    records = [(r.WhichOneof("record_type"), r) for r in offline_records(wandb_run)]
+    (run,) = [r.run for kind, r in records if kind == "run"]
+    assert run.job_type == "sweep" and run.display_name.endswith("(sweep)")
+    manifests = [{e.path for e in r.artifact.manifest.contents} for kind, r in records if kind == "artifact"]
+    assert any("summary.parquet" in m for m in manifests)
+    history = [{i.key or "/".join(i.nested_key) for i in r.history.item} for kind, r in records if kind == "history"]
+    assert any("runs/_type" in keys for keys in history)  # the table, logged as W&B's table-file reference
