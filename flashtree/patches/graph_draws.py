@@ -340,7 +340,8 @@ def build(run, worker, stock, *, free: Callable = free_bytes, graph_sizes: Calla
     limit = limit if max_bs < graph_bs else 0
     # Lean tails where only tree steps replay: none with N = 1 (sampled batches take DSPARK's chain), every graph
     # without a limit, those of at most FLASHTREE_TREE_MAX_BS requests with one.
-    lean_bs = 0 if toggles.tree_n == 1 else min(toggles.tree_max_bs or max_bs, max_bs)
+    # FLASHTREE_TREE_N=auto: the planner hands batches of any size to DSPARK's chain, whose replays read its tail.
+    lean_bs = 0 if toggles.tree_n == 1 or run.planner is not None else min(toggles.tree_max_bs or max_bs, max_bs)
     draws = GraphDraws(
         adapter=adapter, n=toggles.tree_n, depth=plan.depth, max_bs=max_bs, vocab=vocab,
         temperature=toggles.draft_temperature, device=stock.out.device, limit=limit, fused=fused, seed=toggles.seed,

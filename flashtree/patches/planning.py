@@ -1,0 +1,268 @@
+"""FLASHTREE_TREE_N=auto on the server: `flashtree.planner` (the planner the engine and the replay run) fed by the
+server, choosing per decode batch between trees and DSPARK's own chain step.
+
+- Worker start (`resolve_toggles`, `from_plan`): the tree depth is the draft checkpoint's block size (capped at
+  DSPARK's gamma; FLASHTREE_TREE_DEPTH overrides it); on sglang 0.5.17 the tree steps' draft forward runs that many
+  rows (as FLASHTREE_DRAFT_ROWS=depth; set it to choose another). The menu: DSPARK's chain over its window W
+  (--speculative-num-draft-tokens) and trees of N in {1, 4, 8, 16, 32, 64} (N <= width) at widths {depth + 1, 16,
+  32, 64} up to that window, and the window itself (FLASHTREE_TREE_WIDTH lowers the largest). Every tree step draws
+  the menu's largest N; a narrower shape's tree is built from the first N of them, so one step can credit every
+  shape (`flashtree.planner.acceptance`).
+- init_cuda_graphs (startup.py), after the verify graphs at every menu width (verify_widths.py) and the kernels'
+  warm-up: `measure` fills the cost table, each shape's step time at each captured batch size, and logs it once.
+  On a GPU `StepProbe` times the parts of a step that differ between shapes, back to back, with CUDA events: the
+  draft graph (the tree steps' or DSPARK's), the tree kernels at (bs, N, W) and the target verify graph at W;
+  the parts every step shares (sglang's scheduling, the window, the draft-context injection) are left out.
+- Per decode batch `choose(bs)`: host numbers only (the batch size, the table, the estimates).
+- Every `every`-th tree step the credits of every shape (each shape's committed tokens on the step's candidates;
+  under simulated acceptance only the step's own shape: its drawn lengths) and every `every`-th chain step its
+  committed lengths are copied to the host without a wait; a later decision applies them once the copy is done (an
+  event query, never a synchronisation).
+- Every `log_every` decisions a summary: steps per batch size and shape, and the current estimates.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from typing import Callable
+
+import torch
+
+from flashtree.planner import AcceptanceModel, CostTable, Planner, Shape, counterfactual_commits, default_shapes
+from flashtree.planner.acceptance import prior_tau
+
+from .toggles import ToggleError, TreeToggles
+
+logger = logging.getLogger("flashtree.patches")
+
+CREDIT_EVERY = 8  # tree / chain steps per credited step
+LOG_EVERY = 2000  # decisions per summary line
+REPEATS = 5  # timed runs per (shape, batch size) at start, after an untimed one; the fastest counts
+
+
+def resolve_toggles(adapter, toggles: TreeToggles, worker, gamma: int) -> TreeToggles:
+    """The toggles a planned worker runs with: depth from the draft's block size, the draft rows (0.5.17: the depth),
+    N = the menu's largest (what every tree step draws)."""
+    block = adapter.draft_block_size(worker)
+    depth = toggles.tree_depth or min(block or gamma, gamma)
+    rows = toggles.draft_rows
+    if not rows and adapter.draft_rows_release and depth < gamma:
+        adapter.check_draft_rows(depth)
+        rows = depth
+    n = max(s.n for s in _trees(toggles.tree_width or gamma + 1, depth, 0))
+    logger.info("flashtree: FLASHTREE_TREE_N=auto: tree depth %d (%s), draft rows %d of gamma %d, %d draws per tree "
+                "step", depth, "FLASHTREE_TREE_DEPTH" if toggles.tree_depth else
+                f"the draft checkpoint's block size {block}" if block else "no block size in the draft config: gamma",
+                rows or gamma, gamma, n)
+    return replace(toggles, tree_n=n, tree_depth=depth, draft_rows=rows)
+
+
+def _trees(max_width: int, depth: int, rows: int) -> list[Shape]:
+    return [Shape(s.n, s.width, rows) for s in default_shapes(max_width, depth) if not s.is_chain]
+
+
+def menu(plan) -> list[Shape]:
+    """DSPARK's chain over its window, then the trees (module docstring)."""
+    rows = plan.forward_rows if plan.forward_rows < plan.gamma else 0
+    return [Shape(0, plan.width)] + _trees(plan.tree_width, plan.depth, rows)
+
+
+def from_plan(plan, simulate) -> "ServerPlanner":
+    """The worker's planner; with FLASHTREE_SIMULATE_ACC its prior is the table's τ per shape (what the steps will
+    draw), else flashtree.planner's PRIOR_TAU."""
+    table = getattr(simulate, "table", None)
+    prior = prior_tau
+    if table is not None:
+        def prior(shape: Shape) -> float:
+            return table.tau(1, shape.width) if shape.is_chain else table.tau(shape.n, shape.width)
+    planner = ServerPlanner(menu(plan), prior=prior, simulated=simulate is not None, policy=plan.policy)
+    logger.info("flashtree: FLASHTREE_TREE_N=auto: menu %s; prior tokens per step %s", planner.labels(),
+                {s.label(): round(prior(s), 3) for s in planner.shapes})
+    return planner
+
+
+class _HostCopy:
+    """(shapes, credits (S, bs)) copied to host memory without a wait; `ready()` asks the event, never waits."""
+
+    def __init__(self, shapes: list[Shape], credits: torch.Tensor):
+        self.shapes, self.event = shapes, None
+        if credits.is_cuda:
+            host = torch.empty(credits.shape, dtype=credits.dtype, pin_memory=True)
+            host.copy_(credits, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+            credits = host
+        self.credits = credits
+
+    def ready(self) -> bool:
+        return self.event is None or self.event.query()
+
+
+class ServerPlanner:
+    """flashtree.planner's Planner with the server's feeds: the cost table filled at start, credits from the steps."""
+
+    def __init__(self, shapes: list[Shape], *, prior: Callable[[Shape], float] = prior_tau, simulated: bool = False,
+                 policy: str = "vote", every: int = CREDIT_EVERY, log_every: int = LOG_EVERY):
+        self.planner = Planner(CostTable(), AcceptanceModel(shapes, prior=prior))
+        self.simulated, self.policy, self.every, self.log_every = simulated, policy, every, log_every
+        self.decisions = 0
+        self.credited = 0  # steps whose credits were applied
+        self._tree_steps = self._chain_steps = 0
+        self._pending: list[_HostCopy] = []
+
+    @property
+    def shapes(self) -> list[Shape]:
+        return self.planner.acceptance.shapes
+
+    @property
+    def trees(self) -> list[Shape]:
+        return [s for s in self.shapes if not s.is_chain]
+
+    @property
+    def chain(self) -> Shape:
+        return next(s for s in self.shapes if s.is_chain)
+
+    def labels(self) -> list[str]:
+        return [s.label() for s in self.shapes]
+
+    def widths(self) -> list[int]:
+        return sorted({s.width for s in self.trees})
+
+    # ---- the choice ------------------------------------------------------------------------------------------
+    def choose(self, bs: int) -> Shape:
+        self._apply_ready()
+        shape = self.planner.choose(bs).shape
+        self.decisions += 1
+        if self.log_every and self.decisions % self.log_every == 0:
+            self.log_summary()
+        return shape
+
+    # ---- the feeds -------------------------------------------------------------------------------------------
+    def after_tree_step(self, shape: Shape, candidates: torch.Tensor, tokens: torch.Tensor,
+                        commit_len: torch.Tensor) -> None:
+        """A tree step of `shape` over `candidates` (bs, N_drawn, K) committed `tokens` (bs, K + 1; -1 past each
+        row's end), `commit_len` (bs,) of them."""
+        self._tree_steps += 1
+        if self._tree_steps % self.every:
+            return
+        if self.simulated:  # drawn lengths say nothing of other shapes
+            self._defer({shape: commit_len})
+        else:
+            self._defer(counterfactual_commits(candidates, tokens, self.shapes, self.policy))
+
+    def after_chain_step(self, commit_lens: torch.Tensor) -> None:
+        """DSPARK's chain step committed `commit_lens` (bs,) tokens per request (its accept_lens)."""
+        self._chain_steps += 1
+        if self._chain_steps % self.every == 0:
+            self._defer({self.chain: commit_lens})
+
+    def _defer(self, credits: dict[Shape, torch.Tensor]) -> None:
+        shapes = list(credits)
+        self._pending.append(_HostCopy(shapes, torch.stack([credits[s].to(torch.long) for s in shapes])))
+
+    def _apply_ready(self) -> None:
+        while self._pending and self._pending[0].ready():
+            done = self._pending.pop(0)
+            self.planner.acceptance.update(dict(zip(done.shapes, done.credits)))
+            self.credited += 1
+
+    # ---- the cost table --------------------------------------------------------------------------------------
+    def measure(self, sizes, time_step: Callable[[Shape, int], float | None]) -> CostTable:
+        """Fill the cost table: `time_step(shape, bs)` seconds (None: that shape cannot be timed at bs) for every
+        shape at every size; logged once."""
+        costs = self.planner.costs
+        for bs in sorted({int(b) for b in sizes}):
+            for shape in self.shapes:
+                seconds = time_step(shape, bs)
+                if seconds is not None:
+                    costs.add(shape, bs, seconds)
+        if not costs.seconds:
+            raise ToggleError(
+                "flashtree: FLASHTREE_TREE_N=auto could not time any step shape at server start (it replays the captured "
+                "draft and verify CUDA graphs: none were captured, e.g. --disable-cuda-graph); allowed: an integer "
+                "FLASHTREE_TREE_N from 1 to 256, or a server with CUDA graphs"
+            )
+        by_bs: dict[int, list[str]] = {}
+        for row in costs.rows():
+            by_bs.setdefault(row["bs"], []).append(f"{row['shape']} {row['ms']:.3f}")
+        logger.info("flashtree: FLASHTREE_TREE_N=auto cost table (ms per step at each captured batch size): %s",
+                    "; ".join(f"bs {bs}: {', '.join(r)}" for bs, r in sorted(by_bs.items())))
+        return costs
+
+    def log_summary(self) -> None:
+        chosen = ", ".join(f"bs {r['bs']} {r['shape']} x{r['steps']}" for r in self.planner.summary())
+        taus = ", ".join(f"{s.label()} {self.planner.acceptance.tau(s):.2f}" for s in self.shapes)
+        logger.info("flashtree planner: %d decode batches (%d credited steps); chosen: %s; tokens per step now: %s",
+                    self.decisions, self.credited, chosen, taus)
+
+
+# ---- timing at server start --------------------------------------------------------------------------------------
+class StepProbe:
+    """`time_step(shape, bs)` on a server with CUDA graphs: the shape's draft graph replay (the tree steps' draft rows,
+    or DSPARK's own for the chain), for trees the tree kernels at (bs, N, W) on dummy inputs (warmup.dummy_step), and
+    the target's verify graph replay at the shape's verify width, run back to back; the fastest of `repeats` after an
+    untimed run, CUDA events (wall clock on CPU). Graphs replay with the inputs they were captured with, at server
+    start, before any request: their KV writes land in the slots capture staged."""
+
+    def __init__(self, run, worker, repeats: int = REPEATS):
+        from .warmup import dummy_step
+
+        self.run, self.repeats, self.dummy_step = run, repeats, dummy_step
+        adapter, plan = run.plan.adapter, run.plan
+        target = getattr(worker.model_runner, "decode_cuda_graph_runner", None)
+        self.verify = {plan.width: adapter.graph_replays(target)}
+        self.verify.update({w: adapter.graph_replays(r) for w, r in run.verify_runners.items()})
+        dmr = getattr(worker, "draft_model_runner", None)
+        self.dspark_draft = adapter.graph_replays(getattr(dmr, "decode_cuda_graph_runner", None))
+        rows = run.draft_rows
+        self.tree_draft = self.dspark_draft if rows is None else adapter.graph_replays(rows.runner)
+        self.device = torch.device(getattr(worker, "device", "cpu"))
+        self.table = adapter.req_to_token(worker) if plan.page_size == 1 else None
+
+    def parts(self, shape: Shape, bs: int) -> list[Callable[[], object]] | None:
+        """What a step of `shape` over bs requests runs that its timing covers (None: a graph it needs is missing)."""
+        plan = self.run.plan
+        if shape.is_chain:
+            parts = [self.dspark_draft.get(bs), self.verify[plan.width].get(bs)]
+        else:
+            tree_w, w = plan.fit_width(shape.width, self.run.verify_runners)
+            step = (lambda: self.dummy_step(plan, self.device, self.table, bs, shape.n, tree_w, w))
+            parts = [self.tree_draft.get(bs), step, self.verify.get(w, {}).get(bs)]
+        return None if any(p is None for p in parts) else parts
+
+    def __call__(self, shape: Shape, bs: int) -> float | None:
+        parts = self.parts(shape, bs)
+        if parts is None:
+            return None
+        best = float("inf")
+        for timed in [False] + [True] * self.repeats:
+            seconds = _elapsed(parts, self.device)
+            if timed:
+                best = min(best, seconds)
+        return best
+
+
+def _elapsed(parts, device: torch.device) -> float:
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        for part in parts:
+            part()
+        return time.perf_counter() - t0
+    torch.cuda.synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for part in parts:
+        part()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def measure(run, worker, time_step: Callable[[Shape, int], float | None] | None = None, sizes=None) -> CostTable:
+    """The cost table at server start: every menu shape at every captured batch size (the target's verify graphs')."""
+    if sizes is None:
+        runner = getattr(worker.model_runner, "decode_cuda_graph_runner", None)
+        sizes = getattr(runner, "capture_bs", None) or ()
+    return run.planner.measure(sizes, time_step or StepProbe(run, worker))
