@@ -51,9 +51,10 @@ def _tree_patches(adapter: SglangAdapter, toggles: TreeToggles) -> list[Patch]:
     if toggles.draft_rows:
         adapter.check_draft_rows(toggles.draft_rows)
     narrow = bool(toggles.tree_budget or toggles.tree_width or toggles.planned)  # trees narrower than the window
-    if narrow:  # verify graphs at their width
-        adapter.require(base.NARROW_VERIFY_PROBES, "FLASHTREE_TREE_BUDGET / FLASHTREE_TREE_WIDTH / FLASHTREE_TREE_N=auto",
-                        "0 / auto / an integer")
+    if toggles.planned:  # verify graphs at every width of the planner's menu
+        adapter.require(base.NARROW_VERIFY_PROBES, "FLASHTREE_TREE_N=auto", "an integer from 1 to 256")
+    elif narrow:  # verify graphs at their width
+        adapter.require(base.NARROW_VERIFY_PROBES, "FLASHTREE_TREE_BUDGET / FLASHTREE_TREE_WIDTH", "0 / auto")
 
     def worker_init(orig):
         # flashtree's tree state, then a FlashMap draft's switch to N noise draws (or its refusal).

@@ -76,7 +76,7 @@ def from_plan(plan, simulate) -> "ServerPlanner":
     prior = prior_tau
     if table is not None:
         def prior(shape: Shape) -> float:
-            return table.tau(1, shape.width) if shape.is_chain else table.tau(shape.n, shape.width)
+            return table.tau(1, table.chain_width(shape.width)) if shape.is_chain else table.tau(shape.n, shape.width)
     planner = ServerPlanner(menu(plan), prior=prior, simulated=simulate is not None, policy=plan.policy)
     logger.info("flashtree: FLASHTREE_TREE_N=auto: menu %s; prior tokens per step %s", planner.labels(),
                 {s.label(): round(prior(s), 3) for s in planner.shapes})

@@ -201,6 +201,9 @@ class Toggle:
 
 TREE_N = "FLASHTREE_TREE_N"
 AUTO_N = -1  # FLASHTREE_TREE_N=auto: the planner chooses each decode batch's shape (planning.py)
+# What FLASHTREE_TREE_N=auto changes of other toggles' defaults, for those left unset: the draws the fastest measured
+# servers ran (flashtree/patches/README.md, "Planner").
+AUTO_DEFAULTS = {"FLASHTREE_DRAFT_TEMPERATURE": 0.7, "FLASHTREE_FUSED_SAMPLER": True}
 
 
 def toggle(name: str, parse, default, doc: str, needs_tree: str = ""):
@@ -213,7 +216,8 @@ class TreeToggles:
     tree_n: int = toggle(
         TREE_N, Ints(0, 256, "the planner picks each decode batch's tree or DSPARK's chain", AUTO_N), 0,
         "candidate blocks drawn per request; 0 or unset = tree path off; auto: per decode batch the shape (N, W) or "
-        "DSPARK's chain step with the most expected tokens/s, see \"Planner\" below")
+        "DSPARK's chain step with the most expected tokens/s, and unset `FLASHTREE_DRAFT_TEMPERATURE` / "
+        "`FLASHTREE_FUSED_SAMPLER` default to 0.7 / 1; see \"Planner\" below")
     tree_width: int = toggle(
         "FLASHTREE_TREE_WIDTH", Ints(2, 256, "DSPARK's verify window, gamma + 1"), 0,
         "tree width W (root included), at most gamma + 1; a narrower tree is verified by a target graph captured at "
@@ -356,6 +360,9 @@ def read_toggles(environ: Mapping[str, str] | None = None) -> TreeToggles | None
             values[t.field] = t.parse(raw)
         except ValueError:
             raise ToggleError(f"flashtree: {name}={raw!r} is invalid; allowed: {t.parse.allowed}") from None
+    if values.get("tree_n") == AUTO_N:
+        for name, value in AUTO_DEFAULTS.items():
+            values.setdefault(TOGGLES[name].field, value)
     toggles = TreeToggles(**values)  # type: ignore[arg-type]
     if not toggles.tree_enabled:
         for name, raw in set_.items():

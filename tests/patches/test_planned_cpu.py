@@ -168,7 +168,7 @@ def test_auto_serves_trees_or_the_chain_per_batch_size_and_commits_the_greedy_de
     assert credited.count[best] == credited.prior_weight + sum(len(c) for c in applied)
     # the chain: its own steps (the last one's credit is applied after the run) and the trees' counterfactual credit
     chain_credit = 3 * n_chain - (3 if want[-1] == Shape(0, W).label() else 0)
-    tree_credit = sum(len(c) for c in commits["tree"]) - (0 if want[-1] == Shape(0, W).label() else len(commits["tree"][-1]))
+    tree_credit = sum(len(c) for c in applied)
     assert credited.count[Shape(0, W)] == credited.prior_weight + chain_credit + tree_credit
     if graph_max_bs is not None:
         assert state.draw_paths == {"graph": state.steps} and state.graph_draws.lean_bs == 0
@@ -232,8 +232,13 @@ def test_simulated_acceptance_credits_each_step_its_drawn_lengths(tmp_path):
 
 
 def test_auto_toggle_values():
-    assert read_toggles({"FLASHTREE_TREE_N": "auto"}).planned
-    assert not read_toggles({"FLASHTREE_TREE_N": "8"}).planned
+    """'auto' or an integer; auto's own defaults for the draws (0.7, the fused sampler) only where those are unset."""
+    auto = read_toggles({"FLASHTREE_TREE_N": "auto"})
+    assert auto.planned and auto.tree_enabled and (auto.draft_temperature, auto.fused_sampler) == (0.7, True)
+    mine = read_toggles({"FLASHTREE_TREE_N": "auto", "FLASHTREE_FUSED_SAMPLER": "0", "FLASHTREE_DRAFT_TEMPERATURE": "1"})
+    assert (mine.draft_temperature, mine.fused_sampler) == (1.0, False)
+    fixed = read_toggles({"FLASHTREE_TREE_N": "8"})
+    assert not fixed.planned and (fixed.draft_temperature, fixed.fused_sampler) == (1.0, False)
     with pytest.raises(ToggleError) as err:
         read_toggles({"FLASHTREE_TREE_N": "automatic"})
     assert str(err.value) == ("flashtree: FLASHTREE_TREE_N='automatic' is invalid; allowed: 'auto' (the planner picks "
