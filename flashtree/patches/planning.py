@@ -180,9 +180,9 @@ class ServerPlanner:
                     costs.add(shape, bs, seconds)
         if not costs.seconds:
             raise ToggleError(
-                "flashtree: FLASHTREE_TREE_N=auto could not time any step shape at server start (it replays the captured "
-                "draft and verify CUDA graphs: none were captured, e.g. --disable-cuda-graph); allowed: an integer "
-                "FLASHTREE_TREE_N from 1 to 256, or a server with CUDA graphs"
+                "flashtree: FLASHTREE_TREE_N=auto could not time any step shape at server start (it replays the "
+                "captured draft and verify CUDA graphs: none were captured, e.g. --disable-cuda-graph); allowed: an "
+                "integer FLASHTREE_TREE_N from 1 to 256, or a server with CUDA graphs"
             )
         by_bs: dict[int, list[str]] = {}
         for row in costs.rows():
