@@ -377,6 +377,12 @@ def read_toggles(environ: Mapping[str, str] | None = None) -> TreeToggles | None
             f"{toggles.tree_budget} would fix it by the batch size; allowed: unset FLASHTREE_TREE_BUDGET (auto), or "
             f"an integer {TREE_N} with the budget"
         )
+    if toggles.planned and toggles.tp:
+        raise ToggleError(
+            f"flashtree: {TREE_N}=auto with FLASHTREE_TP=1: each tensor-parallel rank would time its own steps and could "
+            f"choose another shape than the others; allowed: an integer {TREE_N} with FLASHTREE_TP=1, or unset "
+            "FLASHTREE_TP"
+        )
     if toggles.splitkv_verify and toggles.exact_verify:
         raise ToggleError(
             "flashtree: FLASHTREE_SPLITKV_VERIFY=1 and FLASHTREE_EXACT_VERIFY=1 both replace the target's verify "

@@ -247,6 +247,8 @@ def test_auto_toggle_values():
                               "each decode batch's tree or DSPARK's chain) or an integer from 0 to 256")
     with pytest.raises(ToggleError, match="FLASHTREE_TREE_N=auto chooses each batch's tree width itself"):
         read_toggles({"FLASHTREE_TREE_N": "auto", "FLASHTREE_TREE_BUDGET": "64"})
+    with pytest.raises(ToggleError, match="FLASHTREE_TREE_N=auto with FLASHTREE_TP=1: each tensor-parallel rank"):
+        read_toggles({"FLASHTREE_TREE_N": "auto", "FLASHTREE_TP": "1"})
 
 
 class FakeGraph:
