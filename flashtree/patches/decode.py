@@ -32,6 +32,8 @@ the TP group's first rank's, and the ranks compare their commits every 64 steps 
 Batches the step does not take go to DSPARK's own decode unchanged: idle batches (DSPARK's idle result), DP-attention
 coordination, sampled batches when N = 1 (DSPARK's chain rejection sampling uses the draft's probabilities and
 accepts more than the target-only walk can with one candidate), and batches above FLASHTREE_TREE_MAX_BS requests.
+Under FLASHTREE_TREE_N=auto the planner (planning.py) picks each remaining batch's shape: a tree of the first N of the
+step's candidates at its width, or DSPARK's own decode ("planned-chain").
 """
 
 from __future__ import annotations
