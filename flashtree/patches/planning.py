@@ -111,6 +111,7 @@ class ServerPlanner:
         self.credited = 0  # steps whose credits were applied
         self._tree_steps = self._chain_steps = 0
         self._pending: list[_HostCopy] = []
+        self._best: dict[int, Shape] = {}  # bs -> the choice under the current estimates
 
     @property
     def shapes(self) -> list[Shape]:
@@ -132,8 +133,13 @@ class ServerPlanner:
 
     # ---- the choice ------------------------------------------------------------------------------------------
     def choose(self, bs: int) -> Shape:
+        """The shape for a batch of bs requests: recomputed only after new credits (the step stays cheap on the host)."""
         self._apply_ready()
-        shape = self.planner.choose(bs).shape
+        shape = self._best.get(bs)
+        if shape is None:
+            shape = self._best[bs] = self.planner.choose(bs).shape
+        else:
+            self.planner.chosen[(bs, shape.label())] += 1
         self.decisions += 1
         if self.log_every and self.decisions % self.log_every == 0:
             self.log_summary()
@@ -167,6 +173,7 @@ class ServerPlanner:
             done = self._pending.pop(0)
             self.planner.acceptance.update(dict(zip(done.shapes, done.credits)))
             self.credited += 1
+            self._best.clear()
 
     # ---- the cost table --------------------------------------------------------------------------------------
     def measure(self, sizes, time_step: Callable[[Shape, int], float | None]) -> CostTable:
@@ -178,6 +185,7 @@ class ServerPlanner:
                 seconds = time_step(shape, bs)
                 if seconds is not None:
                     costs.add(shape, bs, seconds)
+        self._best.clear()
         if not costs.seconds:
             raise ToggleError(
                 "flashtree: FLASHTREE_TREE_N=auto could not time any step shape at server start (it replays the "

@@ -287,6 +287,8 @@ def test_step_probe_times_each_shape_over_its_own_graphs():
         assert probe(shape, bs) > 0
         assert log == want * 3, (shape, log)
     assert probe(state.planner.trees[1], 2) is None  # no verify graph at width 4 for 2 requests
+    ragged = types.SimpleNamespace(ragged_verify_mode=True, **vars(worker.model_runner.decode_cuda_graph_runner))
+    assert adapters.select_adapter().graph_replays(ragged) == {}  # keyed by tokens there, not requests
     costs = planning.measure(state, worker, probe)
     assert {(s.label(), bs) for s, bs in costs.seconds} == (
         {(s.label(), bs) for s in state.planner.shapes for bs in (1, 2)} - {(s.label(), 2) for s in state.planner.trees

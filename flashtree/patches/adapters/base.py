@@ -124,7 +124,10 @@ class SglangAdapter:
     def graph_replays(self, runner) -> dict[int, Callable[[], None]]:
         """A decode graph runner's captured graphs by batch size -> replay them as captured (inputs as last staged);
         {} where the runner keeps them another way. 0.5.17-0.5.23: its backend's `_graphs`, torch CUDA graphs keyed
-        by ShapeKey (size: requests, for the capture sizes of plain decode graphs)."""
+        by ShapeKey (size: requests, for the capture sizes of plain decode graphs; ragged verify graphs are keyed by
+        tokens, so a runner in that mode gives none)."""
+        if getattr(runner, "ragged_verify_mode", False):
+            return {}
         sizes = {int(b) for b in getattr(runner, "capture_bs", None) or ()}
         replays: dict[int, Callable[[], None]] = {}
         for key, graph in (getattr(getattr(runner, "backend", None), "_graphs", None) or {}).items():
