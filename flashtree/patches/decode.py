@@ -105,7 +105,7 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeRun:
         tp=TpSync(adapter.tp_group(worker)),
     )
     if planned:
-        run.planner = planning.from_plan(plan, run.simulate)
+        run.planner = planning.from_plan(plan, run.simulate, device)
     logger.info("flashtree tree path on (sglang %s): %s, W=%d, gamma=%d, depth=%d", adapter.release, toggles.describe(),
                 window, gamma, plan.depth)
     return run
@@ -130,23 +130,30 @@ def make_forward_decode(original, adapter, toggles: TreeToggles):
                 "before the worker is constructed"
             )
         reason = skip_reason(run.plan, batch, args, kwargs)
-        shape = None
-        if reason is None and run.planner is not None:
-            shape = run.planner.choose(len(batch.seq_lens))
-            reason = "planned-chain" if shape.is_chain else None
-        if reason is not None:
-            run.fallbacks[reason] = run.fallbacks.get(reason, 0) + 1
-            if reason in CHAIN_VERIFY_FALLBACKS:
-                stage_chain_mask(run, self, batch)
-            seq_lens = getattr(batch, "seq_lens", None)
-            with graph_draws.dspark_proposes_eagerly(self, 0 if seq_lens is None else len(seq_lens)):
-                result = original(self, batch, on_publish, *args, **kwargs)
-            if reason == "planned-chain":
+        if reason is None and run.planner is not None:  # FLASHTREE_TREE_N=auto
+            bs = len(batch.seq_lens)
+            shape = run.planner.choose(bs)
+            with run.planner.timing(shape, bs):
+                if not shape.is_chain:
+                    return tree_step(run, self, batch, on_publish, shape)
+                result = dspark_step(run, original, self, batch, on_publish, "planned-chain", args, kwargs)
                 run.planner.after_chain_step(result.accept_lens)
-            return result
-        return tree_step(run, self, batch, on_publish, shape)
+                return result
+        if reason is not None:
+            return dspark_step(run, original, self, batch, on_publish, reason, args, kwargs)
+        return tree_step(run, self, batch, on_publish)
 
     return _forward_decode
+
+
+def dspark_step(run: TreeRun, original, worker, batch, on_publish, reason: str, args, kwargs):
+    """DSPARK's own decode step for a batch the tree step does not take (counted by `reason`)."""
+    run.fallbacks[reason] = run.fallbacks.get(reason, 0) + 1
+    if reason in CHAIN_VERIFY_FALLBACKS:
+        stage_chain_mask(run, worker, batch)
+    seq_lens = getattr(batch, "seq_lens", None)
+    with graph_draws.dspark_proposes_eagerly(worker, 0 if seq_lens is None else len(seq_lens)):
+        return original(worker, batch, on_publish, *args, **kwargs)
 
 
 # Fallbacks whose DSPARK chain step runs a target verify of W tokens per request.

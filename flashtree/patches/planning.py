@@ -13,7 +13,10 @@ server, choosing per decode batch between trees and DSPARK's own chain step.
   On a GPU `StepProbe` times the parts of a step that differ between shapes, back to back, with CUDA events: the
   draft graph (the tree steps' or DSPARK's), the tree kernels at (bs, N, W) and the target verify graph at W;
   the parts every step shares (sglang's scheduling, the window, the draft-context injection) are left out.
-- Per decode batch `choose(bs)`: host numbers only (the batch size, the table, the estimates).
+- Per decode batch `choose(bs)`: host numbers only (the batch size, the table, the estimates). Every `every`-th
+  decision also times its whole step (CUDA events, read when done); after `retime_after` timed steps of a shape at
+  a table size their mean replaces the start-up entry, so what the probe leaves out (host work, long contexts)
+  reaches the table for the shapes the planner serves.
 - Every `every`-th tree step the credits of every shape (each shape's committed tokens on the step's candidates;
   under simulated acceptance only the step's own shape: its drawn lengths) and every `every`-th chain step its
   committed lengths are copied to the host without a wait; a later decision applies them once the copy is done (an
@@ -23,6 +26,7 @@ server, choosing per decode batch between trees and DSPARK's own chain step.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import replace
@@ -37,7 +41,8 @@ from .toggles import ToggleError, TreeToggles
 
 logger = logging.getLogger("flashtree.patches")
 
-CREDIT_EVERY = 8  # tree / chain steps per credited step
+CREDIT_EVERY = 8  # tree / chain steps per credited step (and decisions per timed step)
+RETIME_AFTER = 4  # timed steps of a (shape, batch size) whose mean replaces the start-up estimate
 LOG_EVERY = 2000  # decisions per summary line
 REPEATS = 5  # timed runs per (shape, batch size) at start, after an untimed one; the fastest counts
 
@@ -69,7 +74,7 @@ def menu(plan) -> list[Shape]:
     return [Shape(0, plan.width)] + _trees(plan.tree_width, plan.depth, rows)
 
 
-def from_plan(plan, simulate) -> "ServerPlanner":
+def from_plan(plan, simulate, device) -> "ServerPlanner":
     """The worker's planner; with FLASHTREE_SIMULATE_ACC its prior is the table's τ per shape (what the steps will
     draw), else flashtree.planner's PRIOR_TAU."""
     table = getattr(simulate, "table", None)
@@ -77,7 +82,8 @@ def from_plan(plan, simulate) -> "ServerPlanner":
     if table is not None:
         def prior(shape: Shape) -> float:
             return table.tau(1, table.chain_width(shape.width)) if shape.is_chain else table.tau(shape.n, shape.width)
-    planner = ServerPlanner(menu(plan), prior=prior, simulated=simulate is not None, policy=plan.policy)
+    planner = ServerPlanner(menu(plan), prior=prior, simulated=simulate is not None, policy=plan.policy,
+                            cuda=torch.device(device).type == "cuda")
     logger.info("flashtree: FLASHTREE_TREE_N=auto: menu %s; prior tokens per step %s", planner.labels(),
                 {s.label(): round(prior(s), 3) for s in planner.shapes})
     return planner
@@ -100,11 +106,36 @@ class _HostCopy:
         return self.event is None or self.event.query()
 
 
+class _StepTime:
+    """One step's time: CUDA events around it (read once `ready()`, never waited for), or the wall clock."""
+
+    def __init__(self, key: tuple[Shape, int], cuda: bool):
+        self.key, self.cuda = key, cuda
+        if cuda:
+            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.start.record()
+        else:
+            self.start, self.end = time.perf_counter(), None
+
+    def stop(self) -> None:
+        if self.cuda:
+            self.end.record()
+        else:
+            self.end = time.perf_counter() - self.start
+
+    def ready(self) -> bool:
+        return not self.cuda or self.end.query()
+
+    def seconds(self) -> float:
+        return self.start.elapsed_time(self.end) / 1e3 if self.cuda else self.end
+
+
 class ServerPlanner:
     """flashtree.planner's Planner with the server's feeds: the cost table filled at start, credits from the steps."""
 
     def __init__(self, shapes: list[Shape], *, prior: Callable[[Shape], float] = prior_tau, simulated: bool = False,
-                 policy: str = "vote", every: int = CREDIT_EVERY, log_every: int = LOG_EVERY):
+                 policy: str = "vote", every: int = CREDIT_EVERY, log_every: int = LOG_EVERY,
+                 retime_after: int = RETIME_AFTER, cuda: bool = False):
         self.planner = Planner(CostTable(), AcceptanceModel(shapes, prior=prior))
         self.simulated, self.policy, self.every, self.log_every = simulated, policy, every, log_every
         self.decisions = 0
@@ -112,6 +143,9 @@ class ServerPlanner:
         self._tree_steps = self._chain_steps = 0
         self._pending: list[_HostCopy] = []
         self._best: dict[int, Shape] = {}  # bs -> the choice under the current estimates
+        self.retime_after, self.cuda = retime_after, cuda
+        self._times: list[_StepTime] = []  # timed steps not yet read
+        self._timed: dict[tuple[Shape, int], list] = {}  # (shape, size) -> [seconds, steps] of the timed steps
 
     @property
     def shapes(self) -> list[Shape]:
@@ -145,6 +179,20 @@ class ServerPlanner:
             self.log_summary()
         return shape
 
+    @contextlib.contextmanager
+    def timing(self, shape: Shape, bs: int):
+        """Around a planned step: every `every`-th decision times it (the whole decode step: what the start-up table
+        leaves out is in it); once `retime_after` steps of a (shape, table size) are timed, their mean replaces the
+        table's entry (0: never)."""
+        size = self.planner.costs.size_for(shape, bs)
+        if not self.retime_after or self.decisions % self.every or size is None:
+            yield
+            return
+        timed = _StepTime((shape, size), self.cuda)
+        yield
+        timed.stop()
+        self._times.append(timed)
+
     # ---- the feeds -------------------------------------------------------------------------------------------
     def after_tree_step(self, shape: Shape, candidates: torch.Tensor, tokens: torch.Tensor,
                         commit_len: torch.Tensor) -> None:
@@ -174,6 +222,14 @@ class ServerPlanner:
             self.planner.acceptance.update(dict(zip(done.shapes, done.credits)))
             self.credited += 1
             self._best.clear()
+        while self._times and self._times[0].ready():
+            done = self._times.pop(0)
+            acc = self._timed.setdefault(done.key, [0.0, 0])
+            acc[0] += done.seconds()
+            acc[1] += 1
+            if acc[1] >= self.retime_after:
+                self.planner.costs.seconds[done.key] = acc[0] / acc[1]
+                self._best.clear()
 
     # ---- the cost table --------------------------------------------------------------------------------------
     def measure(self, sizes, time_step: Callable[[Shape, int], float | None]) -> CostTable:
@@ -202,8 +258,10 @@ class ServerPlanner:
     def log_summary(self) -> None:
         chosen = ", ".join(f"bs {r['bs']} {r['shape']} x{r['steps']}" for r in self.planner.summary())
         taus = ", ".join(f"{s.label()} {self.planner.acceptance.tau(s):.2f}" for s in self.shapes)
-        logger.info("flashtree planner: %d decode batches (%d credited steps); chosen: %s; tokens per step now: %s",
-                    self.decisions, self.credited, chosen, taus)
+        timed = ", ".join(f"{s.label()} at bs {size} {acc[0] / acc[1] * 1e3:.3f}"
+                          for (s, size), acc in sorted(self._timed.items()) if acc[1] >= self.retime_after)
+        logger.info("flashtree planner: %d decode batches (%d credited steps); chosen: %s; tokens per step now: %s; "
+                    "ms per step as served: %s", self.decisions, self.credited, chosen, taus, timed or "none yet")
 
 
 # ---- timing at server start --------------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ def planned_server(graph_max_bs=None, simulate_acc="", capture_bs=(1, 2, 3)):
     worker.draft_model_runner.model_config = types.SimpleNamespace(hf_config={"dspark_block_size": BLOCK})
     toggles = TreeToggles(tree_n=AUTO_N, seed=5, graph_draws=graph_max_bs is not None, simulate_acc=simulate_acc)
     worker._flashtree = state = create_state(adapter, toggles, worker)
+    state.planner.retime_after = 0  # the injected cost tables stay as injected (test_served_step_times_retime_the_table)
     if graph_max_bs is not None:
         torch.manual_seed(7)
         graph_sampler(worker, state, graph_max_bs)
@@ -207,6 +208,21 @@ def test_online_estimates_move_the_choice():
     labels, _commits, _rows, _chain = decode(world, adapter, worker, state, [[0, 1, 2]], 30)
     assert labels[0] == wide.label() and labels[-5:] == [narrow.label()] * 5, labels
     assert acceptance.tau(wide) < 3.0 and acceptance.tau(narrow) > 1.5
+
+
+def test_served_step_times_retime_the_table():
+    """Timed served steps replace the start-up estimates: a table that prices the W = 4 tree at 0.1 ms (a CPU step of
+    the stand-ins takes far longer) gets its measured mean after 4 timed steps, and the planner then moves to the
+    chain, priced at 1 ms until its own steps are timed."""
+    world, adapter, worker, state = planned_server()
+    planner = state.planner
+    planner.every, planner.retime_after = 1, 4
+    narrow = Shape(4, 4, planner.trees[0].rows)
+    planning.measure(state, worker, table(lambda shape, bs: {narrow: 0.1}.get(shape, 1.0 if shape.is_chain else 50.0)))
+    labels, _commits, _rows, _chain = decode(world, adapter, worker, state, [[0, 1, 2]], 8)
+    assert labels[:4] == [narrow.label()] * 4 and labels[4] == Shape(0, W).label(), labels
+    seconds, steps = planner._timed[(narrow, 3)]
+    assert steps == 4 and planner.planner.costs.seconds[(narrow, 3)] == seconds / 4 > 1e-3
 
 
 def test_simulated_acceptance_credits_each_step_its_drawn_lengths(tmp_path):
