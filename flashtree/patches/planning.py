@@ -13,13 +13,13 @@ server, choosing per decode batch between trees and DSPARK's own chain step.
   On a GPU `StepProbe` times the parts of a step that differ between shapes, back to back, with CUDA events: the
   draft graph (the tree steps' or DSPARK's), the tree kernels at (bs, N, W) and the target verify graph at W;
   the parts every step shares (sglang's scheduling, the window, the draft-context injection) are left out.
-- Per decode batch `choose(bs)`: host numbers only (the batch size, the table, the estimates). Every `every`-th
+- Per decode batch `choose(bs)`: host numbers only (the batch size, the table, the estimates). Every `time_every`-th
   decision also times its whole step (CUDA events, read when done); after `retime_after` timed steps of a shape at
   a table size their mean replaces the start-up entry, so what the probe leaves out (host work, long contexts)
   reaches the table for the shapes the planner serves.
-- Every `every`-th tree step the credits of every shape (each shape's committed tokens on the step's candidates;
-  under simulated acceptance only the step's own shape: its drawn lengths) and every `every`-th chain step its
-  committed lengths are copied to the host without a wait; a later decision applies them once the copy is done (an
+- Every `credit_every["tree"]`-th tree step the credits of every shape (each shape's committed tokens on the step's
+  candidates; under simulated acceptance only the step's own shape: its drawn lengths) and every
+  `credit_every["chain"]`-th chain step its committed lengths are copied to the host without a wait; a later decision applies them once the copy is done (an
   event query, never a synchronisation).
 - Every `log_every` decisions a summary: steps per batch size and shape, and the current estimates.
 """
@@ -41,7 +41,10 @@ from .toggles import ToggleError, TreeToggles
 
 logger = logging.getLogger("flashtree.patches")
 
-CREDIT_EVERY = 8  # tree / chain steps per credited step (and decisions per timed step)
+# Tree / chain steps per credited step: a tree step's credit builds every menu shape's tree (about 70 launches each,
+# ~1 ms of host time for a wide menu), so it runs rarely; a chain step's is one copy.
+CREDIT_EVERY = {"tree": 64, "chain": 8}
+TIME_EVERY = 8  # decisions per timed step (never a credited one: its credit would be in its time)
 RETIME_AFTER = 4  # timed steps of a (shape, batch size) whose mean replaces the start-up estimate
 LOG_EVERY = 2000  # decisions per summary line
 REPEATS = 5  # timed runs per (shape, batch size) at start, after an untimed one; the fastest counts
@@ -134,13 +137,15 @@ class ServerPlanner:
     """flashtree.planner's Planner with the server's feeds: the cost table filled at start, credits from the steps."""
 
     def __init__(self, shapes: list[Shape], *, prior: Callable[[Shape], float] = prior_tau, simulated: bool = False,
-                 policy: str = "vote", every: int = CREDIT_EVERY, log_every: int = LOG_EVERY,
-                 retime_after: int = RETIME_AFTER, cuda: bool = False):
+                 policy: str = "vote", credit_every: dict | None = None, time_every: int = TIME_EVERY,
+                 log_every: int = LOG_EVERY, retime_after: int = RETIME_AFTER, cuda: bool = False):
         self.planner = Planner(CostTable(), AcceptanceModel(shapes, prior=prior))
-        self.simulated, self.policy, self.every, self.log_every = simulated, policy, every, log_every
+        self.simulated, self.policy, self.log_every = simulated, policy, log_every
+        self.credit_every, self.time_every = dict(credit_every or CREDIT_EVERY), time_every
+        self._credit_now = False  # whether the step in `timing` is a credited one
         self.decisions = 0
         self.credited = 0  # steps whose credits were applied
-        self._tree_steps = self._chain_steps = 0
+        self._steps = {"tree": 0, "chain": 0}
         self._pending: list[_HostCopy] = []
         self._best: dict[int, Shape] = {}  # bs -> the choice under the current estimates
         self.retime_after, self.cuda = retime_after, cuda
@@ -181,11 +186,15 @@ class ServerPlanner:
 
     @contextlib.contextmanager
     def timing(self, shape: Shape, bs: int):
-        """Around a planned step: every `every`-th decision times it (the whole decode step: what the start-up table
-        leaves out is in it); once `retime_after` steps of a (shape, table size) are timed, their mean replaces the
-        table's entry (0: never)."""
+        """Around a planned step: whether it is credited (`after_tree_step` / `after_chain_step`), and, every
+        `time_every`-th decision unless credited, its time (the whole decode step: what the start-up table leaves out
+        is in it); once `retime_after` steps of a (shape, table size) are timed, their mean replaces the table's
+        entry (0: never)."""
+        kind = "chain" if shape.is_chain else "tree"
+        self._steps[kind] += 1
+        self._credit_now = self._steps[kind] % self.credit_every[kind] == 0
         size = self.planner.costs.size_for(shape, bs)
-        if not self.retime_after or self.decisions % self.every or size is None:
+        if self._credit_now or not self.retime_after or self.decisions % self.time_every or size is None:
             yield
             return
         timed = _StepTime((shape, size), self.cuda)
@@ -198,8 +207,7 @@ class ServerPlanner:
                         commit_len: torch.Tensor) -> None:
         """A tree step of `shape` over `candidates` (bs, N_drawn, K) committed `tokens` (bs, K + 1; -1 past each
         row's end), `commit_len` (bs,) of them."""
-        self._tree_steps += 1
-        if self._tree_steps % self.every:
+        if not self._credit_now:
             return
         if self.simulated:  # drawn lengths say nothing of other shapes
             self._defer({shape: commit_len})
@@ -208,8 +216,7 @@ class ServerPlanner:
 
     def after_chain_step(self, commit_lens: torch.Tensor) -> None:
         """DSPARK's chain step committed `commit_lens` (bs,) tokens per request (its accept_lens)."""
-        self._chain_steps += 1
-        if self._chain_steps % self.every == 0:
+        if self._credit_now:
             self._defer({self.chain: commit_lens})
 
     def _defer(self, credits: dict[Shape, torch.Tensor]) -> None:

@@ -140,7 +140,7 @@ def test_auto_serves_trees_or_the_chain_per_batch_size_and_commits_the_greedy_de
     exactly what it committed; statistics rows carry the chosen shape (N, verify width)."""
     world, adapter, worker, state = planned_server(graph_max_bs)
     planner = state.planner
-    planner.every = 1
+    planner.credit_every = {"tree": 1, "chain": 1}
     best = Shape(4, 4, state.planner.trees[0].rows)
 
     def ms(shape, bs):
@@ -196,7 +196,7 @@ def test_online_estimates_move_the_choice():
     cheaper here) moves the planner to the W = 4 tree; the first estimate falls, the second rises."""
     world, adapter, worker, state = planned_server()
     planner = state.planner
-    planner.every = 1
+    planner.credit_every = {"tree": 1, "chain": 1}
     acceptance = planner.planner.acceptance
     rows = planner.trees[0].rows
     wide, narrow = Shape(4, W, rows), Shape(4, 4, rows)
@@ -216,13 +216,28 @@ def test_served_step_times_retime_the_table():
     chain, priced at 1 ms until its own steps are timed."""
     world, adapter, worker, state = planned_server()
     planner = state.planner
-    planner.every, planner.retime_after = 1, 4
+    planner.time_every, planner.retime_after = 1, 4
+    planner.credit_every = {"tree": 1000, "chain": 1000}  # credited steps are never timed
     narrow = Shape(4, 4, planner.trees[0].rows)
     planning.measure(state, worker, table(lambda shape, bs: {narrow: 0.1}.get(shape, 1.0 if shape.is_chain else 50.0)))
     labels, _commits, _rows, _chain = decode(world, adapter, worker, state, [[0, 1, 2]], 8)
     assert labels[:4] == [narrow.label()] * 4 and labels[4] == Shape(0, W).label(), labels
     seconds, steps = planner._timed[(narrow, 3)]
     assert steps == 4 and planner.planner.costs.seconds[(narrow, 3)] == seconds / 4 > 1e-3
+
+
+def test_credited_steps_are_never_timed():
+    """A credited step's time would hold its credit's work: every other step is credited here, the others timed."""
+    chain, tree = Shape(0, W), Shape(4, W)
+    planner = planning.ServerPlanner([chain, tree], credit_every={"tree": 2, "chain": 2}, time_every=1)
+    planner.planner.costs.add(tree, 1, 1e-3)
+    planner.planner.costs.add(chain, 1, 1e-2)
+    credited = []
+    for _ in range(6):
+        shape = planner.choose(1)
+        with planner.timing(shape, 1):
+            credited.append(planner._credit_now)
+    assert credited == [False, True] * 3 and len(planner._times) == 0 and planner._timed[(tree, 1)][1] == 3
 
 
 def test_simulated_acceptance_credits_each_step_its_drawn_lengths(tmp_path):
@@ -234,7 +249,7 @@ def test_simulated_acceptance_credits_each_step_its_drawn_lengths(tmp_path):
     AcceptTable({(1, W): (1, 1, 1, 1), (4, 4): (0, 0, 0, 1), (4, W): (2, 1, 1, 0)}).save(path)
     world, adapter, worker, state = planned_server(simulate_acc=str(path))
     planner = state.planner
-    planner.every = 1
+    planner.credit_every = {"tree": 1, "chain": 1}
     acceptance = planner.planner.acceptance
     rows = planner.trees[0].rows
     assert acceptance.tau(Shape(4, 4, rows)) == pytest.approx(4.0) and acceptance.tau(Shape(0, W)) == pytest.approx(2.5)
