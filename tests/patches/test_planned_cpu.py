@@ -15,8 +15,8 @@ from flashtree.patches import adapters, planning, verify_widths
 from flashtree.patches.decode import create_state, make_forward_decode
 from flashtree.patches.toggles import AUTO_N, ToggleError, TreeToggles, read_toggles
 from flashtree.planner import Shape
-from test_decode_cpu import (GAMMA, MAX_LEN, W, ChainStep, StandInAdapter, StandInAttnBackend, StandIns,
-                             StandInGraphRunner, graph_sampler, real_markov_head, reference, standin_proposer)
+from test_decode_cpu import (MAX_LEN, W, ChainStep, StandInAdapter, StandInAttnBackend, StandIns, StandInGraphRunner,
+                             graph_sampler, real_markov_head, reference, standin_proposer, target_logits)
 
 BLOCK = 3  # the stand-in draft checkpoint's block size: trees of depth 3 in DSPARK's 5-token block
 PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9]]
@@ -63,10 +63,11 @@ def planned_server(graph_max_bs=None, simulate_acc="", capture_bs=(1, 2, 3)):
     return world, adapter, worker, state
 
 
-def decode(world, adapter, worker, state, schedule, steps, greedy=True):
+def decode(world, adapter, worker, state, schedule, steps, greedy=True, sampling_info=None):
     """Decode through the patched `_forward_decode` over the stand-in DSPARK chain step, each step on the subset of
     requests `schedule` names (cycled). Every commit keeps the sequential req_to_token / KV / draft-context layout;
-    with `greedy` it is also checked against the stand-in target's sequential greedy decode. Returns (the shape
+    with `greedy` it is also checked against the stand-in target's sequential greedy decode (with `sampling_info`:
+    its top_k = 1 rows; the others commit tokens the target can sample). Returns (the shape
     label of each step, committed tokens per step and path, tree statistics rows, the chain stand-in)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.dspark_components.dspark_draft import make_next_draft_input
@@ -88,7 +89,7 @@ def decode(world, adapter, worker, state, schedule, steps, greedy=True):
         seq_lens = torch.tensor([seq[i] for i in idx])
         batch = types.SimpleNamespace(
             seq_lens=seq_lens.clone(), seq_lens_cpu=seq_lens.clone(), seq_lens_sum=int(seq_lens.sum()),
-            req_pool_indices=world.rows[idx].clone(), forward_mode=ForwardMode.DECODE, sampling_info=None,
+            req_pool_indices=world.rows[idx].clone(), forward_mode=ForwardMode.DECODE, sampling_info=sampling_info,
             spec_info=make_next_draft_input(bonus_tokens=torch.tensor([bonus[i] for i in idx]), new_seq_lens=seq_lens),
             has_grammar=False, return_logprob=False,
         )
@@ -106,8 +107,11 @@ def decode(world, adapter, worker, state, schedule, steps, greedy=True):
             L, c = seq[i], int(commit[j])
             ctx = world.context(i, L + c)
             assert ctx == PROMPTS[i] + generated[i] + out[j, : c - 1].tolist()
-            if greedy:
+            if greedy and (sampling_info is None or int(sampling_info.top_ks[j]) <= 1):
                 assert out[j, :c].tolist() == refs[i][L + 1 : L + 1 + c], f"step {step} ({labels[-1]}) request {i}"
+            elif greedy:  # a sampled row: each committed token one the target can sample after what precedes it
+                after = ctx + [int(out[j, c - 1])]  # the anchor at position L, then the committed tokens
+                assert all(target_logits(after[: L + 1 + t])[int(out[j, t])] > -10 for t in range(c))
             slots = world.req_to_token[world.rows[i], L : L + c]
             assert world.draft_kv[slots, 0].tolist() == list(range(L, L + c))
             seq[i], bonus[i] = L + c, int(res.next_draft_input.bonus_tokens[j])
@@ -176,6 +180,21 @@ def test_auto_serves_trees_or_the_chain_per_batch_size_and_commits_the_greedy_de
         assert state.draw_paths == {"graph": state.steps} and draws.lean_bs == 0 and chain.graph_blocks == n_chain
         # with draft-row graphs (0.5.17) only the tree steps' replays draw; else DSPARK's graphs draw for both paths
         assert draws.calls == state.steps + (0 if state.draft_rows is not None else n_chain)
+
+
+def test_sampled_rows_take_the_planned_tree_walk():
+    """A batch with a temperature-0.7 row between two greedy ones under auto: the planned tree's sampled walk serves
+    it (committing tokens the target samples), the greedy rows stay the greedy decode, and sampled steps credit too."""
+    world, adapter, worker, state = planned_server()
+    state.planner.credit_every = {"tree": 1, "chain": 1}
+    narrow = Shape(4, 4, state.planner.trees[0].rows)
+    planning.measure(state, worker, table(lambda shape, bs: 0.1 if shape == narrow else 5.0))
+    greedy = torch.tensor([True, False, True])
+    info = types.SimpleNamespace(is_all_greedy=False, temperatures=torch.where(greedy, 1.0, 0.7).view(-1, 1),
+                                 top_ks=torch.where(greedy, 1, 1 << 30).to(torch.int32), top_ps=torch.ones(3))
+    labels, commits, _rows, _chain = decode(world, adapter, worker, state, [[0, 1, 2]], 12, sampling_info=info)
+    assert set(labels) == {narrow.label()} and state.planner.credited == 11
+    assert sum(int(c[1]) for c in commits["tree"]) > 12  # the sampled row accepted drafts too
 
 
 def test_auto_runs_the_chain_when_trees_do_not_pay():
