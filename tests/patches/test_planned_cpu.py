@@ -5,7 +5,6 @@ step of test_decode_cpu; cost tables injected (the GPU's StepProbe replays captu
 from __future__ import annotations
 
 import types
-from collections import Counter
 
 import pytest
 import torch
