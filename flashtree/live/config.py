@@ -8,7 +8,7 @@ Importing this module needs no hydra (`register` imports it when called).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from omegaconf import MISSING
 
@@ -30,7 +30,9 @@ class ServerConfig:
 
     description: str = ""
     speculative: bool = True  # false: no speculation (the reference server)
-    tree_n: Optional[int] = None  # FLASHTREE_TREE_N: candidate blocks per step; null: DSPARK's own chain
+    # FLASHTREE_TREE_N: candidate blocks per step, or "auto" (the planner picks each batch's shape or DSPARK's chain;
+    # Any for OmegaConf, checked below); null: DSPARK's own chain
+    tree_n: Any = None
     window: Optional[int] = None  # --speculative-num-draft-tokens W (the root included); null: the draft block + 1
     depth: Optional[int] = None  # FLASHTREE_TREE_DEPTH: draft positions each candidate keeps
     budget: Optional[int] = None  # FLASHTREE_TREE_BUDGET: batch-wide verify tokens
@@ -56,7 +58,8 @@ class ServerConfig:
             set_keys = [k for k in tree_keys if getattr(self, k) is not None] + (["fused_sampler"] * self.fused_sampler)
             _check(not set_keys, f"{key}.tree_n", None, f"{set_keys} need the tree path (set tree_n)")
         else:
-            _check(1 <= self.tree_n <= 256, f"{key}.tree_n", self.tree_n, "must be in 1..256")
+            ok = self.tree_n == "auto" or (type(self.tree_n) is int and 1 <= self.tree_n <= 256)
+            _check(ok, f"{key}.tree_n", self.tree_n, "must be 'auto' or an integer in 1..256")
         _check(self.window is None or self.window >= 2, f"{key}.window", self.window, "must be >= 2")
         _check(not (self.split_kv and self.exact_verify), key, "split_kv+exact_verify",
                "choose one: split-KV verify is already exact on a deterministic server")

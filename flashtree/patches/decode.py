@@ -32,6 +32,8 @@ the TP group's first rank's, and the ranks compare their commits every 64 steps 
 Batches the step does not take go to DSPARK's own decode unchanged: idle batches (DSPARK's idle result), DP-attention
 coordination, sampled batches when N = 1 (DSPARK's chain rejection sampling uses the draft's probabilities and
 accepts more than the target-only walk can with one candidate), and batches above FLASHTREE_TREE_MAX_BS requests.
+Under FLASHTREE_TREE_N=auto the planner (planning.py) picks each remaining batch's shape: a tree of the first N of the
+step's candidates at its width, or DSPARK's own decode ("planned-chain").
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from flashtree.tree import build_tree, chain_tree, pad_tree, sampled_draws, veri
 from flashtree.tree.simulate import simulated_walk_and_commit
 from flashtree.tree.types import VoteTree
 
-from . import checks, flashmap_draft, graph_draws, simulate
+from . import checks, flashmap_draft, graph_draws, planning, simulate
 from .draft_rows import DraftRows, drafting
 from .stage_times import NoTimer, StageTimer
 from .tp_sync import TpSync
@@ -74,6 +76,9 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeRun:
     checks.at_worker_start(adapter, toggles, worker)
     gamma = adapter.gamma(worker)
     window = gamma + 1
+    planned = toggles.planned
+    if planned:  # depth, rows and N resolved for the planner's menu
+        toggles = planning.resolve_toggles(adapter, toggles, worker, gamma)
     rows = toggles.draft_rows or gamma
     plan = TreePlan(
         adapter=adapter,
@@ -99,6 +104,8 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeRun:
         simulate=simulate.from_server(adapter, toggles, worker, gamma, device),
         tp=TpSync(adapter.tp_group(worker)),
     )
+    if planned:
+        run.planner = planning.from_plan(plan, run.simulate, device)
     logger.info("flashtree tree path on (sglang %s): %s, W=%d, gamma=%d, depth=%d", adapter.release, toggles.describe(),
                 window, gamma, plan.depth)
     return run
@@ -123,20 +130,34 @@ def make_forward_decode(original, adapter, toggles: TreeToggles):
                 "before the worker is constructed"
             )
         reason = skip_reason(run.plan, batch, args, kwargs)
+        if reason is None and run.planner is not None:  # FLASHTREE_TREE_N=auto
+            bs = len(batch.seq_lens)
+            shape = run.planner.choose(bs)
+            with run.planner.timing(shape, bs):
+                if not shape.is_chain:
+                    return tree_step(run, self, batch, on_publish, shape)
+                result = dspark_step(run, original, self, batch, on_publish, "planned-chain", args, kwargs)
+                run.planner.after_chain_step(result.accept_lens)
+                return result
         if reason is not None:
-            run.fallbacks[reason] = run.fallbacks.get(reason, 0) + 1
-            if reason in CHAIN_VERIFY_FALLBACKS:
-                stage_chain_mask(run, self, batch)
-            seq_lens = getattr(batch, "seq_lens", None)
-            with graph_draws.dspark_proposes_eagerly(self, 0 if seq_lens is None else len(seq_lens)):
-                return original(self, batch, on_publish, *args, **kwargs)
+            return dspark_step(run, original, self, batch, on_publish, reason, args, kwargs)
         return tree_step(run, self, batch, on_publish)
 
     return _forward_decode
 
 
+def dspark_step(run: TreeRun, original, worker, batch, on_publish, reason: str, args, kwargs):
+    """DSPARK's own decode step for a batch the tree step does not take (counted by `reason`)."""
+    run.fallbacks[reason] = run.fallbacks.get(reason, 0) + 1
+    if reason in CHAIN_VERIFY_FALLBACKS:
+        stage_chain_mask(run, worker, batch)
+    seq_lens = getattr(batch, "seq_lens", None)
+    with graph_draws.dspark_proposes_eagerly(worker, 0 if seq_lens is None else len(seq_lens)):
+        return original(worker, batch, on_publish, *args, **kwargs)
+
+
 # Fallbacks whose DSPARK chain step runs a target verify of W tokens per request.
-CHAIN_VERIFY_FALLBACKS = ("batch-size", "sampled-n1", "refused-features")
+CHAIN_VERIFY_FALLBACKS = ("batch-size", "sampled-n1", "refused-features", "planned-chain")
 
 
 def stage_chain_mask(run: TreeRun, worker, batch) -> None:
@@ -231,12 +252,16 @@ def walk(run: TreeRun, tree: VoteTree, logits: torch.Tensor, sampling_info, req_
     return walk_and_commit(tree, draws, req_to_token, rows, starts)
 
 
-def tree_step(run: TreeRun, worker, batch, on_publish):
+def tree_step(run: TreeRun, worker, batch, on_publish, shape=None):
+    """One tree step; `shape`: the planner's choice (FLASHTREE_TREE_N=auto), a tree of its first N candidates."""
     plan = run.plan
     adapter = plan.adapter
     draft_input = batch.spec_info
     bs = len(batch.seq_lens)
-    tree_w, w = run.widths_for(bs)  # w: verify tokens per request (DSPARK's window, or a narrower verify graph's)
+    if shape is None:
+        tree_w, w = run.widths_for(bs)  # w: verify tokens per request (DSPARK's window, or a narrower verify graph's)
+    else:
+        tree_w, w = plan.fit_width(shape.width, run.verify_runners)
     prefix = batch.seq_lens
     timer = run.timer or NoTimer()
 
@@ -266,6 +291,10 @@ def tree_step(run: TreeRun, worker, batch, on_publish):
         # shapes and kernels), whose path reaches the full depth.
         candidates = candidates[:, :1].expand_as(candidates)
     candidates = run.tp.from_first(candidates)  # every rank builds rank 0's tree (its draws are its own generator's)
+    drawn = candidates
+    if shape is not None:  # the planner's tree: the first N of the menu's largest draw
+        candidates = candidates[:, : shape.n]
+        n = candidates.shape[1]
     timer.mark("draws")
     tree = pad_tree(build_tree(candidates, tree_w, policy=plan.policy), w, n)
     if w < plan.width:  # a narrower verify graph: the first w slots of DSPARK's window
@@ -319,6 +348,8 @@ def tree_step(run: TreeRun, worker, batch, on_publish):
     logits_output.customized_info = info
     run.steps += 1
     run.tp.committed(result.tokens, commit_lens, run.steps)
+    if shape is not None:
+        run.planner.after_tree_step(shape, drawn, result.tokens, commit_lens)
 
     next_draft_input = adapter.make_next_draft_input(result.bonus, new_seq_lens)
     timer.mark("output")

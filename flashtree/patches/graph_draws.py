@@ -88,7 +88,7 @@ class GraphDraws:
 
     def __init__(self, *, adapter, n: int, depth: int, max_bs: int, vocab: int, temperature: float, device,
                  limit: int = 0, fused: tuple | None = None, seed: int = 0, n_for: Callable[[int], int] | None = None,
-                 lean_bs: int = 0):
+                 lean_bs: int = 0, dspark_tail_only: bool = False):
         # depth: the block positions each candidate keeps (FLASHTREE_TREE_DEPTH, <= DSPARK's gamma)
         # max_bs: the requests the buffers hold. limit (FLASHTREE_TREE_MAX_BS, 0 = none): with a limit, a tail run
         # for more than max_bs requests (a graph only chain steps replay) skips the draws instead of failing.
@@ -96,9 +96,11 @@ class GraphDraws:
         # in-kernel noise from a (seed, calls) state each replay advances) instead of the head's torch steps.
         # n_for: candidates drawn for a batch of bs requests (<= n; FLASHTREE_TREE_BUDGET scales them with the tree).
         # lean_bs: tails for at most this many requests run the draws only, without DSPARK's block proposal (module
-        # docstring); 0: none
+        # docstring); 0: none. dspark_tail_only: DSPARK's own graphs' tails run DSPARK's part only
+        # (FLASHTREE_TREE_N=auto with draft-row graphs: tree steps replay those, DSPARK's serve its chain steps alone)
         self.adapter, self.n, self.k, self.max_bs = adapter, int(n), int(depth), int(max_bs)
         self.lean_bs = int(lean_bs)
+        self.dspark_tail_only = bool(dspark_tail_only)
         self.n_for = n_for or (lambda bs: self.n)
         self.limit = int(limit)
         self.fused = fused
@@ -198,6 +200,8 @@ class FlashtreeSamplerMixin:
 
     def __call__(self, hidden_states, input_ids):
         draws = self.flashtree_draws
+        if draws.dspark_tail_only:
+            return super().__call__(hidden_states, input_ids)
         if draws.adapter.tail_batch_size(self, hidden_states) <= draws.lean_bs:
             draws.draw(self, hidden_states, input_ids, None)
             return
@@ -340,11 +344,13 @@ def build(run, worker, stock, *, free: Callable = free_bytes, graph_sizes: Calla
     limit = limit if max_bs < graph_bs else 0
     # Lean tails where only tree steps replay: none with N = 1 (sampled batches take DSPARK's chain), every graph
     # without a limit, those of at most FLASHTREE_TREE_MAX_BS requests with one.
-    lean_bs = 0 if toggles.tree_n == 1 else min(toggles.tree_max_bs or max_bs, max_bs)
+    # FLASHTREE_TREE_N=auto: the planner hands batches of any size to DSPARK's chain, whose replays read its tail.
+    lean_bs = 0 if toggles.tree_n == 1 or run.planner is not None else min(toggles.tree_max_bs or max_bs, max_bs)
     draws = GraphDraws(
         adapter=adapter, n=toggles.tree_n, depth=plan.depth, max_bs=max_bs, vocab=vocab,
         temperature=toggles.draft_temperature, device=stock.out.device, limit=limit, fused=fused, seed=toggles.seed,
         n_for=plan.draws_for, lean_bs=lean_bs,
+        dspark_tail_only=run.planner is not None and plan.forward_rows < plan.gamma,
     )
     run.graph_draws = draws
     run.graph_draws_off = None

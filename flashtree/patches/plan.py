@@ -50,8 +50,10 @@ def _tree_patches(adapter: SglangAdapter, toggles: TreeToggles) -> list[Patch]:
     worker_cls = resolve(WORKER)
     if toggles.draft_rows:
         adapter.check_draft_rows(toggles.draft_rows)
-    narrow = bool(toggles.tree_budget or toggles.tree_width)  # trees narrower than the window
-    if narrow:  # verify graphs at their width
+    narrow = bool(toggles.tree_budget or toggles.tree_width or toggles.planned)  # trees narrower than the window
+    if toggles.planned:  # verify graphs at every width of the planner's menu
+        adapter.require(base.NARROW_VERIFY_PROBES, "FLASHTREE_TREE_N=auto", "an integer from 1 to 256")
+    elif narrow:  # verify graphs at their width
         adapter.require(base.NARROW_VERIFY_PROBES, "FLASHTREE_TREE_BUDGET / FLASHTREE_TREE_WIDTH", "0 / auto")
 
     def worker_init(orig):

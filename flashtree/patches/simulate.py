@@ -86,7 +86,7 @@ def check_chain_simulation(sglang_length: float) -> None:
 
 def make_chain_correct_len(table: accept_table.AcceptTable, path: str, seed: int):
     """TargetVerifyExecutor._simulated_correct_len drawing each request's accepted length from the table's chain
-    shape (N = 1 over DSPARK's window)."""
+    shape (N = 1 over DSPARK's window, or the recorded chain nearest to it: AcceptTable.chain_width)."""
 
     def _simulated_correct_len(self, *, bs, dtype, device):
         source = getattr(self, "_flashtree_simulated", None)
@@ -95,7 +95,8 @@ def make_chain_correct_len(table: accept_table.AcceptTable, path: str, seed: int
             generator.manual_seed(seed)
             source = self._flashtree_simulated = (RecordedLength(table, path, device), generator)
         lengths, generator = source
-        return lengths.draw(bs, 1, int(self.gamma) + 1, generator).clamp(max=int(self.gamma)).to(dtype)
+        width = table.chain_width(int(self.gamma) + 1)
+        return lengths.draw(bs, 1, width, generator).clamp(max=int(self.gamma)).to(dtype)
 
     return _simulated_correct_len
 

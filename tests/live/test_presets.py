@@ -169,3 +169,25 @@ def test_dry_run_prints_servers_and_commands_and_starts_nothing(tmp_path):
     assert "--speculative-num-draft-tokens 64" in out and "--port PORT" in out
     assert "identity: fp32-plain, fp32-chain-splitkv" in out and "client ids" in out
     assert not (tmp_path / "out").exists()  # nothing written, nothing started
+
+
+def test_the_auto_presets_put_the_planner_beside_the_chain_and_the_fixed_trees():
+    """FLASHTREE_TREE_N=auto alone on the server (its window from the server's DSPARK flags), beside DSPARK's chain and
+    the best fixed configurations in one run: SmolLM2 at 1 / 8 / 32, the 8B simulated preset at 1 / 8 / 32 / 64."""
+    cfg = to_live_config(compose("+preset=auto-smollm2", f"model.target={SMOLLM2}", "model.draft=/drafts/smollm2"))
+    auto = instance(cfg, "auto", "bf16", "speed", {})
+    assert auto.env == {"FLASHTREE_TREE_N": "auto"}
+    assert auto.command(1) == [*BASE, *BF16, *DSPARK, "--speculative-num-draft-tokens", "64",
+                               "--speculative-draft-attention-backend", "triton", "--speculative-dspark-block-size",
+                               "63", "--host", "127.0.0.1", "--port", "1"]
+    plan = phase_instances(cfg)
+    assert [i.server for i in plan["speed"]] == ["plain", "chain", "tree8-w16", "tree64-w64-budget512-rows8", "auto"]
+    assert [i.server for i in plan["identity"]] == ["plain", "chain-exact", "auto-exact"]
+    assert cfg.phases.speed.concurrencies == [1, 8, 32]
+    big = to_live_config(compose("+preset=auto-qwen3-8b-simtab"))
+    plan = phase_instances(big)
+    assert [i.server for i in plan["speed"]] == ["chain-simtab", "tree8-simtab", "tree32-w32-budget512-simtab",
+                                                 "auto-simtab"]
+    assert big.phases.speed.concurrencies == [1, 8, 32, 64] and big.model.mem_fraction_static == 0.2
+    env = instance(big, "auto-simtab", "bf16", "speed", {}).env
+    assert env["FLASHTREE_TREE_N"] == "auto" and env["FLASHTREE_SIMULATE_ACC"].endswith("smollm2-dspark-gsm8k.json")

@@ -272,7 +272,8 @@ def test_bad_toggle_stops_sglang_plugin_loader():
     out = _run(prep + code, FLASHTREE_TREE_N="lots", SGLANG_PLUGINS="flashtree")
     assert out.returncode != 0
     assert "SERVER CAME UP" not in out.stdout
-    assert "FLASHTREE_TREE_N='lots' is invalid; allowed: an integer from 0 to 256" in out.stderr
+    assert ("FLASHTREE_TREE_N='lots' is invalid; allowed: 'auto' (the planner picks each decode batch's tree or "
+            "DSPARK's chain) or an integer from 0 to 256") in out.stderr
 
 
 def test_sglang_plugin_loader_installs_tree_path():

@@ -27,6 +27,7 @@ TRITON = "sglang.srt.layers.attention.triton_backend"
 DFLASH_UTILS = "sglang.srt.speculative.dflash_utils"
 COMMON_DRAFT = "sglang.srt.speculative.draft_worker_common"
 REQ = "sglang.srt.managers.schedule_batch:Req"
+DSPARK_CONFIG = "sglang.srt.speculative.dspark_components.dspark_config"
 
 
 class SglangAdapter:
@@ -108,6 +109,32 @@ class SglangAdapter:
     def unsupported_worker(self, worker) -> str | None:
         """Why the tree path cannot serve this worker on this release (None = it can)."""
         return None
+
+    # ---- FLASHTREE_TREE_N=auto (planning.py) -----------------------------------------------------------------
+    def draft_block_size(self, worker) -> int | None:
+        """The block length in the draft checkpoint's config (what it was trained on; sglang's gamma is larger under
+        --speculative-dspark-block-size), None where the worker has no draft config or it names none."""
+        runner = getattr(worker, "draft_model_runner", None)
+        hf_config = getattr(getattr(runner, "model_config", None), "hf_config", None)
+        if hf_config is None:
+            return None
+        block = resolve(f"{DSPARK_CONFIG}:parse_dspark_draft_config")(draft_hf_config=hf_config).gamma
+        return None if block is None else int(block)
+
+    def graph_replays(self, runner) -> dict[int, Callable[[], None]]:
+        """A decode graph runner's captured graphs by batch size -> replay them as captured (inputs as last staged);
+        {} where the runner keeps them another way. 0.5.17-0.5.23: its backend's `_graphs`, torch CUDA graphs keyed
+        by ShapeKey (size: requests, for the capture sizes of plain decode graphs; ragged verify graphs are keyed by
+        tokens, so a runner in that mode gives none)."""
+        if getattr(runner, "ragged_verify_mode", False):
+            return {}
+        sizes = {int(b) for b in getattr(runner, "capture_bs", None) or ()}
+        replays: dict[int, Callable[[], None]] = {}
+        for key, graph in (getattr(getattr(runner, "backend", None), "_graphs", None) or {}).items():
+            plain = getattr(key, "stream_idx", None) is None and getattr(key, "variant_label", None) in (None, "nolora")
+            if plain and int(key.size) in sizes:
+                replays.setdefault(int(key.size), graph.replay)
+        return replays
 
     # ---- the tree step's primitives --------------------------------------------------------------------------
     def alloc_window_extra(self, batch, draft_input) -> dict:
