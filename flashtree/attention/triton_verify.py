@@ -194,8 +194,8 @@ def _config(g, L, d, dv, interp):
 
 
 # Split choice, fitted on the H200 (2026-12-02, 132 SMs, Qwen3-8B heads; benchmarks/HISTORY.md "Split count"): bs 1 /
-# 4K fastest at 16 splits of 256 keys (21 µs; 25 at 32 splits, 36 at 64: each part's partial costs a write and a
-# read), bs 1 / 32K at 32 (62 µs; 16: 64, 64: 71), bs 8 / 4K at 4 (58 µs; 5: 73, 8: 65).
+# 4K fastest at 16 splits of 256 keys (22 µs; 25 at 32 splits, 40 at 64: each part's partial costs a write and a
+# read), bs 1 / 32K at 32 (62 µs; 16: 75, 64: 77), bs 8 / 4K at 4 (58 µs; 5: 73, 8: 65).
 MIN_SPLIT_KEYS = 256  # prefix keys per split at least
 MAX_SPLITS = 64
 CTAS_PER_SM = 2  # programs resident per SM (the K / V stages' shared memory bounds it)
