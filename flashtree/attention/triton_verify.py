@@ -41,7 +41,7 @@ def _verify_kernel(
     kv_indptr, kv_indices, page_table, prefix_lens, pt_stride,
     mask_ptr, mask_indptr,
     o_ptr, po_ptr, plse_ptr,
-    qk_scale, n_splits, min_chunk,
+    qk_scale, n_splits,
     s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_kbt, s_kbh, s_vbt, s_vbh, s_ot, s_oh,
     HKV: tl.constexpr, G: tl.constexpr, L: tl.constexpr, LP: tl.constexpr,
     D: tl.constexpr, BD: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr,
@@ -61,8 +61,8 @@ def _verify_kernel(
     else:
         kv_start = tl.load(kv_indptr + b)
         prefix = (tl.load(kv_indptr + b + 1) - kv_start).to(tl.int32)
-    # splits of at least min_chunk keys: a prefix shorter than the splits leaves the last ones empty
-    chunk = tl.maximum(tl.cdiv(tl.cdiv(prefix, n_splits), BN) * BN, min_chunk)
+    # splits of whole key tiles: a prefix of fewer tiles than splits leaves the last ones empty
+    chunk = tl.cdiv(tl.cdiv(prefix, n_splits), BN) * BN
     lo = s * chunk
     hi = tl.minimum(lo + chunk, prefix)
     live = (lo < hi) | (s == S - 1)  # an empty split reads nothing, not even q
@@ -223,8 +223,7 @@ class Launch:
     block_n: int
     warps: int
     stages: int
-    splits: int  # at most; with `min_chunk` keys a split at least, a short prefix fills fewer
-    min_chunk: int
+    splits: int  # at most: a prefix of fewer key tiles fills fewer
     parts: int
     merge_rows: int  # rows per merge program
 
@@ -234,16 +233,13 @@ def launch_choice(bs: int, hq: int, hkv: int, d: int, dv: int, L: int, max_prefi
     """The launch of a call on `bs` requests of L verify tokens over prefixes of at most `max_prefix` keys."""
     bm, rb, bn, warps, stages = _config(hq // hkv, L, d, dv, device.type != "cuda")
     sms = sm_count(device, 8)
-    # a count given is honoured as far as the prefix has key tiles; the heuristic's, whose prefix bound may be a
-    # buffer's size (sglang's graphs), keeps MIN_SPLIT_KEYS keys a split on shorter prefixes
-    min_chunk = bn
     if num_splits is None:
-        num_splits, min_chunk = choose_splits(bs * hkv * rb, max_prefix, sms), triton.cdiv(MIN_SPLIT_KEYS, bn) * bn
+        num_splits = choose_splits(bs * hkv * rb, max_prefix, sms)
     if not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits={num_splits!r}: use an integer >= 1, or None for the heuristic")
     # rows per merge program: enough merge programs to spread the partials' read over the SMs
     mr = max(2, min(16, triton.next_power_of_2(max(1, bs * hkv * rb * bm // (2 * sms)))))
-    return Launch(bm, rb, bn, warps, stages, num_splits, min_chunk, 1 if num_splits == 1 else num_splits + 1, mr)
+    return Launch(bm, rb, bn, warps, stages, num_splits, 1 if num_splits == 1 else num_splits + 1, mr)
 
 
 def _run(q, k, v, kb, vb, kv_indptr, kv_indices, page_table, prefix_lens, page, custom_mask, L, sm_scale,
@@ -281,7 +277,7 @@ def _run(q, k, v, kb, vb, kv_indptr, kv_indices, page_table, prefix_lens, page, 
         kv_indptr if not paged else dummy, kv_indices if not paged else dummy,
         page_table if paged else dummy, prefix_lens if paged else dummy, page_table.stride(0) if paged else 0,
         mask, mask_indptr if mask_indptr is not None else dummy,
-        out, po, plse, scale, c.splits, c.min_chunk,
+        out, po, plse, scale, c.splits,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         kb.stride(0), kb.stride(1), vb.stride(0), vb.stride(1), out.stride(0), out.stride(1),
         HKV=hkv, G=g, L=L, LP=_np2(L), D=d, BD=_np2(d), DV=dv, BDV=bdv, BM=bm, RB=rb, BN=c.block_n,
