@@ -66,14 +66,13 @@ class ServerMemory:
 
 
 def min_fraction(servers: list[ServerMemory], free_gib: float = H200_FREE_GIB) -> float:
-    """The smallest --mem-fraction-static giving every server its KV pool when each measures its free memory before
-    loading after the earlier servers' weights only, and its pool after they hold everything (the worst overlap of
-    staggered starts; servers started strictly one after another need less)."""
+    """The smallest --mem-fraction-static giving every server its KV pool even when each measures its free memory
+    before loading while the earlier servers hold nothing yet, and sizes its pool after they hold everything (the
+    worst overlap of staggered starts; servers started strictly one after another need less)."""
     need, free = 0.0, free_gib * GiB
     for k, s in enumerate(servers):
-        before = free - sum(o.weights for o in servers[:k])
         after = free - sum(o.total for o in servers[:k]) - s.weights
-        need = max(need, 1 - (after - s.kv) / before)  # after - (1 - f) * before >= kv
+        need = max(need, 1 - (after - s.kv) / free)  # after - (1 - f) * free >= kv
     return need
 
 

@@ -93,7 +93,7 @@ def test_qwen3_8b_dummy_preset():
     target, draft = "/w/models/qwen3-8b-dummy/target", "/w/models/qwen3-8b-dummy/draft"
     common = [PY, "-m", "sglang.launch_server", "--model-path", target, "--attention-backend", "triton",
               "--sampling-backend", "pytorch", "--context-length", "8192", "--cuda-graph-backend-prefill", "disabled",
-              "--log-level", "info", "--sleep-on-idle", "--page-size", "1", "--mem-fraction-static", "0.45",
+              "--log-level", "info", "--sleep-on-idle", "--page-size", "1", "--mem-fraction-static", "0.6",
               "--dtype", "bfloat16", "--max-running-requests", "64", "--cuda-graph-bs-decode", "1", "2", "4", "8",
               "16", "24", "32", "48", "64", "--max-total-tokens", "49152", "--load-format", "dummy",
               "--skip-tokenizer-init"]
@@ -130,8 +130,8 @@ def flag(inst, name: str) -> list[str]:
 
 
 @pytest.mark.parametrize("preset, model, input_len, concurrencies, slots, fraction", [
-    ("llama31-8b-simtab", "llama31-8b-dummy", 512, [1, 8, 32, 64], "49152", "0.45"),
-    ("qwen3-8b-4k-simtab", "qwen3-8b-dummy", 4096, [1, 8, 32], "139264", "0.78"),
+    ("llama31-8b-simtab", "llama31-8b-dummy", 512, [1, 8, 32, 64], "49152", "0.6"),
+    ("qwen3-8b-4k-simtab", "qwen3-8b-dummy", 4096, [1, 8, 32], "139264", "0.84"),
 ])
 def test_8b_simtab_variants(preset, model, input_len, concurrencies, slots, fraction):
     cfg = to_live_config(compose(f"+preset={preset}", "live.work_dir=/w"))
@@ -163,7 +163,7 @@ def test_8b_simtab_variants(preset, model, input_len, concurrencies, slots, frac
 
 C64_4K = ["phases.speed.servers=[chain-simtab,tree8-simtab]", "phases.speed.concurrencies=[64]",
           "model.precisions.bf16.max_running_requests=64", "model.precisions.bf16.cuda_graph_bs=[1,2,4,8,16,24,32,48,64]",
-          "model.precisions.bf16.args=[--max-total-tokens,278528]", "model.mem_fraction_static=0.82"]
+          "model.precisions.bf16.args=[--max-total-tokens,278528]", "model.mem_fraction_static=0.85"]
 
 
 @pytest.mark.parametrize("overrides, ok", [
@@ -173,6 +173,8 @@ C64_4K = ["phases.speed.servers=[chain-simtab,tree8-simtab]", "phases.speed.conc
     (["+preset=llama31-8b-simtab"], True),
     (["+preset=qwen3-8b-4k-simtab"], True),
     (["+preset=qwen3-8b-4k-simtab", *C64_4K], True),  # 4K at c = 64: two servers (the preset's comment)
+    (["+preset=qwen3-8b-4k-simtab", "phases.speed.servers=[chain-simtab,tree16-w16-simtab,tree32-w32-budget512-simtab]"],
+     True),
     (["+preset=qwen3-8b-4k-simtab", "phases.speed.concurrencies=[64]"], False),  # pools below what 64 need
     (["+preset=qwen3-8b-4k-simtab", *C64_4K[1:]], False),  # three servers of 64 x 4K: 176 GiB
     (["+preset=qwen3-8b-4k-simtab", "model.mem_fraction_static=0.22"], False),  # the last one started gets no pool
