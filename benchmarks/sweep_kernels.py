@@ -1,12 +1,14 @@
-"""Launch-parameter sweep of the builder and the sampler on the GPU (graph times in µs), to choose their defaults.
+"""Launch-parameter sweep of the builder, the sampler and the verify attention on the GPU (graph times in µs), to
+choose their defaults.
 
 usage: python benchmarks/sweep_kernels.py --out DIR [--sections builder,sampler,stream,attention]
 Builder: num_warps at the anchor's large shapes. Sampler: pass 1's tile size (`block`), warps, register cap and
 splits per row, single draw and the 8-candidate form, at 960 x 151936. Stream: what pass 1's loop reaches with
 nothing but the read and a sum (and with one exp2 per logit), against torch's own row sum: the attainable rate of
 the loop, apart from the sampling. Attention: the verify kernel's split count and key tile / warps / stages at bs 1
-(4K, 32K) and bs 8 (4K), Qwen3-8B heads (benchmarks/HISTORY.md, "Split count"). Every timed call's output is checked (builder against the torch reference, greedy
-rows against torch.argmax, sampled draws by a mean-logit z-score, sums against torch). Rows go to DIR/sweep.jsonl.
+(4K, 32K) and bs 8 (4K), Qwen3-8B heads (benchmarks/HISTORY.md, "Split count"). Every timed call's output is checked
+(builder against the torch reference, greedy rows against torch.argmax, sampled draws by a mean-logit z-score, sums
+against torch, attention against the unsplit kernel in fp32). Rows go to DIR/sweep.jsonl.
 """
 
 from __future__ import annotations
