@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import kernel_tables  # noqa: E402
 
-from flashtree.attention.triton_verify import tree_attention_paged_triton, tree_attention_triton  # noqa: E402
+from flashtree.attention.triton_verify import launch_choice, tree_attention_paged_triton, tree_attention_triton  # noqa: E402,E501
 from flashtree.sampler.triton_sampler import sample_candidates_triton, sample_rows_triton  # noqa: E402
 from flashtree.tree import to_eagle, verify_inputs  # noqa: E402
 from flashtree.tree.build import build_vote_tree  # noqa: E402 (the torch reference the kernels are checked against)
@@ -340,7 +340,7 @@ def sglang_extend_attention():
     return None
 
 
-def part_attention(bw, with_flex=True):
+def part_attention(bw, with_flex=True, splits=()):
     try:
         from flashmap.sglang.verify_attention import SplitKVVerify
     except Exception as e:  # noqa: BLE001
@@ -353,6 +353,9 @@ def part_attention(bw, with_flex=True):
 
         flex = torch.compile(flex_attention, dynamic=False)
     hq, hkv, d = 32, 8, 128
+    tiny = torch.zeros(1, device="cuda")  # what a replay of one and of two trivial kernels costs in this harness
+    log(kind="graph_floor", one_kernel_us=try_graph(lambda: tiny.add_(1)),
+        two_kernels_us=try_graph(lambda: tiny.add_(1).add_(1)))
     for bs, prefix, L in [(1, 4096, 16), (1, 32768, 16), (8, 4096, 16), (32, 4096, 32), (64, 2048, 16),
                           (64, 8192, 16)]:
         total = bs * prefix + 64
@@ -388,8 +391,19 @@ def part_attention(bw, with_flex=True):
         f1 = lambda: tree_attention_triton(q, k, v, k_buf, v_buf, kv_indptr, kv_indices, qlen, L, out=o1)  # noqa
         f1()
         floor = bs * prefix * hkv * d * 2 * 2 / bw * 1e6
+        launch = launch_choice(bs, hq, hkv, d, d, L, prefix, q.device)
         row = dict(kind="verify_attn", bs=bs, prefix=prefix, L=L, floor_us=floor, flashtree_err=err(o1),
-                   flashtree_eager_us=bench(f1), flashtree_graph_us=try_graph(f1))
+                   flashtree_eager_us=bench(f1), flashtree_graph_us=try_graph(f1),
+                   splits=launch.splits, parts=launch.parts, block_m=launch.block_m, block_n=launch.block_n,
+                   warps=launch.warps, stages=launch.stages)
+        for n in splits if bs == 1 else ():  # --attn-splits: the split count swept at the bs-1 shapes
+            o4 = torch.empty_like(q)
+            f4 = lambda: tree_attention_triton(q, k, v, k_buf, v_buf, kv_indptr, kv_indices, qlen, L, out=o4,  # noqa
+                                               num_splits=n)
+            f4()
+            g4 = try_graph(f4)
+            log(kind="verify_attn_splits", bs=bs, prefix=prefix, L=L, splits=n, floor_us=floor, flashtree_err=err(o4),
+                flashtree_graph_us=g4, flashtree_graph_vs_floor=ratio(g4, floor), chosen=n == launch.splits)
         if SplitKVVerify is not None:
             o2 = torch.empty_like(q)
             sk = SplitKVVerify()
@@ -465,6 +479,8 @@ def main():
     ap.add_argument("--parts", default="builder,walk,inputs,markov,sampler,attention")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--markov-min-rank", type=int, default=0, help="markov: only heads of at least this rank")
+    ap.add_argument("--attn-splits", default="", help="attention: also time these split counts at the bs-1 shapes "
+                    "(comma-separated, e.g. 8,16,32,64); the heuristic's choice is marked")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     OUT_FILE = os.path.join(a.out, "kernels.jsonl")
@@ -475,7 +491,7 @@ def main():
     bw = ceiling()
     parts = {"builder": part_builder, "walk": part_walk, "inputs": part_inputs, "markov": lambda: part_markov(a.markov_min_rank),
              "sampler": lambda: part_sampler(bw),
-             "attention": lambda: part_attention(bw, not a.no_flex)}
+             "attention": lambda: part_attention(bw, not a.no_flex, [int(x) for x in a.attn_splits.split(",") if x])}
     for name in a.parts.split(","):
         t = time.time()
         try:

@@ -72,7 +72,7 @@ TABLES = {
     "verify_attn": (
         ["bs", "prefix", "L", "floor", "flashtree graph (eager)", "vs floor", "flashmap split-KV", "sglang extend",
          "SDPA", "flex_attention", "speed-up vs flashmap / sglang / SDPA / flex",
-         "max rel. err (flashtree / flashmap / sglang)"],
+         "max rel. err (flashtree / flashmap / sglang)", "launch (splits, BM x BN)"],
         lambda d: [d["bs"], d["prefix"], d["L"], num(d["floor_us"]),
                    f"{num(d['flashtree_graph_us'])} ({num(d['flashtree_eager_us'])})",
                    speedup(d["flashtree_graph_us"], d["floor_us"]), num(d.get("flashmap_graph_us")),
@@ -80,7 +80,13 @@ TABLES = {
                    " / ".join(speedup(d.get(k), d["flashtree_graph_us"])
                               for k in ("flashmap_graph_us", "sglang_graph_us", "sdpa_graph_us", "flex_graph_us")),
                    " / ".join("–" if d.get(k) is None else f"{d[k]:.1e}"
-                              for k in ("flashtree_err", "flashmap_err", "sglang_err"))]),
+                              for k in ("flashtree_err", "flashmap_err", "sglang_err")),
+                   "–" if "splits" not in d else f"{d['splits']}, {d['block_m']} x {d['block_n']}"]),
+    "verify_attn_splits": (
+        ["bs", "prefix", "L", "splits", "floor", "flashtree graph", "vs floor", "rel. err", "the heuristic's"],
+        lambda d: [d["bs"], d["prefix"], d["L"], d["splits"], num(d["floor_us"]), num(d["flashtree_graph_us"]),
+                   speedup(d["flashtree_graph_us"], d["floor_us"]), f"{d['flashtree_err']:.1e}",
+                   "yes" if d["chosen"] else ""]),
     "verify_attn_paged": (
         ["bs", "prefix", "L", "page", "floor", "flashtree graph (eager)", "vs floor"],
         lambda d: [d["bs"], d["prefix"], d["L"], d["page"], num(d["floor_us"]),
@@ -92,7 +98,7 @@ TABLES = {
 def tables(rows: list[dict]) -> str:
     out = []
     for d in rows:
-        if d["kind"] in ("env", "ceiling"):
+        if d["kind"] in ("env", "ceiling", "graph_floor"):
             out.append(", ".join(f"{k} {v}" for k, v in d.items() if k != "kind"))
     for kind, (header, cells) in TABLES.items():
         mine = [d for d in rows if d["kind"] == kind]

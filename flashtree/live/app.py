@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from flashtree.experiments.config import ConfigError
-from flashtree.live import grammar, identity, sampled, speed
+from flashtree.live import grammar, identity, memory, sampled, speed
 from flashtree.live.commands import Instance, all_instances, phase_instances, shell_line
 from flashtree.live.config import LiveConfig, to_live_config
 from flashtree.live.prompts import Prompts, load
@@ -44,6 +44,8 @@ def describe(cfg: LiveConfig, plan: dict[str, list[Instance]]) -> str:
                                               num_prompts=speed.requests_per_level(p.concurrencies[0], p.min_requests),
                                               max_new_tokens=p.max_new_tokens, output_file="OUT/bench.jsonl")
             lines.append("    " + " ".join(cmd).replace("--port 0", "--port PORT"))
+    if cfg.model.dummy is not None and "speed" in plan:
+        lines += memory.describe(cfg, all_instances(plan))
     return "\n".join(lines)
 
 
