@@ -16,6 +16,8 @@ import torch
 
 from flashtree.tree import build_tree, pad_tree, verify_inputs, walk_and_commit
 
+from .policy_draws import dummy_scores
+
 
 def step_shape(run, bs: int, graph_bs: int) -> tuple[int, int, int]:
     """(candidates per request, tree width, verify width) of a tree step over bs requests; graph_bs: the largest batch
@@ -57,7 +59,8 @@ def warm(run, worker, max_bs: int, graph_bs: int) -> list[tuple[int, int, int]]:
     done = shapes(run, max_bs, graph_bs)
     for n, tree_w, w in done:
         candidates = torch.zeros((1, n, plan.depth), dtype=torch.int64, device=device)
-        tree = pad_tree(build_tree(candidates, tree_w, policy=plan.policy), w, n)
+        scores = dummy_scores(1, n, plan.depth, device)  # what any policy reads, of the live shapes
+        tree = pad_tree(build_tree(candidates, tree_w, policy=plan.policy, scores=scores), w, n)
         prefix = torch.ones(1, dtype=torch.int64, device=device)
         zero = torch.zeros(1, dtype=torch.int64, device=device)
         # a row of the live table's length: the walk kernel is specialised on the table's row stride too

@@ -297,7 +297,8 @@ def tree_kernels():
 
 def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1, on_step=None, stage_times: int = 0,
         graph_max_bs: int | None = None, depth: int = 0, budget: int = 0, width: int = 0, capture_bs=None,
-        reserve: int = 0, draft_rows: int = 0, simulate_acc_len: float = -1.0, simulate_acc: str = ""):
+        reserve: int = 0, draft_rows: int = 0, simulate_acc_len: float = -1.0, simulate_acc: str = "",
+        policy: str = "vote"):
     """Decode `steps` tree steps. Greedy rows (all rows without sampling_info, else rows with top_k == 1) are checked
     token for token against the stand-in target's sequential greedy decode; every row's commit is checked for the
     req_to_token / KV layout, the draft-context injection and the step's bookkeeping. Returns (accept-length
@@ -308,7 +309,8 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
     reserve > 0: as under overlap scheduling, the host has no seq_lens sum, only DSPARK's reserved KV lengths
     (seq_lens + reserve on each request's draft input). draft_rows: FLASHTREE_DRAFT_ROWS (with graph_max_bs: the
     D-row draft graphs captured as after init_cuda_graphs). simulate_acc_len / simulate_acc: SGLANG_SIMULATE_ACC_LEN as
-    DSPARK read it / FLASHTREE_SIMULATE_ACC (then no row is checked against the greedy decode, only the layout)."""
+    DSPARK read it / FLASHTREE_SIMULATE_ACC (then no row is checked against the greedy decode, only the layout).
+    policy: FLASHTREE_TREE_POLICY."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.dspark_components.dspark_draft import make_next_draft_input
 
@@ -332,7 +334,7 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
         standin_proposer(world, worker, graph_max_bs)
     toggles = TreeToggles(tree_n=n, seed=5, stage_times=stage_times, graph_draws=graph_max_bs is not None,
                           tree_depth=depth, tree_budget=budget, tree_width=width, draft_rows=draft_rows,
-                          simulate_acc=simulate_acc)
+                          simulate_acc=simulate_acc, tree_policy=policy)
     state = create_state(adapter, toggles, worker)
     if capture_bs is not None:
         from flashtree.patches import verify_widths
@@ -406,7 +408,11 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
             assert torch.equal(world.req_to_token, initial_table)
         stats = res.logits_output.customized_info["flashtree"]
         drawn = state.plan.draws_for(bs)  # N, or fewer under a budget (the stand-in graphs run the tail at bs itself)
-        assert [s[0] for s in stats] == [drawn] * bs and all(1 <= s[1] <= drawn and 1 <= s[2] <= W - 1 for s in stats)
+        if policy == "best-first":  # it draws no candidates
+            assert [s[:2] for s in stats] == [[0, 0]] * bs and all(1 <= s[2] <= W - 1 for s in stats)
+        else:
+            assert [s[0] for s in stats] == [drawn] * bs
+            assert all(1 <= s[1] <= drawn and 1 <= s[2] <= W - 1 for s in stats)
         assert [s[3] for s in stats] == (commit - 1).tolist()
         assert [s[4:] for s in stats] == [[state.widths_for(bs)[1], int(simulated)]] * bs
         if on_step is not None:
@@ -1241,3 +1247,75 @@ def test_a_failed_draft_rows_capture_stops_the_server():
                                          rf"FLASHTREE_DRAFT_ROWS \(DSPARK's {GAMMA} rows and graphs\)"):
         draft_rows.capture(state, worker)
     assert dmr.capture_tail_hooks is dspark_hooks and path.runner is None
+
+
+# ---- FLASHTREE_TREE_POLICY: prob and best-first on the server step ----------------------------------------------
+@pytest.mark.parametrize("policy", ["prob", "best-first"])
+@pytest.mark.parametrize("graph_max_bs", [None, 8], ids=["eager-draws", "graph-draws"])
+def test_policies_commit_the_sequential_greedy_decode(monkeypatch, policy, graph_max_bs):
+    """Each policy's tree step commits exactly the sequential greedy decode (run() checks every commit), accepting
+    deep. prob builds from the candidates and their log q (candidate 0, the greedy block, the most probable at each
+    first position); best-first draws nothing, fills the width, and grows the same trees in the draft graph's tail
+    as eagerly (no noise: the steps, all greedy, are the same)."""
+    import flashtree.patches.decode as decode
+
+    trees, real_pad = [], decode.pad_tree
+
+    def pad_tree(tree, w, n):
+        trees.append((tree.tokens.clone(), tree.parents.clone(), tree.valid.clone()))
+        return real_pad(tree, w, n)
+
+    built, real_build = [], decode.build_tree
+
+    def spy_build(candidates, width, policy=None, scores=None):
+        built.append((candidates.clone(), None if scores.logp is None else scores.logp.clone()))
+        return real_build(candidates, width, policy=policy, scores=scores)
+
+    monkeypatch.setattr(decode, "pad_tree", pad_tree)
+    monkeypatch.setattr(decode, "build_tree", spy_build)
+    accepts, state, _generated, _world = run(n=4, steps=24, graph_max_bs=graph_max_bs, policy=policy)
+    assert state.draw_paths == {expected_draw_path(graph_max_bs, BS): state.steps} and state.steps > 0
+    assert sum(v for d, v in accepts.items() if d >= 2) > 0, sorted(accepts.items())
+    if policy == "prob":
+        assert len(built) == state.steps
+        for candidates, logp in built:
+            assert logp.shape == candidates.shape and (logp <= 0).all() and (logp > -40).all()
+            assert (logp[:, :, 0] <= logp[:, :1, 0]).all()
+        return
+    assert built == [] and len(trees) == state.steps  # no candidates: the tree grew from the head
+    assert all(v.all() for _t, _p, v in trees), "a best-first tree of W - 1 nodes fills the width"
+    if graph_max_bs is not None:
+        graph_trees = list(trees)
+        trees.clear()
+        run(n=4, steps=24, policy=policy)
+        assert len(trees) == len(graph_trees)
+        assert all(all(torch.equal(a, b) for a, b in zip(x, y)) for x, y in zip(trees, graph_trees))
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_eager_draws_keep_log_q_for_prob(fused):
+    """The eager draws with FLASHTREE_TREE_POLICY=prob return each drawn token's log q at temperature 1 under the
+    head (a real bigram bias here), through the head's torch steps and through the fused Markov draws."""
+    import flashtree.patches.decode as decode
+    from flashtree.patches.state import TreePlan, TreeRun
+    from flashtree.sampler.markov import new_state
+    from flashtree.sampler.reference import sample_rows
+
+    head = real_markov_head()
+    torch.nn.init.normal_(head.markov_w2.weight, std=0.5)
+    bs, n = 3, 5
+    base = torch.randn(bs, GAMMA, V) * 2
+    anchor = torch.randint(0, V, (bs,))
+    toggles = TreeToggles(tree_n=n, draft_temperature=1.0, tree_policy="prob")
+    plan = TreePlan(adapter=adapters.select_adapter(), toggles=toggles, gamma=GAMMA, depth=GAMMA, width=W,
+                    page_size=1, tree_width=W, policy="prob", sampler=sample_rows, forward_rows=GAMMA)
+    state = TreeRun(plan=plan, generator=torch.Generator().manual_seed(1), noise=new_state(1, "cpu") if fused else None)
+    worker = types.SimpleNamespace(_proposer=types.SimpleNamespace(draft_model=types.SimpleNamespace(markov_head=head)))
+    cands, logp = decode.draw_candidates(state, worker, base, anchor, None, n, with_logp=True)
+    prev, want = anchor.repeat_interleave(n), []
+    for j in range(GAMMA):
+        logits = base[:, j].repeat_interleave(n, dim=0) + head.markov_w2(head.markov_w1(prev))
+        prev = cands.view(bs * n, GAMMA)[:, j]
+        want.append(logits.log_softmax(-1).gather(1, prev.view(-1, 1)).view(-1))
+    torch.testing.assert_close(logp, torch.stack(want, dim=1).view(bs, n, GAMMA), rtol=0, atol=1e-5)
+    assert (cands[:, 1:] != cands[:, :1]).any()
