@@ -85,3 +85,38 @@ def test_builder_graph_capture():
         graph.replay()
         ref = build_vote_tree(static.cpu(), 32)
         assert torch.equal(tree.tokens.cpu(), ref.tokens) and torch.equal(tree.parents.cpu(), ref.parents)
+
+
+# ---- the prob policy's build: the same trie ranked by path log-probability (build_scored_tree) -----------------
+def path_scores(cands, g, levels: int):
+    """Path log-probabilities (bs, N, K) consistent over shared prefixes, as a draft's are: cumulative sums of a log q
+    <= 0 that is a function of (depth, token, previous token) from a random table, on a grid of `levels` values (so
+    nodes tie and probability-1 steps keep a score), with a few -inf (probability 0)."""
+    vocab = int(cands.max()) + 1
+    k = cands.shape[2]
+    table = -torch.randint(0, levels, (k, vocab + 1, vocab), generator=g).float() / 4
+    table[torch.rand(table.shape, generator=g) < 0.03] = float("-inf")
+    prev = torch.cat([torch.full_like(cands[:, :, :1], vocab), cands[:, :, :-1]], dim=2)
+    depth = torch.arange(k).view(1, 1, k).expand_as(cands)
+    return table[depth, prev, cands].cumsum(dim=2)
+
+
+SCORED = [(3, 6, 5, 10, 3), (2, 1, 1, 2, 5), (2, 4, 3, 40, 2), (2, 7, 4, 2, 2), (2, 32, 8, 32, 4), (1, 40, 6, 32, 3)]
+
+
+@pytest.mark.parametrize("bs,n,k,w,vocab", SCORED)
+def test_scored_builder_matches_reference(bs, n, k, w, vocab):
+    from flashtree.tree.build import build_scored_tree
+    from flashtree.tree.triton_build import build_scored_tree_triton
+
+    g = torch.Generator().manual_seed(hash((bs, n, k, w, vocab, "scored")) % 2**31)
+    for levels in (3, 1000):  # many ties, then nearly none
+        cands = torch.randint(0, vocab, (bs, n, k), generator=g)
+        scores = path_scores(cands, g, levels)
+        ref = build_scored_tree(cands, w, scores)
+        tree = build_scored_tree_triton(cands.to(DEV), w, scores.to(DEV))
+        for f in FIELDS:
+            assert torch.equal(getattr(tree, f).cpu(), getattr(ref, f)), (levels, f)
+    if 2 < w <= n * k and n > 1:  # a choice to make: not the vote tree, the ranking is the scores'
+        votes = build_vote_tree(cands, w)
+        assert any(not torch.equal(getattr(ref, f), getattr(votes, f)) for f in ("tokens", "parents"))
