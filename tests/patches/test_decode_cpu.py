@@ -768,12 +768,13 @@ def chi2_critical_001(dof: int) -> float:
     return dof * (1 - 2 / (9 * dof) + z * (2 / (9 * dof)) ** 0.5) ** 3
 
 
-@pytest.mark.parametrize("graph_max_bs", [None, 2048], ids=["eager-draws", "graph-draws"])
-def test_sampled_walk_is_lossless_in_a_mixed_batch(monkeypatch, graph_max_bs):
-    """Temperature 0.7 rows (N = 4) are served by the lossless target-only walk: the first two sampled tokens after
-    the anchor follow the target's own two-step distribution (chi-square, seeded). top_k = 1 rows in the same batch
-    equal the greedy decode token for token. Each step's walk equals flashtree.tree.verify_sampled on the same draws
-    with the per-row settings taken from sglang's sampling info (greedy rows at temperature 0)."""
+def sampled_two_steps(monkeypatch, graph_max_bs, policy: str = "vote", wrong_walk=None):
+    """Two tree steps of a mixed batch: temperature 0.7 rows (N = 4) served by the target-only walk, top_k = 1 rows
+    (run() checks them against the greedy decode). Each step's walk equals flashtree.tree.verify_sampled on the same
+    draws with the per-row settings taken from sglang's sampling info (greedy rows at temperature 0). Returns
+    (chi-square of the sampled rows' first two tokens against the target's exact two-step distribution, its
+    p = 0.001 critical value, tokens outside the target's support, the first tokens drawn, the target's greedy token
+    there). wrong_walk: a deliberately wrong walk in place of the real one (the negative control)."""
     import flashtree.patches.decode as decode
     from flashtree.tree import verify_sampled
 
@@ -800,11 +801,11 @@ def test_sampled_walk_is_lossless_in_a_mixed_batch(monkeypatch, graph_max_bs):
         replayed.append(True)
         return result, plan
 
-    monkeypatch.setattr(decode, "walk", walk)
+    monkeypatch.setattr(decode, "walk", wrong_walk or walk)
     accepts, state, generated, _world = run(n=4, steps=2, prompts=[prompt] * bs, sampling_info=sampling_info,
-                                            graph_max_bs=graph_max_bs)
-    assert state.draw_paths == {expected_draw_path(graph_max_bs, bs): state.steps}
-    assert len(replayed) == state.steps == 2
+                                            graph_max_bs=graph_max_bs, policy=policy)
+    assert state.draw_paths == {expected_draw_path(graph_max_bs, bs): state.steps} and state.steps == 2
+    assert wrong_walk is not None or len(replayed) == state.steps
     sampled_rows = [b for b in range(bs) if not greedy[b]]
     assert sum(v for d, v in accepts.items() if d >= 2) > 0, "no sampled step accepted two drafts"
 
@@ -822,12 +823,46 @@ def test_sampled_walk_is_lossless_in_a_mixed_batch(monkeypatch, graph_max_bs):
                 cells.append((t1, t2))
                 expected.append(float(p1[t1] * p2[t2]))
     counts = Counter((generated[b][1], generated[b][2]) for b in sampled_rows)
-    assert set(counts) <= set(cells), f"tokens outside the target's support: {set(counts) - set(cells)}"
     n = len(sampled_rows)
     stat = sum((counts.get(c, 0) - n * e) ** 2 / (n * e) for c, e in zip(cells, expected))
-    assert stat < chi2_critical_001(len(cells) - 1), f"chi-square {stat:.1f} over {len(cells)} cells, counts {counts}"
+    outside = set(counts) - set(cells)
+    return stat, chi2_critical_001(len(cells) - 1), outside, {t1 for (t1, _t2) in counts}, target_next(ctx)
+
+
+@pytest.mark.parametrize("graph_max_bs", [None, 2048], ids=["eager-draws", "graph-draws"])
+def test_sampled_walk_is_lossless_in_a_mixed_batch(monkeypatch, graph_max_bs):
+    """The first two sampled tokens after the anchor follow the target's own two-step distribution (chi-square,
+    seeded; sampled_two_steps), greedy rows of the same batch the greedy decode."""
+    stat, critical, outside, firsts, top = sampled_two_steps(monkeypatch, graph_max_bs)
+    assert not outside, f"tokens outside the target's support: {outside}"
+    assert stat < critical, f"chi-square {stat:.1f} above {critical:.1f}"
     # And the walk did not just copy the draft: tokens the draft never favours (offset 11) were sampled too.
-    assert any(t1 == (target_next(ctx) + 11) % V for (t1, _t2) in counts)
+    assert (top + 11) % V in firsts
+
+
+@pytest.mark.parametrize("policy,graph_max_bs", [("prob", None), ("prob", 2048), ("best-first", None)])
+def test_sampled_walk_is_lossless_under_each_policy(monkeypatch, policy, graph_max_bs):
+    """prob's and best-first's trees, sampled: the same chi-square as trie-vote's (the target-only walk is exact for
+    any tree the policy keeps; best-first's tail grows the eager trees, test_policies_commit_...)."""
+    stat, critical, outside, _firsts, _top = sampled_two_steps(monkeypatch, graph_max_bs, policy)
+    assert not outside and stat < critical, f"chi-square {stat:.1f} above {critical:.1f}, outside {outside}"
+
+
+@pytest.mark.parametrize("policy", ["prob"])
+def test_sampled_chi_square_fails_a_walk_that_favours_the_tree(monkeypatch, policy):
+    """The negative control: a walk that accepts the root's first child whenever the target's own draw there
+    would not (its draw replaced by the child's token, as a verifier biased to the draft would) fails the test."""
+    import flashtree.patches.decode as decode
+
+    real_walk = decode.walk
+
+    def biased(state, tree, logits, info, *commit_args):
+        logits = logits.clone().view(tree.batch_size, tree.width, -1)
+        logits[torch.arange(tree.batch_size), 0, tree.tokens[:, 0]] += 3.0  # the root favours node 1's token
+        return real_walk(state, tree, logits.view(-1, logits.shape[-1]), info, *commit_args)
+
+    stat, critical, outside, _firsts, _top = sampled_two_steps(monkeypatch, None, policy, wrong_walk=biased)
+    assert outside or stat > critical, f"the biased walk passed: chi-square {stat:.1f} <= {critical:.1f}"
 
 
 def test_n1_sampled_batches_keep_dspark_chain_sampling():
