@@ -250,14 +250,14 @@ def part_inputs():
 
 
 def part_markov(min_rank: int = 0):
-    """The tree step's N draft draws through a vanilla Markov head (DSPARK's draft graph tail): flashtree's fused
-    Markov draws (K launches) against the torch ops the graph tail ran before (sglang's VanillaMarkov step:
-    embedding + GEMV + add on the repeated base logits, then exponential noise + Gumbel-max per step)."""
+    """The tree step's N draft draws through a vanilla Markov head (DSPARK's draft graph tail): flashtree's Markov
+    draws (fused and GEMM + pick forms, K steps) against the torch ops the graph tail ran before (sglang's
+    VanillaMarkov step: embedding + GEMV + add on the repeated base logits, then exponential noise + Gumbel-max)."""
     import torch.nn.functional as F
 
     from flashtree.patches.graph_draws import gumbel_pick
     from flashtree.sampler.markov import candidate_rows, new_state
-    from flashtree.sampler.triton_markov import markov_draws_triton
+    from flashtree.sampler.triton_markov import GEMM_MIN_RANK, markov_draws_fused, markov_draws_gemm
 
     # SmolLM2's head (V 49152, rank 32), then Qwen3-8B's DSPARK head (V 151936, rank 256) at the live batch sizes
     for bs, n, k, v, rank in [(1, 8, 7, 49152, 32), (8, 8, 7, 49152, 32), (32, 8, 7, 49152, 32),
@@ -283,18 +283,21 @@ def part_markov(min_rank: int = 0):
         ref = peer()
         row = dict(kind="markov_draws", bs=bs, n=n, k=k, vocab=v, rank=rank, dtype="bf16",
                    torch_graph_us=try_graph(peer), torch_wall_us=host_and_wall_us(peer)[1])
-        # launch variants: (vocabulary tile, rows per program, groups of row blocks); None = the shipped choice
-        variants = ([(None, 16, None), (128, 16, None), (256, 16, None), (256, 32, None)] if rank <= 64 else
-                    [(None, 16, None), (128, 16, None), (128, 16, 1), (128, 64, 1), (64, 64, 2)])
-        for block_v, block_rows, groups in variants:
-            tag = f"{block_v or 'auto'}x{block_rows}" + (f"g{groups}" if groups else "")
-            mine = lambda: markov_draws_triton(base, anchor, w1, w2, n, inv, greedy, state,  # noqa: E731
-                                               block_v=block_v, block_rows=block_rows, groups=groups)
+        # the two forms with their shipped launch choices, the GEMM form's row blocks and log q
+        variants = {"fused": lambda: markov_draws_fused(base, anchor, w1, w2, n, inv, greedy, state),
+                    "gemm": lambda: markov_draws_gemm(base, anchor, w1, w2, n, inv, greedy, state),
+                    "gemm_br32": lambda: markov_draws_gemm(base, anchor, w1, w2, n, inv, greedy, state, block_rows=32),
+                    "gemm_bv512": lambda: markov_draws_gemm(base, anchor, w1, w2, n, inv, greedy, state, block_v=512),
+                    "gemm_logp": lambda: markov_draws_gemm(base, anchor, w1, w2, n, inv, greedy, state,
+                                                           return_logp=True)[0]}
+        for tag, mine in variants.items():
             got = mine()
             row[f"greedy_same_{tag}"] = bool(torch.equal(got[:, 0], ref[:, 0]))
             row[f"flashtree_graph_us_{tag}"] = try_graph(mine)
-            row[f"flashtree_wall_us_{tag}"] = host_and_wall_us(mine)[1]
-        row["speedup_graph_shipped"] = ratio(row["torch_graph_us"], row["flashtree_graph_us_autox16"])
+        row["shipped"] = "gemm" if rank >= GEMM_MIN_RANK else "fused"
+        row["flashtree_graph_us_shipped"] = row[f"flashtree_graph_us_{row['shipped']}"]
+        row["greedy_same_shipped"] = row[f"greedy_same_{row['shipped']}"]
+        row["speedup_graph_shipped"] = ratio(row["torch_graph_us"], row["flashtree_graph_us_shipped"])
         log(**row)
 
 

@@ -50,11 +50,15 @@ TABLES = {
                    num(d.get("sglang_wall_us")), speedup(d.get("sglang_wall_us"), d["flashtree_wall_us"]),
                    yes(d.get("same_as_sglang", False))]),
     "markov_draws": (
-        ["bs x N", "K", "V", "rank", "torch ops graph", "flashtree graph (shipped tiles)", "speed-up",
-         "greedy candidate = torch's"],
+        ["bs x N", "K", "V", "rank", "torch ops graph", "fused graph", "GEMM + pick graph", "with log q", "shipped",
+         "speed-up (shipped)", "greedy candidate = torch's"],
+        # runs before the GEMM form (run 7) named the fused form's shipped tiles "autox16"
         lambda d: [f"{d['bs']} x {d['n']}", d["k"], d["vocab"], d["rank"], num(d["torch_graph_us"], 0),
-                   num(d["flashtree_graph_us_autox16"], 0), speedup(d["torch_graph_us"], d["flashtree_graph_us_autox16"]),
-                   yes(d["greedy_same_autox16"])]),
+                   num(d.get("flashtree_graph_us_fused", d.get("flashtree_graph_us_autox16")), 0),
+                   num(d.get("flashtree_graph_us_gemm"), 0), num(d.get("flashtree_graph_us_gemm_logp"), 0),
+                   d.get("shipped", "fused"),
+                   speedup(d["torch_graph_us"], d.get("flashtree_graph_us_shipped", d.get("flashtree_graph_us_autox16"))),
+                   yes(d.get("greedy_same_shipped", d.get("greedy_same_autox16")))]),
     "sampler": (
         ["rows x vocab", "logits", "floor", "flashtree sampled graph (eager)", "vs floor", "greedy rows, mixed batch",
          "all-greedy launch", "torch argmax", "all-greedy vs argmax", "flashmap `sample_rows` graph",
