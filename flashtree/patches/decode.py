@@ -210,9 +210,7 @@ def draw_candidates(run: TreeRun, worker, base_logits, anchor, draft_hidden, n: 
 
     def fused(base, anchor, w1, w2):  # a vanilla Markov head: all K steps of the N draws in K launches on CUDA
         inv_temperature, greedy = candidate_rows(base.shape[0], n, temperature, base.device)
-        if with_logp:
-            return markov_draws(base, anchor, w1, w2, n, inv_temperature, greedy, run.noise, return_logp=True)
-        return markov_draws(base, anchor, w1, w2, n, inv_temperature, greedy, run.noise)
+        return markov_draws(base, anchor, w1, w2, n, inv_temperature, greedy, run.noise, return_logp=with_logp)
 
     if with_logp:
         sampler, taken = policy_draws.recording_logp(sampler)

@@ -180,7 +180,7 @@ class GraphDraws:
         if self.fused is not None:
             inv_temperature, greedy = self.rows[n]
             tokens = markov_draws(base_logits, anchor, *self.fused, n, inv_temperature[: bs * n], greedy[: bs * n],
-                                  self.noise_state, **({"return_logp": True} if self.logp is not None else {}))
+                                  self.noise_state, return_logp=self.logp is not None)
             if self.logp is not None:
                 tokens, logp = tokens
         else:

@@ -298,7 +298,7 @@ def tree_kernels():
 def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1, on_step=None, stage_times: int = 0,
         graph_max_bs: int | None = None, depth: int = 0, budget: int = 0, width: int = 0, capture_bs=None,
         reserve: int = 0, draft_rows: int = 0, simulate_acc_len: float = -1.0, simulate_acc: str = "",
-        policy: str = "vote"):
+        policy: str = "vote", fused: bool = False):
     """Decode `steps` tree steps. Greedy rows (all rows without sampling_info, else rows with top_k == 1) are checked
     token for token against the stand-in target's sequential greedy decode; every row's commit is checked for the
     req_to_token / KV layout, the draft-context injection and the step's bookkeeping. Returns (accept-length
@@ -310,7 +310,7 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
     (seq_lens + reserve on each request's draft input). draft_rows: FLASHTREE_DRAFT_ROWS (with graph_max_bs: the
     D-row draft graphs captured as after init_cuda_graphs). simulate_acc_len / simulate_acc: SGLANG_SIMULATE_ACC_LEN as
     DSPARK read it / FLASHTREE_SIMULATE_ACC (then no row is checked against the greedy decode, only the layout).
-    policy: FLASHTREE_TREE_POLICY."""
+    policy: FLASHTREE_TREE_POLICY. fused: FLASHTREE_FUSED_SAMPLER (the fused Markov draws' CPU reference)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.dspark_components.dspark_draft import make_next_draft_input
 
@@ -334,7 +334,7 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
         standin_proposer(world, worker, graph_max_bs)
     toggles = TreeToggles(tree_n=n, seed=5, stage_times=stage_times, graph_draws=graph_max_bs is not None,
                           tree_depth=depth, tree_budget=budget, tree_width=width, draft_rows=draft_rows,
-                          simulate_acc=simulate_acc, tree_policy=policy)
+                          simulate_acc=simulate_acc, tree_policy=policy, fused_sampler=fused)
     state = create_state(adapter, toggles, worker)
     if capture_bs is not None:
         from flashtree.patches import verify_widths
@@ -1285,9 +1285,9 @@ def test_a_failed_draft_rows_capture_stops_the_server():
 
 
 # ---- FLASHTREE_TREE_POLICY: prob and best-first on the server step ----------------------------------------------
-@pytest.mark.parametrize("policy", ["prob", "best-first"])
-@pytest.mark.parametrize("graph_max_bs", [None, 8], ids=["eager-draws", "graph-draws"])
-def test_policies_commit_the_sequential_greedy_decode(monkeypatch, policy, graph_max_bs):
+@pytest.mark.parametrize("policy,graph_max_bs,fused", [
+    ("prob", None, False), ("prob", 8, False), ("prob", 8, True), ("best-first", None, False), ("best-first", 8, True)])
+def test_policies_commit_the_sequential_greedy_decode(monkeypatch, policy, graph_max_bs, fused):
     """Each policy's tree step commits exactly the sequential greedy decode (run() checks every commit), accepting
     deep. prob builds from the candidates and their log q (candidate 0, the greedy block, the most probable at each
     first position); best-first draws nothing, fills the width, and grows the same trees in the draft graph's tail
@@ -1308,7 +1308,7 @@ def test_policies_commit_the_sequential_greedy_decode(monkeypatch, policy, graph
 
     monkeypatch.setattr(decode, "pad_tree", pad_tree)
     monkeypatch.setattr(decode, "build_tree", spy_build)
-    accepts, state, _generated, _world = run(n=4, steps=24, graph_max_bs=graph_max_bs, policy=policy)
+    accepts, state, _generated, _world = run(n=4, steps=24, graph_max_bs=graph_max_bs, policy=policy, fused=fused)
     assert state.draw_paths == {expected_draw_path(graph_max_bs, BS): state.steps} and state.steps > 0
     assert sum(v for d, v in accepts.items() if d >= 2) > 0, sorted(accepts.items())
     if policy == "prob":

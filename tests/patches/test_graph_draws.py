@@ -682,14 +682,16 @@ def head_log_q(h, base, anchor, cands):
     return torch.stack(out, dim=1).view(bs, n, k)
 
 
-def test_prob_tail_keeps_each_draws_log_q():
+@pytest.mark.parametrize("fused", [False, True])
+def test_prob_tail_keeps_each_draws_log_q(fused):
     """FLASHTREE_TREE_POLICY=prob: the tail also keeps each drawn token's log q at temperature 1 under the head (the
-    head's own step logits), next to the candidates, for the rows its batch drew."""
+    head's own step logits), next to the candidates, for the rows its batch drew: through the head's torch steps and
+    through the fused Markov draws."""
     h = head()
     adapter = adapters.select_adapter()
     stock = stock_sampler(TinyDraft(h, V), gamma=K, max_bs=4)
     draws = graph_draws.GraphDraws(adapter=adapter, n=5, depth=K, max_bs=4, vocab=V, temperature=1.0, device="cpu",
-                                   policy="prob")
+                                   policy="prob", fused=adapter.vanilla_markov_weights(h) if fused else None)
     ours = graph_draws.wrap(stock, draws)
     torch.manual_seed(2)
     bs = 3
