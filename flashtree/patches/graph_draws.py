@@ -20,6 +20,8 @@ flashtree wraps the worker's `_maybe_build_draft_sampler` (at `DSparkWorkerV2.__
      FLASHTREE_FUSED_SAMPLER=1 and a vanilla Markov head (bias = w2 @ w1[prev]) the draws are
      `flashtree.sampler.markov_draws` instead: K Triton launches with in-kernel Philox noise whose (seed, calls)
      state each replay advances, in place of about ten torch ops per step.
+With FLASHTREE_TREE_POLICY=prob the tail also keeps each drawn token's log q (`GraphDraws.logp`); with best-first it
+draws nothing and grows the policy's tree from the vanilla head instead (`GraphDraws.tree`; policy_draws.py).
 The tree step's draft forward passes that sampler to `_run_forward`; when the graph ran it reads the candidates from
 the buffer and computes no base logits; otherwise (eager forward) it keeps the eager path (base logits + N draws
 through flashtree's row sampler with FLASHTREE_SEED's generator).
