@@ -73,7 +73,7 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeRun:
     """Check the toggles against this worker (checks.at_worker_start: ToggleError, a SystemExit), plan its tree steps
     and start their run state."""
     checks.at_worker_start(adapter, toggles, worker)
-    policy_draws.check(adapter, toggles, worker)
+    grown = policy_draws.check(adapter, toggles, worker)
     gamma = adapter.gamma(worker)
     window = gamma + 1
     rows = toggles.draft_rows or gamma
@@ -100,6 +100,7 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeRun:
         draft_rows=DraftRows(adapter.proposer_with_rows(worker, rows)) if rows < gamma else None,
         simulate=simulate.from_server(adapter, toggles, worker, gamma, device),
         tp=TpSync(adapter.tp_group(worker)),
+        grown=grown,
     )
     logger.info("flashtree tree path on (sglang %s): %s, W=%d, gamma=%d, depth=%d", adapter.release, toggles.describe(),
                 window, gamma, plan.depth)
@@ -241,9 +242,8 @@ def policy_draws_of(run: TreeRun, worker, draft, sampler, bs: int, tree_w: int):
         path = "eager"
         if sampler is not None:
             graph_draws.note_eager(run, sampler.flashtree_draws, bs)
-        if policy_draws.grows(plan.policy):  # best-first: no draws, the tree grows from the head
-            w1, w2 = plan.adapter.vanilla_markov_weights(plan.adapter.draft_model(worker).markov_head)
-            tree = policy_draws.grow(draft.base_logits[:, :k], draft.anchor, w1, w2, tree_w)
+        if run.grown is not None:  # best-first: no draws, the tree grows from the head
+            tree = policy_draws.grow(draft.base_logits[:, :k], draft.anchor, *run.grown, tree_w)
             candidates = tree.tokens.new_zeros((bs, 1, k))
         else:
             hidden = None if draft.draft_hidden is None else draft.draft_hidden[:, :k]

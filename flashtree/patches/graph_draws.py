@@ -370,11 +370,7 @@ def build(run, worker, stock, *, free: Callable = free_bytes, graph_sizes: Calla
     logits_bytes = weight.element_size() if weight.is_floating_point() else 2
     # FLASHTREE_FUSED_SAMPLER with a vanilla Markov head: the fused Markov draws
     fused = adapter.vanilla_markov_weights(stock.markov_head) if toggles.fused_sampler else None
-    # FLASHTREE_TREE_POLICY=best-first: no draws; the tail grows the tree from the vanilla head (policy_draws.py)
-    grown = adapter.vanilla_markov_weights(stock.markov_head) if policy_draws.grows(plan.policy) else None
-    if policy_draws.grows(plan.policy) and grown is None:
-        return keep(f"FLASHTREE_TREE_POLICY={plan.policy} grows its tree from a vanilla Markov head, and the draft "
-                    "sampler's head is not one")
+    grown = run.grown  # FLASHTREE_TREE_POLICY=best-first: no draws, the tail grows the tree (policy_draws.py)
     n = 1 if grown is not None else toggles.tree_n
     need = need_bytes(adapter, n=n, depth=plan.depth, max_bs=max_bs, vocab=vocab, logits_bytes=logits_bytes,
                       fused=fused is not None, grown=grown is not None)

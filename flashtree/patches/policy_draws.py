@@ -37,24 +37,29 @@ def grows(policy: str) -> bool:
     return "step_logprobs" in get_policy(policy).needs_scores
 
 
-def check(adapter, toggles, worker) -> None:
-    """At worker start: refuse a policy this worker's draft cannot feed (ToggleError, a SystemExit)."""
+def check(adapter, toggles, worker) -> tuple | None:
+    """At worker start: refuse a policy this worker's draft cannot feed (ToggleError, a SystemExit). Returns what
+    best-first grows its trees from, the vanilla head's (w1, w2); None for the other policies."""
     from . import flashmap_draft
 
     policy = toggles.tree_policy
     if not get_policy(policy).needs_scores:
-        return
+        return None
     model = adapter.draft_model(worker)
     if flashmap_draft.is_flashmap_draft(model):
         raise ToggleError(
             f"flashtree: FLASHTREE_TREE_POLICY={policy} reads the draft's Markov-head probabilities, and this server's "
             "draft is a FlashMap draft (its candidates are noise draws, with no probabilities); use "
             "FLASHTREE_TREE_POLICY=vote")
-    if grows(policy) and adapter.vanilla_markov_weights(getattr(model, "markov_head", None)) is None:
+    if not grows(policy):
+        return None
+    weights = adapter.vanilla_markov_weights(getattr(model, "markov_head", None))
+    if weights is None:
         raise ToggleError(
             f"flashtree: FLASHTREE_TREE_POLICY={policy} grows its tree from sglang's vanilla Markov head (step bias "
             f"w2 @ w1[prev]), and this draft's head is {type(getattr(model, 'markov_head', None)).__name__} (gated, "
             "RNN, TP-sharded or subclassed heads are not supported); use FLASHTREE_TREE_POLICY=prob or vote")
+    return weights
 
 
 def recording_logp(sampler: Callable[[torch.Tensor], torch.Tensor]):

@@ -73,6 +73,7 @@ class TreeRun:
     simulate: object | None = None  # simulated acceptance's length source (simulate.py), None on a verified server
     row_tails: dict = field(default_factory=dict)  # (bs, verify width) -> the statistics rows' fixed tail
     tp: TpSync = field(default_factory=lambda: TpSync(None))  # rank 0's draws for every TP rank (TP 1: nothing)
+    grown: tuple | None = None  # FLASHTREE_TREE_POLICY=best-first: the vanilla head's (w1, w2) (policy_draws.py)
 
     def row_tail(self, bs: int, width: int) -> torch.Tensor:
         """(bs, 2) int32 [verify width, simulated] of a step's statistics rows: fixed per shape, built once."""

@@ -24,7 +24,9 @@ def step_shape(run, bs: int, graph_bs: int) -> tuple[int, int, int]:
     the draft graphs were captured for (their tail's draws serve up to it; larger batches draw eagerly)."""
     tree_w, w = run.widths_for(bs)
     draws = run.graph_draws
-    if draws is not None and bs <= graph_bs and draws.covers(bs):
+    if run.grown is not None:  # best-first draws nothing: its steps carry one placeholder candidate
+        n = 1
+    elif draws is not None and bs <= graph_bs and draws.covers(bs):
         n = draws.drawn_n(bs)
     else:
         n = run.plan.draws_for(bs)

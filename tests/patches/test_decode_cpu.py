@@ -1141,7 +1141,8 @@ def test_warmup_covers_every_tree_shape_a_batch_takes(monkeypatch):
 
     used = []
     build, encode = decode.build_tree, decode.verify_inputs
-    monkeypatch.setattr(decode, "build_tree", lambda c, width, policy: used.append([c.shape[1], width]) or build(c, width, policy))
+    monkeypatch.setattr(decode, "build_tree", lambda c, width, policy, scores: used.append([c.shape[1], width])
+                        or build(c, width, policy, scores))
     monkeypatch.setattr(decode, "verify_inputs", lambda tree, *a: used[-1].append(tree.width) or encode(tree, *a))
     prompts = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9], [2, 7, 1, 8]]
     listed = set()
@@ -1155,7 +1156,8 @@ def test_warmup_covers_every_tree_shape_a_batch_takes(monkeypatch):
     assert len(listed) >= 3  # the budget gives several shapes over 1-4 requests
 
     calls = []
-    monkeypatch.setattr(warmup, "build_tree", lambda c, w, policy: calls.append((c.shape[1], w)) or build_vote_tree_triton(c, w))
+    monkeypatch.setattr(warmup, "build_tree", lambda c, w, policy, scores: calls.append((c.shape[1], w))
+                        or build_vote_tree_triton(c, w))
     monkeypatch.setattr(warmup, "verify_inputs", verify_inputs_triton)
     monkeypatch.setattr(warmup, "walk_and_commit", lambda tree, targets, table, rows, starts: walk_and_commit_triton(
         tree, targets, req_to_token=table, rows=rows, starts=starts)[:2])

@@ -228,7 +228,7 @@ def test_tree_policy_reads_the_registry(monkeypatch):
 
     monkeypatch.setitem(policies.POLICIES, "widest", policies.POLICIES["vote"])
     assert read_toggles({"FLASHTREE_TREE_N": "4", "FLASHTREE_TREE_POLICY": "widest"}).tree_policy == "widest"
-    assert "vote, widest" in toggles.markdown_table()
+    assert "vote, prob, best-first, widest" in toggles.markdown_table()
 
 
 def test_readme_toggle_table_is_the_declaration():
