@@ -1356,3 +1356,33 @@ def test_eager_draws_keep_log_q_for_prob(fused):
         want.append(logits.log_softmax(-1).gather(1, prev.view(-1, 1)).view(-1))
     torch.testing.assert_close(logp, torch.stack(want, dim=1).view(bs, n, GAMMA), rtol=0, atol=1e-5)
     assert (cands[:, 1:] != cands[:, :1]).any()
+
+
+def test_policies_a_draft_cannot_feed_stop_the_server_at_start():
+    """One message at worker start: prob / best-first with a FlashMap draft (noise draws, no probabilities),
+    best-first with a Markov head other than sglang's vanilla one (here its gated head)."""
+    from sglang.srt.models.dspark import GatedMarkovHead
+
+    from flashtree.patches.toggles import ToggleError
+
+    def worker(draft_model):
+        return types.SimpleNamespace(verify_num_draft_tokens=W, device="cpu",
+                                     model_runner=types.SimpleNamespace(page_size=1),
+                                     _proposer=types.SimpleNamespace(draft_model=draft_model))
+
+    adapter = adapters.select_adapter()
+    flashmap = types.SimpleNamespace(flashmap=True, markov_head=real_markov_head())
+    for policy in ("prob", "best-first"):
+        with pytest.raises(ToggleError) as exc:
+            create_state(adapter, TreeToggles(tree_n=4, tree_policy=policy), worker(flashmap))
+        assert str(exc.value) == (
+            f"flashtree: FLASHTREE_TREE_POLICY={policy} reads the draft's Markov-head probabilities, and this "
+            "server's draft is a FlashMap draft (its candidates are noise draws, with no probabilities); use "
+            "FLASHTREE_TREE_POLICY=vote")
+    gated = types.SimpleNamespace(markov_head=GatedMarkovHead(vocab_size=V, markov_rank=4, hidden_size=8))
+    with pytest.raises(ToggleError, match="^flashtree: FLASHTREE_TREE_POLICY=best-first grows its tree from sglang's "
+                                          r"vanilla Markov head .* this draft's head is GatedMarkovHead"):
+        create_state(adapter, TreeToggles(tree_n=4, tree_policy="best-first"), worker(gated))
+    assert create_state(adapter, TreeToggles(tree_n=4, tree_policy="prob"), worker(gated)).grown is None
+    plain = types.SimpleNamespace(markov_head=real_markov_head())
+    assert create_state(adapter, TreeToggles(tree_n=4, tree_policy="best-first"), worker(plain)).grown is not None
