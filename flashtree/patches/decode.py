@@ -13,8 +13,8 @@ the server's --speculative-num-draft-tokens W reserving and capturing the wider 
      candidates are its noise draws instead (flashmap_draft.py);
   3. the tree policy's builder (`flashtree.tree.build_tree`, FLASHTREE_TREE_POLICY; trie-vote by default) -> W - 1
      nodes (`prob` also reads the draws' log q, `best-first` grows its tree from the head instead of drawing:
-     policy_draws.py); `verify_inputs` -> the verify ids, the node positions, sglang's FULL_MASK tree mask and the step's
-     statistics rows (one launch on CUDA);
+     policy_draws.py); `verify_inputs` -> the verify ids, the node positions, sglang's FULL_MASK tree mask and the
+     step's statistics rows (one launch on CUDA);
   4. target verify through DSPARK's executor with that mask and those positions (with FLASHTREE_TREE_BUDGET, over
      the first w slots of the window and through a verify graph captured at width w: verify_widths.py; likewise a
      fixed FLASHTREE_TREE_WIDTH below the window);

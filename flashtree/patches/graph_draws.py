@@ -396,7 +396,8 @@ def build(run, worker, stock, *, free: Callable = free_bytes, graph_sizes: Calla
     logger.info(
         "flashtree: the N=%d draft draws run in DSPARK's draft CUDA graph tail (%s, up to %d requests, ~%.2f GiB%s)%s",
         toggles.tree_n, f"policy {plan.policy}: the best-first tree in {plan.tree_width - 1} rounds of the head"
-        if grown is not None else "fused Markov draws" if fused is not None else "the Markov head's torch steps", max_bs,
+        if grown is not None else "fused Markov draws" if fused is not None else "the Markov head's torch steps",
+        max_bs,
         need / 2**30, f"; lean up to {lean_bs} requests: without DSPARK's own block proposal" if lean_bs else "",
         f"; graphs above {max_bs} requests (FLASHTREE_TREE_MAX_BS={limit}: chain steps) are captured without them"
         if max_bs < graph_bs else "",
