@@ -15,8 +15,8 @@ Per request the program
 Fixed shapes, no host synchronisation: graph-capturable. The same launch fills `VoteTree` and `EagleEncoding`.
 
 With SCORED (the `prob` policy, `build_scored_tree_triton`) step 2 ranks by a float score per node instead of the
-votes: the scores become ints of the same order, k* (the (W-1)-th largest) comes from a bisection over that int
-range (33 counts), and ties at k* are taken in (depth, candidate) order as the votes' are.
+votes: the scores become unsigned 32-bit keys of the same order, k* (the (W-1)-th largest) comes from a radix select
+(four 256-bin histograms, one per key byte), and ties at k* are taken in (depth, candidate) order as the votes' are.
 """
 
 from __future__ import annotations
@@ -113,21 +113,27 @@ def _vote_tree_kernel(
     nv = tl.reshape(tl.where(node, _popcount(agree, MASK64), 0), [KP * NP])  # 0 votes = not a node
 
     if SCORED:
-        # score s[d, i] of node (d, i) as an int whose order is the float's (-0 as +0, NaN as -inf); k*: the largest
-        # key with at least M nodes at or above it, by bisection over the key range (every node kept when <= M)
+        # score s[d, i] of node (d, i) as an unsigned 32-bit key whose order is the float's (-0 as +0, NaN as
+        # -inf); k*: the M-th largest node key, a radix select over its four bytes (a 256-bin histogram each,
+        # highest byte first, among the keys that match the bytes chosen so far); every node kept when <= M
         sc = tl.load(score_ptr + b * (N * K) + pi * K + pd, mask=(pi < N) & (pd < K), other=0.0)
         sc = tl.where(sc != sc, float("-inf"), sc) + 0.0
         bits = sc.to(tl.int32, bitcast=True)
-        key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
+        key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64) + (1 << 31)
         isn = nv > 0
-        lo = tl.min(tl.where(isn, key, 1 << 40), axis=0)
-        hi = tl.max(tl.where(isn, key, -(1 << 40)), axis=0) + 1
-        for _ in tl.static_range(33):
-            mid = lo + (hi - lo) // 2
-            ok = tl.sum((isn & (key >= mid)).to(tl.int32), axis=0) >= M
-            lo = tl.where(ok, mid, lo)
-            hi = tl.where(ok, hi, mid)
-        kstar = tl.where(tl.sum(isn.to(tl.int32), axis=0) > M, lo, -(1 << 40))
+        match = isn
+        rem = tl.minimum(tl.sum(isn.to(tl.int32), axis=0), M)  # keys still to take at or above k*
+        kstar = tl.zeros([], tl.int64)
+        byte = tl.arange(0, 256)
+        for step in tl.static_range(4):
+            dig = ((key >> (24 - 8 * step)) & 255).to(tl.int32)
+            hist = tl.histogram(dig, 256, mask=match)
+            ge = tl.cumsum(hist, 0, reverse=True)  # ge[v]: matching keys whose byte is >= v
+            pick = tl.max(tl.where(ge >= rem, byte, 0), axis=0)
+            rem -= tl.sum(tl.where(byte == pick, ge - hist, 0), axis=0)
+            match = match & (dig == pick)
+            kstar = kstar | (pick.to(tl.int64) << (24 - 8 * step))
+        kstar = tl.where(tl.sum(isn.to(tl.int32), axis=0) > M, kstar, -1)
         is_above = isn & (key > kstar)
         is_tie = isn & (key == kstar)
         above = tl.sum(is_above.to(tl.int32), axis=0)

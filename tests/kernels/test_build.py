@@ -91,10 +91,12 @@ def test_builder_graph_capture():
 def path_logq(cands, g, levels: int):
     """Per-position log q (bs, N, K) consistent over shared prefixes, as a draft's is: a function of (depth, token,
     previous token) from a random table of values <= 0 on a grid of `levels` values (so path scores tie, sum exactly
-    on any device and probability-1 steps keep a score), with a few -inf (probability 0)."""
+    on any device and probability-1 steps keep a score; levels 0: continuous values, which differ in every byte of
+    their bits), with a few -inf (probability 0)."""
     vocab = int(cands.max()) + 1
     k = cands.shape[2]
-    table = -torch.randint(0, levels, (k, vocab + 1, vocab), generator=g).float() / 4
+    shape = (k, vocab + 1, vocab)
+    table = -torch.randint(0, levels, shape, generator=g).float() / 4 if levels else -3 * torch.rand(shape, generator=g)
     table[torch.rand(table.shape, generator=g) < 0.03] = float("-inf")
     prev = torch.cat([torch.full_like(cands[:, :, :1], vocab), cands[:, :, :-1]], dim=2)
     depth = torch.arange(k).view(1, 1, k).expand_as(cands)
@@ -110,7 +112,7 @@ def test_scored_builder_matches_reference(bs, n, k, w, vocab):
     from flashtree.tree.triton_build import build_scored_tree_triton
 
     g = torch.Generator().manual_seed(hash((bs, n, k, w, vocab, 7)) % 2**31)
-    for levels in (3, 1000):  # many ties, then nearly none
+    for levels in (3, 1000, 0):  # many ties, nearly none, none
         cands = torch.randint(0, vocab, (bs, n, k), generator=g)
         scores = path_logq(cands, g, levels).cumsum(dim=2)
         ref = build_scored_tree(cands, w, scores)
@@ -158,3 +160,24 @@ def test_policy_builds_graph_capture():
             anchor=anchor.cpu(), step_logprobs=lambda r, p, t: (
                 cpu_base[r, p.clamp(max=k - 1)] + F.linear(F.embedding(t, cpu_w1), cpu_w2)).log_softmax(-1)))
         assert torch.equal(grown.tokens.cpu(), want.tokens) and torch.equal(grown.parents.cpu(), want.parents)
+
+
+def test_scored_builder_selects_on_every_key_byte():
+    """Scores one float step apart (they differ in the lowest byte of their bits only), ±0 (equal scores) and -inf
+    nodes kept only where room is left: the kernel's radix select keeps the reference's nodes."""
+    from flashtree.tree.build import build_scored_tree
+    from flashtree.tree.triton_build import build_scored_tree_triton
+
+    n = 40
+    cands = torch.arange(n).view(1, n, 1).repeat(3, 1, 1)  # n depth-1 nodes per request
+    steps = torch.full((n,), -1.0)
+    for i in range(1, n):
+        steps[i] = torch.nextafter(steps[i - 1], torch.tensor(-2.0))
+    scores = torch.stack([steps[torch.randperm(n, generator=torch.Generator().manual_seed(1))],
+                          torch.where(torch.arange(n) % 2 == 0, 0.0, -0.0),
+                          torch.where(torch.arange(n) < 5, -1.0, float("-inf"))]).view(3, n, 1)
+    for w in (2, 7, 21, 40):
+        ref = build_scored_tree(cands, w, scores)
+        tree = build_scored_tree_triton(cands.to(DEV), w, scores.to(DEV))
+        for f in FIELDS:
+            assert torch.equal(getattr(tree, f).cpu(), getattr(ref, f)), (w, f)
