@@ -123,7 +123,7 @@ def _vote_tree_kernel(
         isn = nv > 0
         match = isn
         rem = tl.minimum(tl.sum(isn.to(tl.int32), axis=0), M)  # keys still to take at or above k*
-        kstar = tl.zeros([], tl.int64)
+        kstar = rem.to(tl.int64) * 0
         byte = tl.arange(0, 256)
         for step in tl.static_range(4):
             dig = ((key >> (24 - 8 * step)) & 255).to(tl.int32)
