@@ -124,6 +124,47 @@ def part_builder():
         log(**row)
 
 
+def consistent_logq(cands, vocab=50):
+    """Per-position log q that is a function of (depth, token, previous token), as a draft's is (shared prefixes
+    share their path log-probability): what the prob build ranks."""
+    k = cands.shape[2]
+    table = -torch.rand(k, vocab + 1, vocab, device="cuda") * 3
+    prev = torch.cat([torch.full_like(cands[:, :, :1], vocab), cands[:, :, :-1]], dim=2)
+    return table[torch.arange(k, device="cuda").view(1, 1, k).expand_as(cands), prev, cands]
+
+
+def part_policies():
+    """The server's tree policies: prob's build (cumsum + the scored Triton launch) against its torch builder, and
+    best-first's tree grown from a vanilla Markov head (the registered torch builder, W - 1 rounds, as the server's
+    draft graph tail runs it)."""
+    from flashtree.patches.policy_draws import grow
+    from flashtree.tree import DraftScores, get_policy
+    from flashtree.tree.build import build_scored_tree
+
+    prob = get_policy("prob").build
+    for bs, n, k, w in [(1, 8, 15, 16), (64, 8, 15, 16), (64, 32, 15, 32), (64, 64, 8, 64)]:
+        cands = anchor_candidates(bs, n, k)
+        scores = DraftScores(logp=consistent_logq(cands))
+        fn = lambda: prob(cands, w, scores)  # noqa: E731
+        ref_fn = lambda: build_scored_tree(cands, w, scores.logp.cumsum(dim=2))  # noqa: E731
+        tree, ref = fn(), ref_fn()
+        same = all(torch.equal(getattr(tree, f), getattr(ref, f)) for f in
+                   ["tokens", "parents", "depth", "votes", "valid", "first_candidate"])
+        log(kind="policy_build", policy="prob", bs=bs, n=n, k=k, width=w, vocab=None, same_as_reference=same,
+            flashtree_eager_us=bench(fn), flashtree_graph_us=try_graph(fn), torch_eager_us=bench(ref_fn),
+            torch_graph_us=try_graph(ref_fn))
+    for bs, k, w, vocab, rank in [(1, 8, 16, 49152, 32), (64, 8, 16, 49152, 32), (64, 8, 32, 49152, 32),
+                                  (64, 8, 32, 151936, 256)]:
+        base = torch.randn(bs, k, vocab, device="cuda", dtype=torch.bfloat16)
+        w1 = torch.randn(vocab, rank, device="cuda", dtype=torch.bfloat16) * 0.1
+        w2 = torch.randn(vocab, rank, device="cuda", dtype=torch.bfloat16) * 0.1
+        anchor = torch.randint(0, vocab, (bs,), device="cuda")
+        fn = lambda: grow(base, anchor, w1, w2, w)  # noqa: E731
+        log(kind="policy_build", policy="best-first", bs=bs, n=0, k=k, width=w, vocab=vocab, same_as_reference=True,
+            flashtree_eager_us=bench(fn, rep=10), flashtree_graph_us=try_graph(fn), torch_eager_us=None,
+            torch_graph_us=None)
+
+
 def part_walk():
     for bs, n, k, w in [(1, 8, 15, 16), (64, 8, 15, 16), (64, 32, 15, 32), (256, 16, 15, 16)]:
         cands = anchor_candidates(bs, n, k)
@@ -476,7 +517,7 @@ def main():
     global OUT_FILE
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="results")
-    ap.add_argument("--parts", default="builder,walk,inputs,markov,sampler,attention")
+    ap.add_argument("--parts", default="builder,policies,walk,inputs,markov,sampler,attention")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--markov-min-rank", type=int, default=0, help="markov: only heads of at least this rank")
     ap.add_argument("--attn-splits", default="", help="attention: also time these split counts at the bs-1 shapes "
@@ -489,7 +530,7 @@ def main():
         python=sys.version.split()[0], date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     torch.manual_seed(0)
     bw = ceiling()
-    parts = {"builder": part_builder, "walk": part_walk, "inputs": part_inputs, "markov": lambda: part_markov(a.markov_min_rank),
+    parts = {"builder": part_builder, "policies": part_policies, "walk": part_walk, "inputs": part_inputs, "markov": lambda: part_markov(a.markov_min_rank),
              "sampler": lambda: part_sampler(bw),
              "attention": lambda: part_attention(bw, not a.no_flex, [int(x) for x in a.attn_splits.split(",") if x])}
     for name in a.parts.split(","):

@@ -30,6 +30,12 @@ TABLES = {
                    f"{num(d.get('flashmap_compiled_graph_us'))} ({num(d.get('flashmap_eager_us'), 0)})",
                    speedup(d.get("flashmap_compiled_graph_us"), d["flashtree_graph_us"]),
                    f"{yes(d['same_as_reference'])} / {yes(d.get('same_as_flashmap', False))}"]),
+    "policy_build": (
+        ["policy", "bs", "N", "K", "W", "vocab", "flashtree graph (eager)", "torch builder graph (eager)",
+         "same as reference"],
+        lambda d: [d["policy"], d["bs"], d["n"], d["k"], d["width"], d.get("vocab") or "–",
+                   f"{num(d['flashtree_graph_us'])} ({num(d['flashtree_eager_us'])})",
+                   f"{num(d.get('torch_graph_us'))} ({num(d.get('torch_eager_us'))})", yes(d["same_as_reference"])]),
     "walk_commit": (
         ["bs", "N", "W", "mean accepted", "walk + commit graph (eager)", "build + walk + commit graph",
          "torch reference eager", "same as reference"],

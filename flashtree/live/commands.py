@@ -36,7 +36,8 @@ def toggles(server: ServerConfig) -> dict[str, str]:
         env["FLASHTREE_TREE_N"] = str(server.tree_n)
     for key, value in (("FLASHTREE_TREE_DEPTH", server.depth), ("FLASHTREE_TREE_BUDGET", server.budget),
                        ("FLASHTREE_DRAFT_ROWS", server.draft_rows), ("FLASHTREE_TREE_MAX_BS", server.max_bs),
-                       ("FLASHTREE_DRAFT_TEMPERATURE", server.draft_temperature)):
+                       ("FLASHTREE_DRAFT_TEMPERATURE", server.draft_temperature),
+                       ("FLASHTREE_TREE_POLICY", server.policy)):
         if value is not None:
             env[key] = str(value)
     for key, on in (("FLASHTREE_SPLITKV_VERIFY", server.split_kv), ("FLASHTREE_EXACT_VERIFY", server.exact_verify),

@@ -39,6 +39,7 @@ class ServerConfig:
     draft_rows: Optional[int] = None  # FLASHTREE_DRAFT_ROWS: rows of the window the tree step's draft forward runs
     draft_temperature: Optional[float] = None  # FLASHTREE_DRAFT_TEMPERATURE of draws 1 .. N-1
     max_bs: Optional[int] = None  # FLASHTREE_TREE_MAX_BS: larger decode batches run DSPARK's chain step
+    policy: Optional[str] = None  # FLASHTREE_TREE_POLICY: vote, prob or best-first (flashtree/tree/policies/)
     split_kv: bool = False  # FLASHTREE_SPLITKV_VERIFY=1
     exact_verify: bool = False  # FLASHTREE_EXACT_VERIFY=1
     fused_sampler: bool = False  # FLASHTREE_FUSED_SAMPLER=1
@@ -49,7 +50,7 @@ class ServerConfig:
 
     def check(self, name: str) -> None:
         key = f"servers.{name}"
-        tree_keys = ("depth", "budget", "draft_rows", "draft_temperature", "max_bs", "graph_draws")
+        tree_keys = ("depth", "budget", "draft_rows", "draft_temperature", "max_bs", "graph_draws", "policy")
         if not self.speculative:
             set_keys = [k for k in ("tree_n", "window", *tree_keys) if getattr(self, k) is not None]
             _check(not set_keys and not (self.split_kv or self.exact_verify or self.fused_sampler), key, set_keys,
@@ -61,6 +62,11 @@ class ServerConfig:
             ok = self.tree_n == "auto" or (type(self.tree_n) is int and 1 <= self.tree_n <= 256)
             _check(ok, f"{key}.tree_n", self.tree_n, "must be 'auto' or an integer in 1..256")
         _check(self.window is None or self.window >= 2, f"{key}.window", self.window, "must be >= 2")
+        if self.policy is not None:
+            from flashtree.tree import policy_names
+
+            _check(self.policy in policy_names(), f"{key}.policy", self.policy,
+                   f"must be one of the registered tree policies: {', '.join(policy_names())}")
         _check(not (self.split_kv and self.exact_verify), key, "split_kv+exact_verify",
                "choose one: split-KV verify is already exact on a deterministic server")
         _check(self.page_size >= 1, f"{key}.page_size", self.page_size, "must be >= 1")

@@ -12,8 +12,9 @@ the server's --speculative-num-draft-tokens W reserving and capturing the wider 
      step reads them from its buffer (eager as above when the draft forward ran eagerly); a FlashMap draft's N
      candidates are its noise draws instead (flashmap_draft.py);
   3. the tree policy's builder (`flashtree.tree.build_tree`, FLASHTREE_TREE_POLICY; trie-vote by default) -> W - 1
-     nodes; `verify_inputs` -> the verify ids, the node positions, sglang's FULL_MASK tree mask and the step's
-     statistics rows (one launch on CUDA);
+     nodes (`prob` also reads the draws' log q, `best-first` grows its tree from the head instead of drawing:
+     policy_draws.py); `verify_inputs` -> the verify ids, the node positions, sglang's FULL_MASK tree mask and the
+     step's statistics rows (one launch on CUDA);
   4. target verify through DSPARK's executor with that mask and those positions (with FLASHTREE_TREE_BUDGET, over
      the first w slots of the window and through a verify graph captured at width w: verify_widths.py; likewise a
      fixed FLASHTREE_TREE_WIDTH below the window);
@@ -44,11 +45,11 @@ import torch
 
 from flashtree.sampler import candidate_rows
 from flashtree.sampler.markov import markov_draws, new_state
-from flashtree.tree import build_tree, chain_tree, pad_tree, sampled_draws, verify_inputs, walk_and_commit
+from flashtree.tree import DraftScores, build_tree, chain_tree, pad_tree, sampled_draws, verify_inputs, walk_and_commit
 from flashtree.tree.simulate import simulated_walk_and_commit
 from flashtree.tree.types import VoteTree
 
-from . import checks, flashmap_draft, graph_draws, planning, simulate
+from . import checks, flashmap_draft, graph_draws, planning, policy_draws, simulate
 from .draft_rows import DraftRows, drafting
 from .stage_times import NoTimer, StageTimer
 from .tp_sync import TpSync
@@ -74,6 +75,7 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeRun:
     """Check the toggles against this worker (checks.at_worker_start: ToggleError, a SystemExit), plan its tree steps
     and start their run state."""
     checks.at_worker_start(adapter, toggles, worker)
+    grown = policy_draws.check(adapter, toggles, worker)
     gamma = adapter.gamma(worker)
     window = gamma + 1
     planned = toggles.planned
@@ -103,6 +105,7 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeRun:
         draft_rows=DraftRows(adapter.proposer_with_rows(worker, rows)) if rows < gamma else None,
         simulate=simulate.from_server(adapter, toggles, worker, gamma, device),
         tp=TpSync(adapter.tp_group(worker)),
+        grown=grown,
     )
     if planned:
         run.planner = planning.from_plan(plan, run.simulate, device)
@@ -214,12 +217,13 @@ def skip_reason(plan: TreePlan, batch, args, kwargs) -> str | None:
     return None
 
 
-def draw_candidates(run: TreeRun, worker, base_logits, anchor, draft_hidden, n: int) -> torch.Tensor:
-    """The N candidate blocks (bs, N, K), drawn eagerly: a FlashMap draft's noise draws, else the Markov head's."""
+def draw_candidates(run: TreeRun, worker, base_logits, anchor, draft_hidden, n: int, with_logp: bool = False):
+    """The N candidate blocks (bs, N, K), drawn eagerly: a FlashMap draft's noise draws, else the Markov head's.
+    with_logp (FLASHTREE_TREE_POLICY=prob): (candidates, log q of each token at temperature 1 (bs, N, K))."""
     plan = run.plan
     drawn = flashmap_draft.noise_draws(plan.adapter, worker, base_logits.shape[0])
     if drawn is not None:
-        return drawn
+        return drawn  # policy_draws.check refuses scored policies with a FlashMap draft
     temperature = plan.toggles.draft_temperature
 
     def sampler(step_logits: torch.Tensor) -> torch.Tensor:
@@ -228,10 +232,55 @@ def draw_candidates(run: TreeRun, worker, base_logits, anchor, draft_hidden, n: 
 
     def fused(base, anchor, w1, w2):  # a vanilla Markov head: all K steps of the N draws in K launches on CUDA
         inv_temperature, greedy = candidate_rows(base.shape[0], n, temperature, base.device)
-        return markov_draws(base, anchor, w1, w2, n, inv_temperature, greedy, run.noise)
+        return markov_draws(base, anchor, w1, w2, n, inv_temperature, greedy, run.noise, return_logp=with_logp)
 
-    return plan.adapter.sample_blocks(worker, base_logits, anchor, draft_hidden, n, sampler,
-                                      fused if run.noise is not None else None)
+    if with_logp:
+        sampler, taken = policy_draws.recording_logp(sampler)
+    out = plan.adapter.sample_blocks(worker, base_logits, anchor, draft_hidden, n, sampler,
+                                     fused if run.noise is not None else None)
+    if not with_logp or isinstance(out, tuple):
+        return out
+    return out, taken(base_logits.shape[0], n)
+
+
+def policy_draws_of(run: TreeRun, worker, draft, sampler, bs: int, tree_w: int):
+    """What the plan's policy builds from -> (candidates (bs, n, K), their log q (bs, n, K) for `prob` else None, the
+    grown tree of tree_w tokens for `best-first` else None, where the draws ran: "graph" (read from the draft graph
+    tail's buffers) or "eager")."""
+    plan = run.plan
+    n, k = plan.draws_for(bs), plan.depth
+    logp = tree = None
+    if draft.candidates is not None:  # drawn by the draft graph's tail (FLASHTREE_GRAPH_DRAWS)
+        candidates = draft.candidates[:, :n, :k]  # the tail drew what its graph's (padded) batch size draws: <= n
+        n = candidates.shape[1]
+        path = "graph"
+        draws = sampler.flashtree_draws
+        if draws.grown is not None:
+            tree = policy_draws.first_nodes(draws.read_tree(bs), tree_w)
+        elif draws.logp is not None:
+            logp = draws.logp[:bs, :n]
+    else:
+        path = "eager"
+        if sampler is not None:
+            graph_draws.note_eager(run, sampler.flashtree_draws, bs)
+        if run.grown is not None:  # best-first: no draws, the tree grows from the head
+            tree = policy_draws.grow(draft.base_logits[:, :k], draft.anchor, *run.grown, tree_w)
+            candidates = tree.tokens.new_zeros((bs, 1, k))
+        else:
+            hidden = None if draft.draft_hidden is None else draft.draft_hidden[:, :k]
+            drawn = draw_candidates(run, worker, draft.base_logits[:, :k], draft.anchor, hidden, n,
+                                    with_logp=policy_draws.needs_logp(plan.policy))
+            candidates, logp = drawn if isinstance(drawn, tuple) else (drawn, None)
+    if run.simulate is not None:
+        # Random weights' candidates disagree from their first token, so their tree is all depth-1 nodes and no
+        # drawn length could be committed along it: a simulated step builds from N copies of candidate 0 (the same
+        # shapes and kernels), whose path reaches the full depth.
+        candidates = candidates[:, :1].expand_as(candidates)
+        logp = None if logp is None else logp[:, :1].expand_as(logp)
+    candidates = run.tp.from_first(candidates)  # every rank builds rank 0's tree (its draws are its own generator's)
+    if logp is not None:
+        logp = run.tp.from_first(logp)
+    return candidates, logp, tree, path
 
 
 def walk(run: TreeRun, tree: VoteTree, logits: torch.Tensor, sampling_info, req_to_token, rows, starts):
@@ -273,34 +322,24 @@ def tree_step(run: TreeRun, worker, batch, on_publish, shape=None):
         draft = adapter.draft_forward(worker, batch, draft_input, window, bs, proposer, sampler, graph_candidates)
     anchor = draft.anchor
     timer.mark("draft")
-    n, k = plan.draws_for(bs), plan.depth
-    if draft.candidates is not None:  # drawn by the draft graph's tail (FLASHTREE_GRAPH_DRAWS)
-        candidates = draft.candidates[:, :n, :k]  # the tail drew what its graph's (padded) batch size draws: <= n
-        n = candidates.shape[1]
-        path = "graph"
-    else:
-        hidden = None if draft.draft_hidden is None else draft.draft_hidden[:, :k]
-        candidates = draw_candidates(run, worker, draft.base_logits[:, :k], anchor, hidden, n)
-        path = "eager"
-        if sampler is not None:
-            graph_draws.note_eager(run, sampler.flashtree_draws, bs)
+    candidates, logp, tree, path = policy_draws_of(run, worker, draft, sampler, bs, tree_w)
+    n = candidates.shape[1]
     run.draw_paths[path] = run.draw_paths.get(path, 0) + 1
-    if run.simulate is not None:
-        # Random weights' candidates disagree from their first token, so their tree is all depth-1 nodes and no
-        # drawn length could be committed along it: a simulated step builds from N copies of candidate 0 (the same
-        # shapes and kernels), whose path reaches the full depth.
-        candidates = candidates[:, :1].expand_as(candidates)
-    candidates = run.tp.from_first(candidates)  # every rank builds rank 0's tree (its draws are its own generator's)
     drawn = candidates
     if shape is not None:  # the planner's tree: the first N of the menu's largest draw
         candidates = candidates[:, : shape.n]
+        logp = None if logp is None else logp[:, : shape.n]
         n = candidates.shape[1]
     timer.mark("draws")
-    tree = pad_tree(build_tree(candidates, tree_w, policy=plan.policy), w, n)
+    if tree is None:
+        tree = build_tree(candidates, tree_w, policy=plan.policy, scores=DraftScores(logp=logp))
+    tree = pad_tree(tree, w, n)
     if w < plan.width:  # a narrower verify graph: the first w slots of DSPARK's window
         window = window.narrowed(w)
 
     inputs = verify_inputs(tree, anchor, prefix, mask_prefix_bound(plan, worker, batch), candidates)
+    if policy_draws.grows(plan.policy):
+        inputs.stats[:, :2] = 0  # best-first draws no candidates
     timer.mark("build")
     with verifying_with(worker, run.verify_runners.get(w)):
         verified = adapter.target_verify(worker, batch, draft_input, window, inputs.ids, inputs.positions.view(bs, w),

@@ -77,6 +77,7 @@ class TreeRun:
     row_tails: dict = field(default_factory=dict)  # (bs, verify width) -> the statistics rows' fixed tail
     tp: TpSync = field(default_factory=lambda: TpSync(None))  # rank 0's draws for every TP rank (TP 1: nothing)
     planner: object | None = None  # FLASHTREE_TREE_N=auto: the per-batch choice (planning.ServerPlanner)
+    grown: tuple | None = None  # FLASHTREE_TREE_POLICY=best-first: the vanilla head's (w1, w2) (policy_draws.py)
 
     def row_tail(self, bs: int, width: int) -> torch.Tensor:
         """(bs, 2) int32 [verify width, simulated] of a step's statistics rows: fixed per shape, built once."""

@@ -172,11 +172,10 @@ class File:
 
 
 def _policy_names() -> tuple[str, ...]:
-    """The policies the server step can build: those that read the candidates alone (its draws compute no draft
-    log-probabilities; `prob` and `best-first` run in the engine and replay)."""
-    from flashtree.tree import POLICIES
+    """The registered tree policies (flashtree/patches/policy_draws.py feeds each what it reads of the draft)."""
+    from flashtree.tree import policy_names
 
-    return tuple(name for name, p in POLICIES.items() if not p.needs_scores)
+    return policy_names()
 
 
 # ---- the declaration
@@ -227,9 +226,10 @@ class TreeToggles:
         "draft positions each candidate keeps, the tree's max depth, at most gamma; below gamma the tree is wider "
         "than its depth + 1: see \"Trees wider than the draft block\" below", "set")
     tree_policy: str = toggle(
-        "FLASHTREE_TREE_POLICY", Name(_policy_names, "tree policies the server step can build (those that read no draft scores)"),
-        "vote", "the tree policy that picks the W - 1 nodes of the candidates' trie (flashtree/tree/policies.py)",
-        "set")
+        "FLASHTREE_TREE_POLICY", Name(_policy_names, "registered tree policies"), "vote",
+        "the tree policy that picks the W - 1 verified nodes (flashtree/tree/policies/): `vote` the nodes most "
+        "candidates pass through, `prob` the candidates' trie by the draft's path probability, `best-first` grown "
+        "from the draft's Markov head without sampling; see \"Tree policies\" below", "set")
     tree_budget: int = toggle(
         "FLASHTREE_TREE_BUDGET", Ints(0, 1 << 20), 0,
         "batch-wide verify-token budget (0 = none): each request's tree gets `W_eff = clamp(budget // bs, 2, W)` "
@@ -382,6 +382,12 @@ def read_toggles(environ: Mapping[str, str] | None = None) -> TreeToggles | None
             f"flashtree: {TREE_N}=auto with FLASHTREE_TP=1: each tensor-parallel rank would time its own steps and could "
             f"choose another shape than the others; allowed: an integer {TREE_N} with FLASHTREE_TP=1, or unset "
             "FLASHTREE_TP"
+        )
+    if toggles.planned and toggles.tree_policy != "vote":
+        raise ToggleError(
+            f"flashtree: {TREE_N}=auto estimates every shape's acceptance from trie-vote trees of the same candidates, "
+            f"so it plans trie-vote only, not FLASHTREE_TREE_POLICY={toggles.tree_policy}; allowed: unset "
+            f"FLASHTREE_TREE_POLICY (vote) with auto, or an integer {TREE_N} with the policy"
         )
     if toggles.splitkv_verify and toggles.exact_verify:
         raise ToggleError(

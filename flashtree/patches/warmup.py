@@ -16,13 +16,17 @@ import torch
 
 from flashtree.tree import build_tree, pad_tree, verify_inputs, walk_and_commit
 
+from .policy_draws import dummy_scores
+
 
 def step_shape(run, bs: int, graph_bs: int) -> tuple[int, int, int]:
     """(candidates per request, tree width, verify width) of a tree step over bs requests; graph_bs: the largest batch
     the draft graphs were captured for (their tail's draws serve up to it; larger batches draw eagerly)."""
     tree_w, w = run.widths_for(bs)
     draws = run.graph_draws
-    if draws is not None and bs <= graph_bs and draws.covers(bs):
+    if run.grown is not None:  # best-first draws nothing: its steps carry one placeholder candidate
+        n = 1
+    elif draws is not None and bs <= graph_bs and draws.covers(bs):
         n = draws.drawn_n(bs)
     else:
         n = run.plan.draws_for(bs)
@@ -72,7 +76,8 @@ def dummy_step(plan, device, table, bs: int, n: int, tree_w: int, w: int) -> Non
     (None: paged KV), whose row stride the walk kernel is specialised on (a scratch table of its row length is
     written, never the live one)."""
     candidates = torch.zeros((bs, n, plan.depth), dtype=torch.int64, device=device)
-    tree = pad_tree(build_tree(candidates, tree_w, policy=plan.policy), w, n)
+    scores = dummy_scores(bs, n, plan.depth, device)  # what any policy reads, of the live shapes
+    tree = pad_tree(build_tree(candidates, tree_w, policy=plan.policy, scores=scores), w, n)
     prefix = torch.ones(bs, dtype=torch.int64, device=device)
     rows = torch.arange(bs, dtype=torch.int64, device=device)
     scratch = None if table is None else torch.zeros((bs, table.shape[1]), dtype=table.dtype, device=device)

@@ -43,6 +43,13 @@ def test_the_best_measured_server_command_and_env(best):
                         "FLASHTREE_FUSED_SAMPLER": "1", "FLASHTREE_GRAPH_DRAWS": "1"}
 
 
+def test_the_policy_servers_set_the_policy_toggle(best):
+    for server, policy in (("tree16-w16-prob", "prob"), ("tree16-w16-bestfirst", "best-first")):
+        env = instance(best, server, "bf16", "speed", {}).env
+        assert env["FLASHTREE_TREE_POLICY"] == policy and env["FLASHTREE_TREE_N"] == "16"
+    assert "FLASHTREE_TREE_POLICY" not in instance(best, "tree16-w16", "bf16", "speed", {}).env
+
+
 def test_chain_plain_and_exact_identity_servers(best):
     chain = instance(best, "chain", "bf16", "speed", {})
     assert chain.command(1) == [*BASE, *BF16, *DSPARK, "--speculative-num-draft-tokens", "9",
@@ -225,6 +232,7 @@ def test_tiny_presets():
     ("phases.speed.servers=[chain,nope]", "phases.speed.servers"),
     ("phases.identity.precision=fp16", "phases.identity.precision"),
     ("servers.chain.fused_sampler=true", "servers.chain.tree_n"),
+    ("servers.tree16-w16.policy=widest", "servers.tree16-w16.policy"),
     ("run=[identity,warp]", "run"),
 ])
 def test_bad_values_name_their_key(override, key):

@@ -298,6 +298,9 @@ def test_auto_toggle_values():
         read_toggles({"FLASHTREE_TREE_N": "auto", "FLASHTREE_TREE_BUDGET": "64"})
     with pytest.raises(ToggleError, match="FLASHTREE_TREE_N=auto with FLASHTREE_TP=1: each tensor-parallel rank"):
         read_toggles({"FLASHTREE_TREE_N": "auto", "FLASHTREE_TP": "1"})
+    with pytest.raises(ToggleError, match="plans trie-vote only, not FLASHTREE_TREE_POLICY=prob"):
+        read_toggles({"FLASHTREE_TREE_N": "auto", "FLASHTREE_TREE_POLICY": "prob"})
+    assert read_toggles({"FLASHTREE_TREE_N": "auto", "FLASHTREE_TREE_POLICY": "vote"}).planned
 
 
 class FakeGraph:
