@@ -43,6 +43,7 @@ import torch
 from flashtree.sampler import candidate_rows
 from flashtree.sampler.markov import markov_draws, new_state
 from flashtree.tree import build_tree, chain_tree, pad_tree, sampled_draws, verify_inputs, walk_and_commit
+from flashtree.tree.policies import DraftScores, get_policy
 from flashtree.tree.simulate import simulated_walk_and_commit
 from flashtree.tree.types import VoteTree
 
@@ -119,8 +120,8 @@ def make_forward_decode(original, adapter, toggles: TreeToggles):
         run = getattr(self, "_flashtree", None)
         if run is None:
             raise RuntimeError(
-                "flashtree: DSparkWorkerV2 was built before flashtree patched it (no tree state); the plugin must load "
-                "before the worker is constructed"
+                f"flashtree: {type(self).__name__} was built before flashtree patched it (no tree state); the plugin "
+                "must load before the worker is constructed"
             )
         reason = skip_reason(run.plan, batch, args, kwargs)
         if reason is not None:
@@ -267,7 +268,10 @@ def tree_step(run: TreeRun, worker, batch, on_publish):
         candidates = candidates[:, :1].expand_as(candidates)
     candidates = run.tp.from_first(candidates)  # every rank builds rank 0's tree (its draws are its own generator's)
     timer.mark("draws")
-    tree = pad_tree(build_tree(candidates, tree_w, policy=plan.policy), w, n)
+    scores = None
+    if get_policy(plan.policy).needs_scores:  # prob (DFLASH): the candidates' log q, checked at worker start
+        scores = DraftScores(logp=adapter.candidate_logp(draft, candidates), anchor=anchor)
+    tree = pad_tree(build_tree(candidates, tree_w, policy=plan.policy, scores=scores), w, n)
     if w < plan.width:  # a narrower verify graph: the first w slots of DSPARK's window
         window = window.narrowed(w)
 

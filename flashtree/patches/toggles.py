@@ -170,12 +170,16 @@ class File:
         return value or "none"
 
 
+SERVER_SCORES = ("logp",)  # the draft scores a server step can give (DFLASH's marginals: adapters/dflash.py)
+
+
 def _policy_names() -> tuple[str, ...]:
-    """The policies the server step can build: those that read the candidates alone (its draws compute no draft
-    log-probabilities; `prob` and `best-first` run in the engine and replay)."""
+    """The policies the server step can build: those that read the candidates alone, and those that read only the
+    candidates' log-probabilities (`prob`, on DFLASH servers; refused at DSPARK worker start). `best-first` runs in
+    the engine and replay."""
     from flashtree.tree import POLICIES
 
-    return tuple(name for name, p in POLICIES.items() if not p.needs_scores)
+    return tuple(name for name, p in POLICIES.items() if set(p.needs_scores) <= set(SERVER_SCORES))
 
 
 # ---- the declaration
@@ -218,8 +222,9 @@ class TreeToggles:
         "draft positions each candidate keeps, the tree's max depth, at most gamma; below gamma the tree is wider "
         "than its depth + 1: see \"Trees wider than the draft block\" below", "set")
     tree_policy: str = toggle(
-        "FLASHTREE_TREE_POLICY", Name(_policy_names, "tree policies the server step can build (those that read no draft scores)"),
-        "vote", "the tree policy that picks the W - 1 nodes of the candidates' trie (flashtree/tree/policies.py)",
+        "FLASHTREE_TREE_POLICY", Name(_policy_names, "tree policies the server step can build (prob: DFLASH servers only)"),
+        "vote", "the tree policy that picks the W - 1 nodes of the candidates' trie (flashtree/tree/policies/); prob "
+        "ranks them by the draft's path probability, on DFLASH servers (the product of the positions' marginals)",
         "set")
     tree_budget: int = toggle(
         "FLASHTREE_TREE_BUDGET", Ints(0, 1 << 20), 0,

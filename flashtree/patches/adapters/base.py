@@ -31,6 +31,9 @@ REQ = "sglang.srt.managers.schedule_batch:Req"
 
 class SglangAdapter:
     release = "?"
+    algorithm = "DSPARK"  # the speculative algorithm whose worker these primitives drive (adapters/dflash.py: DFLASH)
+    worker_name = "DSparkWorkerV2"
+    draft_scores: tuple = ()  # the DraftScores fields `candidate_scores` fills (score-reading tree policies)
     run_forward_extra: dict = {}  # release-specific keyword arguments of DraftBlockProposer._run_forward
     # Probes that must all pass for this adapter to be chosen.
     probes: tuple = ()
@@ -156,6 +159,11 @@ class SglangAdapter:
             base, _tap = proposer.draft_model.compute_base_logits(fwd.raw_hidden)
         k = proposer.gamma
         return DraftOut(anchor, base.view(bs, k, -1), fwd.draft_hidden_3d, None)
+
+    def candidate_logp(self, draft: DraftOut, candidates: torch.Tensor) -> torch.Tensor | None:
+        """(bs, N, K) log q of the candidates' tokens, where "logp" is in `draft_scores` (None: not computed; policies
+        that need it are refused at worker start)."""
+        return None
 
     def draft_model(self, worker):
         return worker._proposer.draft_model
