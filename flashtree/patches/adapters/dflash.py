@@ -82,6 +82,9 @@ class DFlashFamily(SglangAdapter):
             return "the DFLASH tree step reads the target's LM head unsharded (single GPU only)"
         return None
 
+    def draft_model(self, worker):
+        return worker.draft_model
+
     # ---- the tree step's primitives --------------------------------------------------------------------------
     def alloc_window(self, worker, batch, bs: int, draft_input) -> Window:
         # DFLASH's window: req_to_token[req, seq_len : seq_len + W] (spec-v2 over-allocated it ahead).
