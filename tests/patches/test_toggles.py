@@ -211,12 +211,13 @@ def test_tree_policy():
     t = read_toggles({"FLASHTREE_TREE_N": "4", "FLASHTREE_TREE_POLICY": "vote"})
     assert t.tree_policy == "vote" and "tree_policy=vote" in t.describe()
     assert {"prob", "best-first"} <= set(policy_names())
-    for bad in ("widest", "prob", "best-first"):  # unknown, or reading draft scores the server's draws do not compute
+    assert read_toggles({"FLASHTREE_TREE_N": "4", "FLASHTREE_TREE_POLICY": "prob"}).tree_policy == "prob"  # DFLASH
+    for bad in ("widest", "best-first"):  # unknown, or reading draft scores no server step computes
         with pytest.raises(ToggleError) as exc:
             read_toggles({"FLASHTREE_TREE_N": "4", "FLASHTREE_TREE_POLICY": bad})
         assert str(exc.value) == (
             f"flashtree: FLASHTREE_TREE_POLICY='{bad}' is invalid; allowed: one of the tree policies the server step "
-            "can build (those that read no draft scores): vote"
+            "can build (prob: DFLASH servers only): vote, prob"
         )
     with pytest.raises(ToggleError, match="FLASHTREE_TREE_POLICY is set but FLASHTREE_TREE_N is unset"):
         read_toggles({"FLASHTREE_TREE_POLICY": "vote"})
@@ -227,7 +228,7 @@ def test_tree_policy_reads_the_registry(monkeypatch):
 
     monkeypatch.setitem(policies.POLICIES, "widest", policies.POLICIES["vote"])
     assert read_toggles({"FLASHTREE_TREE_N": "4", "FLASHTREE_TREE_POLICY": "widest"}).tree_policy == "widest"
-    assert "vote, widest" in toggles.markdown_table()
+    assert "vote, prob, widest" in toggles.markdown_table()
 
 
 def test_readme_toggle_table_is_the_declaration():
