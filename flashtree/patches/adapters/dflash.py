@@ -78,6 +78,9 @@ class DFlashFamily(SglangAdapter):
                 return f"the DFLASH draft is {what}, which proposes its own block"
         if getattr(worker, "_is_domino", False):
             return "the DFLASH draft is a Domino draft (a recurrent projector over the block)"
+        head = getattr(getattr(worker.target_worker.model_runner, "model", None), "lm_head", None)
+        if not torch.is_floating_point(getattr(head, "weight", torch.empty(0, dtype=torch.int8))):
+            return "the target's LM head has no floating-point weight (quantized), which the N draws read"
         if self.parallelism(worker):
             return "the DFLASH tree step reads the target's LM head unsharded (single GPU only)"
         return None

@@ -1,0 +1,52 @@
+"""The DFLASH live presets: SmolLM2's DFLASH drafter and the 8B-shaped dummy DFLASH draft compose into DFLASH server
+commands (no DSPARK block flag, wider windows through --speculative-num-draft-tokens alone), the prob policy reaches
+the environment, and the dummy writer's draft config is DFlashDraftModel's."""
+
+from __future__ import annotations
+
+import json
+
+from flashtree.dspark.dflash_format import load_dflash_config
+from flashtree.live.commands import phase_instances
+from flashtree.live.config import to_live_config
+from flashtree.live.dummy import write
+
+from .helpers import compose
+
+
+def spec_args(argv: tuple) -> dict:
+    i = argv.index("--speculative-algorithm")
+    return {"algorithm": argv[i + 1], "window": argv[argv.index("--speculative-num-draft-tokens") + 1],
+            "dspark_block": "--speculative-dspark-block-size" in argv,
+            "draft": argv[argv.index("--speculative-draft-model-path") + 1]}
+
+
+def test_dflash_smollm2_preset_chain_against_trees():
+    cfg = to_live_config(compose("+preset=dflash-smollm2"))
+    plan = phase_instances(cfg)
+    assert list(plan) == ["identity", "speed", "sampled"] and cfg.phases.speed.concurrencies == [1, 8, 32]
+    speed = {i.server: i for i in plan["speed"]}
+    assert list(speed) == ["chain", "tree8", "tree8-prob", "tree32-w32", "tree32-w32-prob"]
+    for inst in speed.values():
+        assert spec_args(inst.argv)["algorithm"] == "DFLASH" and not spec_args(inst.argv)["dspark_block"]
+        assert spec_args(inst.argv)["draft"] == "/tmp/ft-dflash-draft"
+    assert spec_args(speed["chain"].argv)["window"] == "9" and "FLASHTREE_TREE_N" not in speed["chain"].env
+    assert spec_args(speed["tree32-w32"].argv)["window"] == "32"
+    assert speed["tree32-w32-prob"].env["FLASHTREE_TREE_POLICY"] == "prob"
+    assert speed["tree32-w32"].env["FLASHTREE_TREE_DEPTH"] == "8"
+    assert [i.server for i in plan["identity"]] == ["plain", "chain-exact", "tree8-exact", "tree32-w32-exact"]
+    assert "--speculative-algorithm" not in plan["identity"][0].argv
+
+
+def test_qwen3_8b_dummy_dflash_preset_writes_a_dflash_draft(tmp_path):
+    cfg = to_live_config(compose("+preset=qwen3-8b-dummy-dflash", f"live.work_dir={tmp_path}"))
+    speed = phase_instances(cfg)["speed"]
+    assert [i.server for i in speed] == ["plain", "chain-sim-acc1", "tree8-sim-acc1", "tree32-w32-sim-acc1"]
+    assert {spec_args(i.argv)["window"] for i in speed[1:]} == {"16", "32"}
+    assert all(spec_args(i.argv)["algorithm"] == "DFLASH" for i in speed[1:])
+    _target, draft = write(cfg.model.dummy, cfg.model.target, cfg.model.draft, cfg.model.draft_block_size,
+                           cfg.model.algorithm)
+    raw = json.loads(draft.read_text())
+    assert raw["architectures"] == ["DFlashDraftModel"] and "markov_rank" not in raw
+    assert raw["block_size"] == raw["dflash_config"]["block_size"] == 16 and raw["num_hidden_layers"] == 5
+    assert load_dflash_config(draft.parent).block_size == cfg.model.draft_block_size == 15
