@@ -66,7 +66,7 @@ def family(sglang_release):
     return Family()
 
 
-def dflash_worker(world: StandIns, bs: int):
+def dflash_worker(world: StandIns, bs: int, page_size: int = 1):
     """A DFlashWorkerV2 as its __init__ leaves it for a plain DFLASH draft on one GPU (object.__new__: the real class
     and methods, the attributes its decode reads), over the stand-in models."""
     from sglang.srt.speculative.draft_worker_common import make_draft_block_spec_info
@@ -78,7 +78,7 @@ def dflash_worker(world: StandIns, bs: int):
         embed.weight.copy_(torch.eye(V))
     target_model = types.SimpleNamespace(lm_head=head, get_input_embeddings=lambda: embed)
     target_runner = types.SimpleNamespace(
-        model=target_model, device="cpu", page_size=1, token_to_kv_pool=world,
+        model=target_model, device="cpu", page_size=page_size, token_to_kv_pool=world,
         req_to_token_pool=types.SimpleNamespace(req_to_token=world.req_to_token),
         attn_backend=types.SimpleNamespace(verify_mask=types.SimpleNamespace(buffer=world.verify_mask)))
     attn = types.SimpleNamespace(kv_proj_only=lambda h: (h, h), apply_k_norm=lambda k: k,
@@ -86,7 +86,7 @@ def dflash_worker(world: StandIns, bs: int):
                                  attn=types.SimpleNamespace(k_scale=None, v_scale=None))
     worker = object.__new__(resolve(DFLASH_WORKER))
     worker.__dict__.update(
-        block_size=W, device="cpu", page_size=1, _mask_token_id=MASK, _block_pos_offsets=torch.arange(W),
+        block_size=W, device="cpu", page_size=page_size, _mask_token_id=MASK, _block_pos_offsets=torch.arange(W),
         _draft_block_spec_info=make_draft_block_spec_info(draft_token_num=W, device="cpu"),
         _draft_block_ids_buf=None, use_compact_draft_cache=False, _need_mamba_verify_commit=False,
         _use_fused_kv_materialize=False, _fused_kv_helper=None, selector=None, lilicorr=None, _is_domino=False,
@@ -161,7 +161,7 @@ def target_forward(world, *, batch, forward_batch, is_verify, skip_attn_backend_
     return types.SimpleNamespace(logits_output=out, can_run_cuda_graph=False)
 
 
-def run(family, n: int, steps: int, prompts=None, sampling_info=None, policy: str = "vote", on_walk=None):
+def run(family, n: int, steps: int, prompts=None, sampling_info=None, policy: str = "vote", page_size: int = 1):
     """`steps` tree steps through flashtree's DFlashWorkerV2.forward_batch_generation; greedy rows are checked
     token for token against the sequential greedy decode, every row's req_to_token / target KV / draft KV layout."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -170,8 +170,9 @@ def run(family, n: int, steps: int, prompts=None, sampling_info=None, policy: st
     prompts = prompts or [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9]]
     bs = len(prompts)
     refs = [reference(p, MAX_LEN - len(p) - 2 * W) for p in prompts]
-    world = StandIns(prompts, refs)
-    worker = dflash_worker(world, bs)
+    world = StandIns(prompts, refs, page_size)
+    worker = dflash_worker(world, bs, page_size)
+    table = world.req_to_token.clone()
     toggles = TreeToggles(tree_n=n, seed=5, tree_policy=policy)
     worker._flashtree = create_state(family, toggles, worker)
     step = dflash_step.make_forward_batch_generation(resolve(DFLASH_WORKER).forward_batch_generation, family, toggles)
@@ -202,6 +203,8 @@ def run(family, n: int, steps: int, prompts=None, sampling_info=None, policy: st
             assert world.draft_kv[slots, 1].tolist() == ctx[L: L + c]
             generated[b].extend(out[b, :c].tolist())
             accepts[c - 1] += 1
+        if page_size > 1:  # the copy commit: the table stays, the accepted KV moved
+            assert torch.equal(world.req_to_token, table) and world.moves > 0
         seq_lens, draft_input = res.new_seq_lens, res.next_draft_input
     return accepts, worker._flashtree, generated
 
@@ -211,6 +214,11 @@ def test_dflash_tree_matches_sequential_greedy_decode(family, policy):
     accepts, state, _gen = run(family, n=4, steps=10, policy=policy)
     assert state.steps == 10 and state.draw_paths == {"eager": 10}
     assert max(accepts) >= 2 and 0 in accepts, f"the steps must accept deep and reject: {accepts}"
+
+
+def test_dflash_paged_kv_commit_copies_accepted_kv(family):
+    accepts, _state, _gen = run(family, n=4, steps=6, page_size=4)
+    assert max(accepts) >= 2
 
 
 def test_dflash_n1_equals_dflash_chain_accept(family, monkeypatch):
