@@ -15,9 +15,9 @@ import logging
 
 import torch
 
-from . import decode, startup
+from . import decode, simulate, startup
 from .adapters import dflash_adapter
-from .adapters.dflash import DFLASH_WORKER
+from .adapters.dflash import DFLASH_MODULE, DFLASH_WORKER
 from .adapters.probe import resolve
 from .installer import Patch
 from .toggles import ToggleError, TreeToggles
@@ -37,7 +37,13 @@ def patches(adapter, toggles: TreeToggles) -> list[Patch]:
         return [Patch(worker_cls, "__init__", lambda orig: make_refusal(orig, family.release, gaps),
                       "DFlashWorkerV2.__init__")]
     narrow = bool(toggles.tree_budget or toggles.tree_width)
-    return [
+    out = []
+    if toggles.simulate_acc:  # DFLASH's own chain steps at the table's chain lengths too (plan.py checked the table)
+        table = simulate.load_table(toggles.simulate_acc)
+        out.append(Patch(resolve(DFLASH_MODULE), "apply_dflash_simulated_acceptance",
+                         lambda orig: simulate.make_dflash_chain_acceptance(table, toggles.simulate_acc, toggles.seed),
+                         "dflash_worker_v2.apply_dflash_simulated_acceptance"))
+    return out + [
         Patch(worker_cls, "__init__", lambda orig: make_worker_init(orig, family, toggles), "DFlashWorkerV2.__init__"),
         Patch(worker_cls, "init_cuda_graphs", lambda orig: startup.make_init_cuda_graphs(orig, narrow),
               "DFlashWorkerV2.init_cuda_graphs"),

@@ -41,8 +41,11 @@ def test_dflash_smollm2_preset_chain_against_trees():
 def test_qwen3_8b_dummy_dflash_preset_writes_a_dflash_draft(tmp_path):
     cfg = to_live_config(compose("+preset=qwen3-8b-dummy-dflash", f"live.work_dir={tmp_path}"))
     speed = phase_instances(cfg)["speed"]
-    assert [i.server for i in speed] == ["plain", "chain-sim-acc1", "tree8-sim-acc1", "tree32-w32-sim-acc1"]
+    assert [i.server for i in speed][:4] == ["plain", "chain-sim-acc1", "tree8-sim-acc1", "tree32-w32-sim-acc1"]
     assert {spec_args(i.argv)["window"] for i in speed[1:]} == {"16", "32"}
+    simtab = {i.server: i.env for i in speed[4:]}
+    assert all(env["FLASHTREE_SIMULATE_ACC"].endswith("smollm2-dspark-gsm8k.json") for env in simtab.values())
+    assert "FLASHTREE_TREE_N" not in simtab["chain-simtab"] and simtab["tree8-simtab"]["FLASHTREE_TREE_N"] == "8"
     assert all(spec_args(i.argv)["algorithm"] == "DFLASH" for i in speed[1:])
     _target, draft = write(cfg.model.dummy, cfg.model.target, cfg.model.draft, cfg.model.draft_block_size,
                            cfg.model.algorithm)

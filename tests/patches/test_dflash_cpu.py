@@ -342,3 +342,38 @@ def test_dflash_install_patches_or_refuses(sglang_release, monkeypatch):
             cls(types.SimpleNamespace())
     patches.uninstall()
     assert all(cls.__dict__[name] is fn for name, fn in before.items())
+
+
+def test_dflash_chain_steps_draw_simulated_lengths_from_the_table(family, tmp_path, monkeypatch):
+    """FLASHTREE_SIMULATE_ACC on DFLASH's own chain: per request a length from the table's chain row (N = 1), the
+    tokens laid out as DFLASH's own forced acceptance lays out that length (its real function, one row at a time)."""
+    from sglang.srt.speculative import dflash_utils
+
+    from flashtree.patches import simulate
+    from flashtree.planner.accept_table import AcceptTable
+
+    table = AcceptTable({(1, W): (1, 0, 0, 3)})
+    ours = simulate.make_dflash_chain_acceptance(table, "t.json", seed=3)
+    bs = 64
+    candidates = torch.randint(0, V, (bs, W))
+    predict = torch.randint(0, V, (bs, W))
+
+    def buffers():
+        return (torch.zeros(bs, dtype=torch.int32), torch.zeros(bs, dtype=torch.int32),
+                torch.zeros(bs, dtype=torch.int64), torch.zeros(bs, W, dtype=torch.int64))
+
+    accept, commit, bonus, out = buffers()
+    ours(candidates=candidates, target_predict=predict, accept_len=accept, commit_lens=commit, bonus=bonus,
+         out_tokens=out, simulate_acc_len=1.0, simulate_acc_method="match-expected",
+         simulate_acc_token_mode="real-draft-token")
+    counts = Counter(accept.tolist())
+    assert set(counts) == {0, 3} and counts[3] > counts[0] > 0 and torch.equal(commit, accept + 1)
+    draw = "sample_simulated_acc_len" if hasattr(dflash_utils, "sample_simulated_acc_len") else "_sample_simulated_acc_len"
+    for b in range(bs):
+        monkeypatch.setattr(dflash_utils, draw, lambda *a, n=int(commit[b]): n)
+        a2, c2, b2, o2 = (t[:1].clone() for t in buffers())
+        dflash_utils.apply_dflash_simulated_acceptance(
+            candidates=candidates[b:b + 1], target_predict=predict[b:b + 1], accept_len=a2, commit_lens=c2, bonus=b2,
+            out_tokens=o2, simulate_acc_len=1.0, simulate_acc_method="x", simulate_acc_token_mode="real-draft-token")
+        assert (a2.item(), c2.item(), b2.item()) == (accept[b].item(), commit[b].item(), bonus[b].item())
+        assert torch.equal(o2[0], out[b])

@@ -34,6 +34,8 @@ DFLASH_PROBES = (
     Has(f"{DFLASH_WORKER}._append_target_hidden_to_draft_kv_by_loc",
         ("target_hidden", "cache_loc", "positions", "cache_loc_2d", "commit_lens")),
     Has(f"{DFLASH_MODULE}:SIMULATE_ACC_LEN"),
+    Has(f"{DFLASH_MODULE}:apply_dflash_simulated_acceptance",  # FLASHTREE_SIMULATE_ACC on DFLASH's chain steps
+        ("candidates", "target_predict", "accept_len", "commit_lens", "bonus", "out_tokens", "simulate_acc_token_mode")),
     Has("sglang.srt.speculative.draft_worker_common:make_draft_input_v2", ("bonus_tokens", "new_seq_lens")),
     Has("sglang.srt.speculative.dflash_info:DFlashVerifyInput.prepare_for_verify", ("batch", "target_worker")),
     Has("sglang.srt.speculative.dflash_info:DFlashVerifyInput", ("draft_token", "positions", "draft_token_num", "custom_mask", "capture_hidden_mode")),
