@@ -268,10 +268,10 @@ def tree_step(run: TreeRun, worker, batch, on_publish):
         candidates = candidates[:, :1].expand_as(candidates)
     candidates = run.tp.from_first(candidates)  # every rank builds rank 0's tree (its draws are its own generator's)
     timer.mark("draws")
-    scores = None
+    scored = {}
     if get_policy(plan.policy).needs_scores:  # prob (DFLASH): the candidates' log q, checked at worker start
-        scores = DraftScores(logp=adapter.candidate_logp(draft, candidates), anchor=anchor)
-    tree = pad_tree(build_tree(candidates, tree_w, policy=plan.policy, scores=scores), w, n)
+        scored["scores"] = DraftScores(logp=adapter.candidate_logp(draft, candidates), anchor=anchor)
+    tree = pad_tree(build_tree(candidates, tree_w, policy=plan.policy, **scored), w, n)
     if w < plan.width:  # a narrower verify graph: the first w slots of DSPARK's window
         window = window.narrowed(w)
 

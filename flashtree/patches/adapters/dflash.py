@@ -50,15 +50,12 @@ class DFlashFamily(SglangAdapter):
     worker_name = "DFlashWorkerV2"
     draft_scores = ("logp",)  # the positions' marginals: `prob` ranks trie nodes by their product
     graph_draws_off = "DFLASH's draft graph tail is its own greedy head; the N draws run after the forward"
-    flashmap_noise_draws = False
-    draft_rows_release = False
+    flashmap_noise_draws = False  # over the release adapter's (0.5.20: FlashMap drafts are DSPARK's)
+    draft_rows_release = False  # ditto (0.5.17: DSPARK's proposer)
 
     # ---- worker checks ---------------------------------------------------------------------------------------
     def gamma(self, worker) -> int:
         return int(worker.block_size) - 1
-
-    def page_size(self, worker) -> int:
-        return int(getattr(worker, "page_size", 1) or 1)
 
     def simulate_acc_len(self, worker) -> float:
         return float(getattr(resolve(DFLASH_MODULE), "SIMULATE_ACC_LEN", -1.0))
@@ -80,8 +77,7 @@ class DFlashFamily(SglangAdapter):
                 return f"the DFLASH draft is {what}, which proposes its own block"
         if getattr(worker, "_is_domino", False):
             return "the DFLASH draft is a Domino draft (a recurrent projector over the block)"
-        head = getattr(getattr(worker.target_worker.model_runner, "model", None), "lm_head", None)
-        if not torch.is_floating_point(getattr(head, "weight", torch.empty(0, dtype=torch.int8))):
+        if not torch.is_floating_point(getattr(self.lm_head(worker), "weight", torch.empty(0, dtype=torch.int8))):
             return "the target's LM head has no floating-point weight (quantized), which the N draws read"
         if self.parallelism(worker):
             return "the DFLASH tree step reads the target's LM head unsharded (single GPU only)"
@@ -161,9 +157,12 @@ class DFlashFamily(SglangAdapter):
         hidden = hidden.view(bs, block, -1)[:, 1:]
         return DraftOut(anchor.clone(), self.lm_logits(worker, hidden), None, None)
 
+    def lm_head(self, worker):
+        return worker.target_worker.model_runner.model.lm_head
+
     def lm_logits(self, worker, hidden: torch.Tensor) -> torch.Tensor:
         """The target LM head's logits over its own (unpadded) vocabulary rows, as DFLASH's greedy head reads them."""
-        head = worker.target_worker.model_runner.model.lm_head
+        head = self.lm_head(worker)
         weight = head.weight
         shard = getattr(head, "shard_indices", None)
         rows = int(shard.num_org_elements) if shard is not None else int(weight.shape[0])
@@ -222,9 +221,6 @@ class DFlashFamily(SglangAdapter):
             positions=positions_2d.reshape(-1),
             commit_lens=commit_lens,
         )
-
-    def target_kv_pool(self, worker):
-        return getattr(worker.target_worker.model_runner, "token_to_kv_pool", None)
 
     def make_next_draft_input(self, bonus, new_seq_lens):
         make = resolve("sglang.srt.speculative.draft_worker_common:make_draft_input_v2")

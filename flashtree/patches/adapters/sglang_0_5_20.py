@@ -62,13 +62,8 @@ class DFlash(DFlashFamily, Adapter):
     def draft_context(self, worker):
         return _Both(torch.inference_mode(), worker.draft_tp_context(worker.draft_model_runner.tp_group))
 
-    def lm_logits(self, worker, hidden: torch.Tensor) -> torch.Tensor:
-        unwrap = resolve("sglang.srt.lora.layers:unwrap_lora_layer")
-        head = unwrap(worker.target_worker.model_runner.model.lm_head)
-        weight = head.weight
-        shard = getattr(head, "shard_indices", None)
-        rows = int(shard.num_org_elements) if shard is not None else int(weight.shape[0])
-        return torch.matmul(hidden.to(weight.dtype), weight[:rows].T)
+    def lm_head(self, worker):
+        return resolve("sglang.srt.lora.layers:unwrap_lora_layer")(super().lm_head(worker))
 
 
 class _Both:
