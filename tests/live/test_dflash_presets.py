@@ -24,9 +24,9 @@ def spec_args(argv: tuple) -> dict:
 def test_dflash_smollm2_preset_chain_against_trees():
     cfg = to_live_config(compose("+preset=dflash-smollm2"))
     plan = phase_instances(cfg)
-    assert list(plan) == ["identity", "speed", "sampled"] and cfg.phases.speed.concurrencies == [1, 8, 32]
+    assert list(plan) == ["identity", "speed"] and cfg.phases.speed.concurrencies == [1, 8, 32]
     speed = {i.server: i for i in plan["speed"]}
-    assert list(speed) == ["chain", "tree8", "tree8-prob", "tree32-w32", "tree32-w32-prob"]
+    assert list(speed) == ["chain", "tree32-w32", "tree32-w32-prob"]
     for inst in speed.values():
         assert spec_args(inst.argv)["algorithm"] == "DFLASH" and not spec_args(inst.argv)["dspark_block"]
         assert spec_args(inst.argv)["draft"] == "/tmp/ft-dflash-draft"
@@ -34,19 +34,25 @@ def test_dflash_smollm2_preset_chain_against_trees():
     assert spec_args(speed["tree32-w32"].argv)["window"] == "32"
     assert speed["tree32-w32-prob"].env["FLASHTREE_TREE_POLICY"] == "prob"
     assert speed["tree32-w32"].env["FLASHTREE_TREE_DEPTH"] == "8"
-    assert [i.server for i in plan["identity"]] == ["plain", "chain-exact", "tree8-exact", "tree32-w32-exact"]
+    assert [i.server for i in plan["identity"]] == ["plain", "chain-exact", "tree32-w32-exact"]
     assert "--speculative-algorithm" not in plan["identity"][0].argv
+    prob8 = phase_instances(to_live_config(compose("+preset=dflash-smollm2", "run=[speed]",
+                                                   "phases.speed.servers=[tree8-prob]")))["speed"][0]
+    assert prob8.env["FLASHTREE_TREE_POLICY"] == "prob" and spec_args(prob8.argv)["window"] == "9"
 
 
 def test_qwen3_8b_dummy_dflash_preset_writes_a_dflash_draft(tmp_path):
     cfg = to_live_config(compose("+preset=qwen3-8b-dummy-dflash", f"live.work_dir={tmp_path}"))
     speed = phase_instances(cfg)["speed"]
-    assert [i.server for i in speed][:4] == ["plain", "chain-sim-acc1", "tree8-sim-acc1", "tree32-w32-sim-acc1"]
-    assert {spec_args(i.argv)["window"] for i in speed[1:]} == {"16", "32"}
-    simtab = {i.server: i.env for i in speed[4:]}
-    assert all(env["FLASHTREE_SIMULATE_ACC"].endswith("smollm2-dspark-gsm8k.json") for env in simtab.values())
-    assert "FLASHTREE_TREE_N" not in simtab["chain-simtab"] and simtab["tree8-simtab"]["FLASHTREE_TREE_N"] == "8"
-    assert all(spec_args(i.argv)["algorithm"] == "DFLASH" for i in speed[1:])
+    assert [i.server for i in speed] == ["chain-simtab", "tree8-simtab", "tree16-w16-simtab"]
+    assert [spec_args(i.argv)["window"] for i in speed] == ["16", "16", "16"]
+    assert all(spec_args(i.argv)["algorithm"] == "DFLASH" for i in speed)
+    envs = {i.server: i.env for i in speed}
+    assert all(env["FLASHTREE_SIMULATE_ACC"].endswith("smollm2-dspark-gsm8k.json") for env in envs.values())
+    assert "FLASHTREE_TREE_N" not in envs["chain-simtab"] and envs["tree8-simtab"]["FLASHTREE_TREE_N"] == "8"
+    acc1 = phase_instances(to_live_config(compose(
+        "+preset=qwen3-8b-dummy-dflash", "phases.speed.servers=[chain-sim-acc1,tree8-sim-acc1,tree32-w32-sim-acc1]")))
+    assert [spec_args(i.argv)["window"] for i in acc1["speed"]] == ["16", "16", "32"]
     _target, draft = write(cfg.model.dummy, cfg.model.target, cfg.model.draft, cfg.model.draft_block_size,
                            cfg.model.algorithm)
     raw = json.loads(draft.read_text())
