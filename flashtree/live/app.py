@@ -56,7 +56,7 @@ def prepare_models(cfg: LiveConfig, out: Path) -> None:
     if m.dummy is not None:
         from flashtree.live.dummy import write
 
-        for path in write(m.dummy, m.target, m.draft, m.draft_block_size):
+        for path in write(m.dummy, m.target, m.draft, m.draft_block_size, m.algorithm):
             print(f"[live] wrote {path}", flush=True)
     else:
         for what, path in (("model.target", m.target), ("model.draft", m.draft)):
@@ -64,8 +64,9 @@ def prepare_models(cfg: LiveConfig, out: Path) -> None:
                 raise ConfigError(f"{what}={path!r}: no config.json there (stage the checkpoints first: "
                                   "scripts/live_smollm2_h200.sh's header says how)")
         from flashtree.dspark.config import DSparkConfig
+        from flashtree.dspark.dflash_format import load_dflash_config
 
-        block = DSparkConfig.load(m.draft).block_size
+        block = (load_dflash_config if m.algorithm == "DFLASH" else DSparkConfig.load)(m.draft).block_size
         if block != m.draft_block_size:
             raise ConfigError(f"model.draft_block_size={m.draft_block_size}: the draft at {m.draft} has block_size "
                               f"{block}; set model.draft_block_size={block}")

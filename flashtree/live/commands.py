@@ -64,9 +64,10 @@ def launch_args(server: ServerConfig, model: ModelConfig, precision: PrecisionCo
         argv += ["--load-format", "dummy", "--skip-tokenizer-init"]
     if server.speculative:
         w = window(server, model)
-        argv += ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", model.draft,
+        argv += ["--speculative-algorithm", model.algorithm, "--speculative-draft-model-path", model.draft,
                  "--speculative-num-draft-tokens", str(w), "--speculative-draft-attention-backend", "triton"]
-        if w - 1 != model.draft_block_size:  # sglang otherwise refuses a window other than the draft's block + 1
+        # DSPARK refuses a window other than the draft's block + 1 without this; DFLASH's window is its block
+        if model.algorithm == "DSPARK" and w - 1 != model.draft_block_size:
             argv += ["--speculative-dspark-block-size", str(w - 1)]
         if model.dummy is not None:
             argv += ["--speculative-draft-load-format", "dummy"]

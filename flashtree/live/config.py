@@ -38,6 +38,7 @@ class ServerConfig:
     budget: Optional[int] = None  # FLASHTREE_TREE_BUDGET: batch-wide verify tokens
     draft_rows: Optional[int] = None  # FLASHTREE_DRAFT_ROWS: rows of the window the tree step's draft forward runs
     draft_temperature: Optional[float] = None  # FLASHTREE_DRAFT_TEMPERATURE of draws 1 .. N-1
+    policy: Optional[str] = None  # FLASHTREE_TREE_POLICY (prob: DFLASH models only)
     max_bs: Optional[int] = None  # FLASHTREE_TREE_MAX_BS: larger decode batches run DSPARK's chain step
     policy: Optional[str] = None  # FLASHTREE_TREE_POLICY: vote, prob or best-first (flashtree/tree/policies/)
     split_kv: bool = False  # FLASHTREE_SPLITKV_VERIFY=1
@@ -87,7 +88,8 @@ class ModelConfig:
     name: str = "smollm2-135m"
     target: str = MISSING  # target checkpoint folder (for a dummy model: where its config is written)
     draft: str = MISSING  # DSPARK draft checkpoint folder (likewise)
-    draft_block_size: int = 8  # the draft's block_size (checked against its config.json at start)
+    draft_block_size: int = 8  # the draft tokens of its block (DSPARK's block_size, DFLASH's block_size - 1)
+    algorithm: str = "DSPARK"  # sglang's --speculative-algorithm for this draft: DSPARK | DFLASH (no Markov head)
     mem_fraction_static: float = 0.08
     args: list[str] = field(default_factory=list)  # flags every server of this model gets
     precisions: dict[str, PrecisionConfig] = field(default_factory=dict)  # profile name -> profile
@@ -99,6 +101,7 @@ class ModelConfig:
             _check(self.dummy.architecture in ARCHITECTURES, "model.dummy.architecture", self.dummy.architecture,
                    f"use one of {', '.join(ARCHITECTURES)}")
         _check(self.draft_block_size >= 1, "model.draft_block_size", self.draft_block_size, "must be >= 1")
+        _check(self.algorithm in ("DSPARK", "DFLASH"), "model.algorithm", self.algorithm, "use DSPARK or DFLASH")
         _check(0 < self.mem_fraction_static < 1, "model.mem_fraction_static", self.mem_fraction_static,
                "must be in (0, 1)")
         _check(bool(self.precisions), "model.precisions", {}, "needs at least one precision profile")

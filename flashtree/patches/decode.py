@@ -129,8 +129,8 @@ def make_forward_decode(original, adapter, toggles: TreeToggles):
         run = getattr(self, "_flashtree", None)
         if run is None:
             raise RuntimeError(
-                "flashtree: DSparkWorkerV2 was built before flashtree patched it (no tree state); the plugin must load "
-                "before the worker is constructed"
+                f"flashtree: {type(self).__name__} was built before flashtree patched it (no tree state); the plugin "
+                "must load before the worker is constructed"
             )
         reason = skip_reason(run.plan, batch, args, kwargs)
         if reason is None and run.planner is not None:  # FLASHTREE_TREE_N=auto
@@ -268,8 +268,8 @@ def policy_draws_of(run: TreeRun, worker, draft, sampler, bs: int, tree_w: int):
             candidates = tree.tokens.new_zeros((bs, 1, k))
         else:
             hidden = None if draft.draft_hidden is None else draft.draft_hidden[:, :k]
-            drawn = draw_candidates(run, worker, draft.base_logits[:, :k], draft.anchor, hidden, n,
-                                    with_logp=policy_draws.needs_logp(plan.policy))
+            with_logp = policy_draws.needs_logp(plan.policy) and plan.adapter.logp_from_draws
+            drawn = draw_candidates(run, worker, draft.base_logits[:, :k], draft.anchor, hidden, n, with_logp=with_logp)
             candidates, logp = drawn if isinstance(drawn, tuple) else (drawn, None)
     if run.simulate is not None:
         # Random weights' candidates disagree from their first token, so their tree is all depth-1 nodes and no
@@ -331,8 +331,10 @@ def tree_step(run: TreeRun, worker, batch, on_publish, shape=None):
         logp = None if logp is None else logp[:, : shape.n]
         n = candidates.shape[1]
     timer.mark("draws")
+    if logp is None and policy_draws.needs_logp(plan.policy):  # DFLASH: from the positions' marginals
+        logp = adapter.candidate_logp(draft, candidates)
     if tree is None:
-        tree = build_tree(candidates, tree_w, policy=plan.policy, scores=DraftScores(logp=logp))
+        tree = build_tree(candidates, tree_w, policy=plan.policy, scores=DraftScores(logp=logp, anchor=anchor))
     tree = pad_tree(tree, w, n)
     if w < plan.width:  # a narrower verify graph: the first w slots of DSPARK's window
         window = window.narrowed(w)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from . import admission, decode, flashmap_draft, startup
+from . import admission, decode, dflash_step, flashmap_draft, startup
 from .adapters import base
 from .adapters.base import DFLASH_UTILS, REQ, RESULTS, SCHEDULER, TRITON, WORKER, SglangAdapter
 from .adapters.probe import resolve
@@ -74,7 +74,7 @@ def _tree_patches(adapter: SglangAdapter, toggles: TreeToggles) -> list[Patch]:
         Patch(importlib.import_module(DFLASH_UTILS), "_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS",
               lambda orig: _TaggableFrozenSet(orig - {"TritonAttnBackend"}),
               "dflash_utils._DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS"),
-    ]
+    ] + dflash_step.patches(adapter, toggles)  # the same tree step on DFLASH's worker (or its refusal)
 
 
 def _simulated_chain_patch(adapter: SglangAdapter, toggles: TreeToggles) -> Patch:

@@ -32,6 +32,12 @@ DSPARK_CONFIG = "sglang.srt.speculative.dspark_components.dspark_config"
 
 class SglangAdapter:
     release = "?"
+    algorithm = "DSPARK"  # the speculative algorithm whose worker these primitives drive (adapters/dflash.py: DFLASH)
+    worker_name = "DSparkWorkerV2"
+    # the DraftScores fields this worker's tree step can give the score-reading tree policies (policy_draws.py): the
+    # Markov head's log q recorded by the draws, its conditionals for best-first; DFLASH: its marginals (dflash.py)
+    draft_scores: tuple = ("logp", "anchor", "step_logprobs")
+    logp_from_draws = True  # log q comes with the draws (False: `candidate_logp` computes it after them)
     run_forward_extra: dict = {}  # release-specific keyword arguments of DraftBlockProposer._run_forward
     # Probes that must all pass for this adapter to be chosen.
     probes: tuple = ()
@@ -183,6 +189,11 @@ class SglangAdapter:
             base, _tap = proposer.draft_model.compute_base_logits(fwd.raw_hidden)
         k = proposer.gamma
         return DraftOut(anchor, base.view(bs, k, -1), fwd.draft_hidden_3d, None)
+
+    def candidate_logp(self, draft: DraftOut, candidates: torch.Tensor) -> torch.Tensor | None:
+        """(bs, N, K) log q of the candidates' tokens, where "logp" is in `draft_scores` (None: not computed; policies
+        that need it are refused at worker start)."""
+        return None
 
     def draft_model(self, worker):
         return worker._proposer.draft_model
