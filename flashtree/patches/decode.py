@@ -31,7 +31,10 @@ the TP group's first rank's, and the ranks compare their commits every 64 steps 
 
 Batches the step does not take go to DSPARK's own decode unchanged: idle batches (DSPARK's idle result), DP-attention
 coordination, sampled batches when N = 1 (DSPARK's chain rejection sampling uses the draft's probabilities and
-accepts more than the target-only walk can with one candidate), and batches above FLASHTREE_TREE_MAX_BS requests.
+accepts more than the target-only walk can with one candidate), and batches above FLASHTREE_TREE_MAX_BS requests;
+the last two stay on the tree step when a request has penalties or min_p (node_logits.py: per-node exact there).
+Penalties, logit_bias and custom logit processors adjust each node's verify logits before the walk (node_logits.py);
+return_logprob batches get the committed path's logprobs from them (logprobs.py).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from flashtree.tree import build_tree, chain_tree, pad_tree, sampled_draws, veri
 from flashtree.tree.simulate import simulated_walk_and_commit
 from flashtree.tree.types import VoteTree
 
-from . import checks, flashmap_draft, graph_draws, simulate
+from . import checks, flashmap_draft, graph_draws, logprobs, node_logits, simulate
 from .draft_rows import DraftRows, drafting
 from .stage_times import NoTimer, StageTimer
 from .tp_sync import TpSync
@@ -178,17 +181,18 @@ def skip_reason(plan: TreePlan, batch, args, kwargs) -> str | None:
         return "idle"
     if kwargs.get("coordination_plan") is not None or (len(args) > 1 and args[1] is not None):
         return "dp-attention"
-    if getattr(batch, "has_grammar", False) or getattr(batch, "return_logprob", False):
+    if getattr(batch, "has_grammar", False):
         return "refused-features"  # admission refuses these; a batch that still has them keeps DSPARK's own path
+    per_node = node_logits.batch_needs_tree(batch)  # DSPARK's chain would apply the root's penalty state
     limit = plan.toggles.tree_max_bs
-    if limit and len(batch.seq_lens) > limit:
+    if limit and len(batch.seq_lens) > limit and not per_node:
         # FLASHTREE_TREE_MAX_BS: DSPARK's chain step is cheaper here. Both steps leave req_to_token (accepted slots
         # first), the KV and the next draft input (bonus, new seq_lens) in the same sequential layout, so requests
         # move between them from one step to the next.
         return "batch-size"
     info = batch.sampling_info
     all_greedy = info is None or info.is_all_greedy
-    if not all_greedy and plan.toggles.tree_n == 1:
+    if not all_greedy and plan.toggles.tree_n == 1 and not per_node:
         return "sampled-n1"
     return None
 
@@ -227,6 +231,8 @@ def walk(run: TreeRun, tree: VoteTree, logits: torch.Tensor, sampling_info, req_
     top_k = torch.where(greedy, 0, sampling_info.top_ks.view(-1).to(torch.long))
     top_k = torch.where(top_k >= logits.shape[-1], 0, top_k)
     top_p = sampling_info.top_ps.view(-1).float()
+    if getattr(sampling_info, "need_min_p_sampling", False):
+        logits = node_logits.min_p_filtered(logits, temperature, sampling_info.min_ps.view(-1))
     draws = run.tp.from_first(sampled_draws(tree, logits, temperature, run.generator, top_k, top_p))
     return walk_and_commit(tree, draws, req_to_token, rows, starts)
 
@@ -276,6 +282,7 @@ def tree_step(run: TreeRun, worker, batch, on_publish):
     with verifying_with(worker, run.verify_runners.get(w)):
         verified = adapter.target_verify(worker, batch, draft_input, window, inputs.ids, inputs.positions.view(bs, w),
                                          inputs.mask)
+    logits, penalties = node_logits.adjust(run, worker, batch, tree, inputs.ids.view(bs, w), verified.logits)
     timer.mark("verify")
 
     # Page size 1: the walk also permutes the window in req_to_token so the accepted path's slots come first (no KV
@@ -287,9 +294,10 @@ def tree_step(run: TreeRun, worker, batch, on_publish):
         result, commit = simulated_walk_and_commit(tree, verified.logits.view(bs, w, -1).argmax(dim=-1), accept,
                                                    req_to_token, batch.req_pool_indices, prefix)
     else:
-        result, commit = walk(run, tree, verified.logits, batch.sampling_info, req_to_token, batch.req_pool_indices,
-                              prefix)
+        result, commit = walk(run, tree, logits, batch.sampling_info, req_to_token, batch.req_pool_indices, prefix)
     commit_lens = result.commit_len.to(torch.int32)
+    if penalties is not None:
+        run.counts.commit(batch.req_pool_indices, result.tokens, commit_lens)
     timer.mark("walk")
 
     if plan.page_size == 1:
@@ -312,6 +320,8 @@ def tree_step(run: TreeRun, worker, batch, on_publish):
 
     logits_output = verified.logits_output
     logits_output.hidden_states = None
+    if getattr(batch, "return_logprob", False):
+        logprobs.write(adapter, logits_output, batch, logits.view(bs, w, -1), result.path, result.tokens)
     inputs.stats[:, 3] = result.accept_len
     stats = DeferredRows(torch.cat([inputs.stats, run.row_tail(bs, w)], dim=1))
     info = dict(getattr(logits_output, "customized_info", None) or {})

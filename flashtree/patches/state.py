@@ -9,6 +9,7 @@ from typing import Callable, Iterable
 
 import torch
 
+from .node_logits import CommittedCounts
 from .toggles import TreeToggles
 from .tp_sync import TpSync
 
@@ -73,6 +74,7 @@ class TreeRun:
     simulate: object | None = None  # simulated acceptance's length source (simulate.py), None on a verified server
     row_tails: dict = field(default_factory=dict)  # (bs, verify width) -> the statistics rows' fixed tail
     tp: TpSync = field(default_factory=lambda: TpSync(None))  # rank 0's draws for every TP rank (TP 1: nothing)
+    counts: CommittedCounts = field(default_factory=CommittedCounts)  # penalties' committed tokens (node_logits.py)
 
     def row_tail(self, bs: int, width: int) -> torch.Tensor:
         """(bs, 2) int32 [verify width, simulated] of a step's statistics rows: fixed per shape, built once."""

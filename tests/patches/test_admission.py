@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import flashtree.patches as patches
+from flashtree.patches import adapters
 from flashtree.patches.toggles import TreeToggles
 
 
@@ -72,10 +73,18 @@ def test_other_refusals_and_retracted_requests():
     sched = make_scheduler()
     logprob = make_req("lp")
     logprob.return_logprob = True
-    penalty = make_req("pen", frequency_penalty=0.5)
-    arrive(sched, [logprob, penalty])
-    assert "cannot serve return_logprob" in logprob.to_finish.message
-    assert "frequency/presence/repetition penalties" in penalty.to_finish.message
+    hidden = make_req("hidden")
+    hidden.return_hidden_states = True
+    served = [make_req("freq", frequency_penalty=0.5), make_req("pres", presence_penalty=0.3),
+              make_req("rep", repetition_penalty=1.2), make_req("bias", logit_bias={"3": -5.0}),
+              make_req("minp", temperature=0.8, min_p=0.1)]
+    arrive(sched, [logprob, hidden] + served)
+    if adapters.select_adapter().serves_logprobs:
+        assert logprob.to_finish is None
+    else:  # 0.5.17's DSPARK worker raises on return_logprob batches
+        assert "cannot serve return_logprob on this sglang release" in logprob.to_finish.message
+    assert "cannot serve return_hidden_states" in hidden.to_finish.message
+    assert all(r.to_finish is None for r in served), [r.to_finish.message for r in served if r.to_finish]
     from sglang.srt.managers.scheduler import Scheduler
 
     retracted = make_req("retracted", json_schema='{"type": "object"}')
