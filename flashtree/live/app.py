@@ -115,7 +115,7 @@ class Run:
         p = self.cfg.phases.features
         tree = {i.name: self.cfg.servers[i.server].tree_n is not None for i in instances}
         return features.run_features(self.ports(instances), tree, dict(p.logit_bias), p.max_new_tokens, p.logprob_tol,
-                                     p.timeout_s)
+                                     list(p.may_refuse), p.timeout_s)
 
     def speed(self, instances, phase: str = "speed") -> dict:
         from tqdm import tqdm

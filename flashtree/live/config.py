@@ -174,6 +174,9 @@ class FeaturesPhase(Phase):
     max_new_tokens: int = 64
     logit_bias: dict[str, float] = field(default_factory=lambda: {"13": -100.0, "11": 5.0})  # token id -> bias
     logprob_tol: float = 1e-3  # largest |logprob difference| allowed against the reference
+    # requests a tree server may refuse with flashtree's message (grammar: not on the tree path yet; logprobs: sglang
+    # 0.5.17's DSPARK worker refuses them)
+    may_refuse: list[str] = field(default_factory=lambda: ["json_schema", "tool_required", "regex", "logprobs"])
 
     def __post_init__(self) -> None:
         _check(self.max_new_tokens >= 1, "features.max_new_tokens", self.max_new_tokens, "must be >= 1")

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from flashtree.live import app, speed
+from flashtree.live.features import run_features, schema_errors
 from flashtree.live.grammar import run_grammar
 from flashtree.live.commands import Instance
 from flashtree.live.config import to_live_config
@@ -94,6 +95,36 @@ def test_grammar_refused_by_the_tree_path_only(ports):
     assert res["tree"]["status"] == "pass" and res["tree"]["http"] == 400 and res["tree"]["serving_after"]
     assert "flashtree" in res["tree"]["response"] and res["broken"]["status"] == "fail"
     assert run_grammar({"tree": ports["tree"]}, {"tree": False}, PROMPTS, "(ab)+", 8)["servers"]["tree"]["status"] == "fail"
+
+
+def test_features_against_stand_ins(ports):
+    """Each feature request against the reference: the tree stand-in refuses the grammar ones with flashtree's message
+    (allowed) and equals it elsewhere; `broken` differs on frequency_penalty; the reference's JSON answers are valid."""
+    tree = {"plain": False, "tree": True, "broken": False}
+    res = run_features(ports, tree, {"13": -100.0}, 8, 1e-3, may_refuse=["json_schema", "tool_required", "regex"])
+    assert res["model"] == "fake-model" and res["reference"] == "plain"
+    checks = res["reference_checks"]
+    assert all(c["served"] and not c["schema_errors"] for c in checks.values())
+    assert checks["frequency_penalty"]["differs_from_plain"] and not checks["plain"]["differs_from_plain"]
+    rows = res["servers"]["tree"]["requests"]
+    assert res["servers"]["tree"]["status"] == "pass" and rows["serving_after"]["status"] == "pass"
+    assert {k for k, r in rows.items() if r["status"] == "refused"} == {"json_schema", "tool_required", "regex"}
+    assert rows["logprobs"]["max_logprob_gap"] == 0.0 and rows["min_p"]["equal"]
+    broken = res["servers"]["broken"]
+    assert broken["status"] == "fail" and res["failed"] == ["broken:frequency_penalty"]
+    assert broken["requests"]["frequency_penalty"]["reference"] != broken["requests"]["frequency_penalty"]["got"]
+    strict = run_features({"plain": ports["plain"], "tree": ports["tree"]}, {"plain": False, "tree": True}, {}, 8, 1e-3)
+    assert set(strict["failed"]) == {"tree:json_schema", "tree:tool_required", "tree:regex"}  # refusals not allowed
+
+
+def test_features_schema_checks():
+    assert schema_errors("json_schema", {"content": '{"name": "Ann", "age": 3}'}) == []
+    assert schema_errors("json_schema", {"content": '{"name": "Ann"}'})  # age missing
+    assert schema_errors("json_schema", {"content": "not json"})
+    assert schema_errors("tool_required", {"tool_calls": []})  # no call at all
+    call = {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "kelvin"}'}
+    assert schema_errors("tool_required", {"tool_calls": [call]})
+    assert schema_errors("plain", {"content": "anything"}) == []
 
 
 def test_ids_client_rate_time_and_tau_per_level(ports):
