@@ -68,7 +68,8 @@ def test_install_replaces_exactly_the_tree_attributes_and_uninstall_restores(sgl
     for path, name in expected:
         assert installer.is_flashtree(vars(owner(path))[name])
     assert "TritonAttnBackend" not in owner(U)._DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS
-    assert "FlashInferAttnBackend" in owner(U)._DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS
+    assert "FlashInferAttnBackend" not in owner(U)._DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS
+    assert "FlashAttentionBackend" in owner(U)._DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS  # FA3: refused (checks)
     # The wrapper still knows the original.
     assert owner(W)._forward_decode.__wrapped__ is before[(W, "_forward_decode")]
 

@@ -324,6 +324,9 @@ class SglangAdapter:
 
     # The DSPARK worker lets return_logprob batches reach its decode step (0.5.17's refuses them on entry).
     serves_logprobs = True
+    # FlashInfer verifies the tree: DFlashVerifyInput.generate_attn_arg_prefill hands it the FULL_MASK and the
+    # window's slots from req_to_token (0.5.17, 0.5.20; 0.5.23's goes through a KV translation plan, not wired).
+    flashinfer_verify = True
 
     def top_logprobs(self, logprobs, nums: list[int]):
         """sglang's decode top-logprobs lists (values, indices) over (rows, V) logprobs, one count per row."""
