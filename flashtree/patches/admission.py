@@ -14,13 +14,10 @@ PREFIX = "flashtree"
 
 
 def unsupported_reason(req, toggles: TreeToggles, serves_logprobs: bool = True) -> str | None:
-    """Why the tree path cannot serve `req` (None = it can). Penalties, logit_bias, min_p and custom logit processors
-    are served (node_logits.py), return_logprob too where the release's DSPARK worker lets it through (logprobs.py)."""
-    sp = req.sampling_params
-    grammar = [name for name in ("json_schema", "regex", "ebnf", "structural_tag") if getattr(sp, name, None) is not None]
-    if grammar or getattr(req, "grammar", None) is not None:
-        what = f"grammar-constrained generation ({', '.join(grammar) or 'a server-side grammar'})"
-    elif getattr(req, "return_logprob", False) and not serves_logprobs:
+    """Why the tree path cannot serve `req` (None = it can). Grammars, penalties, logit_bias, min_p and custom logit
+    processors are served (decode.py, node_logits.py), return_logprob where the release's DSPARK worker lets it
+    through (logprobs.py)."""
+    if getattr(req, "return_logprob", False) and not serves_logprobs:
         what = "return_logprob on this sglang release (its DSPARK worker refuses it; sglang 0.5.20 and 0.5.23 serve it)"
     elif getattr(req, "return_hidden_states", False):
         what = "return_hidden_states"

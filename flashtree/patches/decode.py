@@ -34,7 +34,10 @@ coordination, sampled batches when N = 1 (DSPARK's chain rejection sampling uses
 accepts more than the target-only walk can with one candidate), and batches above FLASHTREE_TREE_MAX_BS requests;
 the last two stay on the tree step when a request has penalties or min_p (node_logits.py: per-node exact there).
 Penalties, logit_bias and custom logit processors adjust each node's verify logits before the walk (node_logits.py);
-return_logprob batches get the committed path's logprobs from them (logprobs.py).
+grammar requests mask every node's row by the grammar state of its own root-to-node path (sglang's GrammarTree and
+build_grammar_vocab_mask, its DFS with accept / rollback), and sglang's result processor advances each request's
+grammar over the committed tokens as after DSPARK's steps; return_logprob batches get the committed path's logprobs
+from the adjusted rows (logprobs.py).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ import torch
 from flashtree.sampler import candidate_rows
 from flashtree.sampler.markov import markov_draws, new_state
 from flashtree.tree import build_tree, chain_tree, pad_tree, sampled_draws, verify_inputs, walk_and_commit
+from flashtree.tree.encode import child_links
 from flashtree.tree.simulate import simulated_walk_and_commit
 from flashtree.tree.types import VoteTree
 
@@ -133,13 +137,14 @@ def make_forward_decode(original, adapter, toggles: TreeToggles):
             seq_lens = getattr(batch, "seq_lens", None)
             with graph_draws.dspark_proposes_eagerly(self, 0 if seq_lens is None else len(seq_lens)):
                 return original(self, batch, on_publish, *args, **kwargs)
-        return tree_step(run, self, batch, on_publish)
+        barrier = args[0] if args else kwargs.get("grammar_barrier")
+        return tree_step(run, self, batch, on_publish, barrier)
 
     return _forward_decode
 
 
 # Fallbacks whose DSPARK chain step runs a target verify of W tokens per request.
-CHAIN_VERIFY_FALLBACKS = ("batch-size", "sampled-n1", "refused-features")
+CHAIN_VERIFY_FALLBACKS = ("batch-size", "sampled-n1")
 
 
 def stage_chain_mask(run: TreeRun, worker, batch) -> None:
@@ -181,8 +186,6 @@ def skip_reason(plan: TreePlan, batch, args, kwargs) -> str | None:
         return "idle"
     if kwargs.get("coordination_plan") is not None or (len(args) > 1 and args[1] is not None):
         return "dp-attention"
-    if getattr(batch, "has_grammar", False):
-        return "refused-features"  # admission refuses these; a batch that still has them keeps DSPARK's own path
     per_node = node_logits.batch_needs_tree(batch)  # DSPARK's chain would apply the root's penalty state
     limit = plan.toggles.tree_max_bs
     if limit and len(batch.seq_lens) > limit and not per_node:
@@ -237,7 +240,7 @@ def walk(run: TreeRun, tree: VoteTree, logits: torch.Tensor, sampling_info, req_
     return walk_and_commit(tree, draws, req_to_token, rows, starts)
 
 
-def tree_step(run: TreeRun, worker, batch, on_publish):
+def tree_step(run: TreeRun, worker, batch, on_publish, grammar_barrier=None):
     plan = run.plan
     adapter = plan.adapter
     draft_input = batch.spec_info
@@ -278,11 +281,18 @@ def tree_step(run: TreeRun, worker, batch, on_publish):
         window = window.narrowed(w)
 
     inputs = verify_inputs(tree, anchor, prefix, mask_prefix_bound(plan, worker, batch), candidates)
+    grammar = None
+    if getattr(batch, "has_grammar", False):  # each node's mask from its own path's grammar state, built on the host
+        grammar = adapter.grammar_tree(*child_links(tree), inputs.ids.view(bs, w))
     timer.mark("build")
     with verifying_with(worker, run.verify_runners.get(w)):
         verified = adapter.target_verify(worker, batch, draft_input, window, inputs.ids, inputs.positions.view(bs, w),
                                          inputs.mask)
     logits, penalties = node_logits.adjust(run, worker, batch, tree, inputs.ids.view(bs, w), verified.logits)
+    if grammar is not None:
+        mask = adapter.grammar_mask(batch, grammar, logits.device, grammar_barrier)
+        if mask is not None:
+            mask.apply(logits)  # the bonus row too: the walk commits grammar-valid tokens only
     timer.mark("verify")
 
     # Page size 1: the walk also permutes the window in req_to_token so the accepted path's slots come first (no KV

@@ -377,9 +377,8 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
             forward_mode=ForwardMode.DECODE,
             sampling_info=sampling_info,
             spec_info=draft_input,
-            has_grammar=False,
             reqs=reqs,
-            **{"return_logprob": False, **(batch_extra or {})},
+            **{"return_logprob": False, "has_grammar": False, **(batch_extra or {})},
         )
         if reserve:
             reserved = seq_lens + reserve
