@@ -107,9 +107,7 @@ class Run:
 
     def grammar(self, instances) -> dict:
         p = self.cfg.phases.grammar
-        tree = {i.name: self.cfg.servers[i.server].tree_n is not None for i in instances}
-        return grammar.run_grammar(self.ports(instances), tree, self.prompts.ids, p.regex, p.max_new_tokens,
-                                   p.timeout_s)
+        return grammar.run_grammar(self.ports(instances), self.prompts.ids, p.regex, p.max_new_tokens, p.timeout_s)
 
     def features(self, instances) -> dict:
         p = self.cfg.phases.features

@@ -158,7 +158,7 @@ class SampledPhase(Phase):
 
 @dataclass
 class GrammarPhase(Phase):
-    """A regex-constrained request to each server: the tree path refuses it (and keeps serving), the others serve it."""
+    """A regex-constrained greedy request to each server: served with the first server's output (and still serving)."""
 
     precision: str = "fp32"
     regex: str = "(ab)+"
@@ -174,9 +174,8 @@ class FeaturesPhase(Phase):
     max_new_tokens: int = 64
     logit_bias: dict[str, float] = field(default_factory=lambda: {"13": -100.0, "11": 5.0})  # token id -> bias
     logprob_tol: float = 1e-3  # largest |logprob difference| allowed against the reference
-    # requests a tree server may refuse with flashtree's message (grammar: not on the tree path yet; logprobs: sglang
-    # 0.5.17's DSPARK worker refuses them)
-    may_refuse: list[str] = field(default_factory=lambda: ["json_schema", "tool_required", "regex", "logprobs"])
+    # requests a tree server may refuse with flashtree's message (logprobs: sglang 0.5.17's DSPARK worker refuses them)
+    may_refuse: list[str] = field(default_factory=lambda: ["logprobs"])
 
     def __post_init__(self) -> None:
         _check(self.max_new_tokens >= 1, "features.max_new_tokens", self.max_new_tokens, "must be >= 1")
@@ -230,7 +229,7 @@ class LiveConfig:
                        f"no server named {s!r} (defined: {', '.join(sorted(self.servers))})")
             _check(phase.precision in self.model.precisions, f"{key}.precision", phase.precision,
                    f"model {self.model.name} has precisions {', '.join(self.model.precisions)}")
-            if phase_name in ("identity", "sampled", "features"):
+            if phase_name in ("identity", "sampled", "features", "grammar"):
                 _check(len(phase.servers) >= 2, f"{key}.servers", list(phase.servers),
                        "needs the reference (first) and at least one server to compare")
         if self.model.dummy is not None:

@@ -5,8 +5,8 @@ against the first server's (no speculation), request by request.
 Every request is greedy, so on float32 deterministic servers the texts, tool calls and logprob tokens must be equal
 (logprob values within `logprob_tol`); JSON answers are validated against their schema. A request named in
 `may_refuse` that a tree server refuses with flashtree's message counts as refused, not failed, as long as the server
-keeps serving (grammar: not on the tree path yet; logprobs: sglang 0.5.17's DSPARK worker refuses them); every other
-refusal or difference fails the phase.
+keeps serving (logprobs on sglang 0.5.17, whose DSPARK worker refuses them); every other refusal or difference fails
+the phase.
 """
 
 from __future__ import annotations

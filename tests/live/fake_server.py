@@ -2,11 +2,11 @@
 
 usage: python fake_server.py MODE [--start-delay S] [--host H] --port PORT
 MODE: plain | tree | broken (greedy outputs differ at token 4) | die (prints a line and exits 3 at once)
-Greedy output = a function of the prompt; sampled output = draws from a fixed per-position distribution; `tree` adds
-flashtree statistics to meta_info and refuses regex requests the way flashtree's admission does (HTTP 400).
+Greedy output = a function of the prompt (regex requests too); sampled output = draws from a fixed per-position
+distribution; `tree` adds flashtree statistics to meta_info.
 /health answers only after --start-delay seconds (a server still starting); GET /stats counts POST /generate calls.
 POST /v1/chat/completions answers greedy chat requests as a function of the body (a JSON object for a schema, a tool
-call for tool_choice required, logprobs when asked); `tree` refuses the grammar ones with flashtree's message,
+call for tool_choice required, logprobs when asked); `tree` refuses logprobs with flashtree's message (sglang 0.5.17),
 `broken` answers frequency_penalty requests differently (a tree applying the root's penalty state).
 """
 
@@ -70,8 +70,8 @@ class H(BaseHTTPRequestHandler):
         self._send(200, served) if self.path == "/stats" else self._send(404, {})
 
     def chat(self, body):
-        if MODE == "tree" and (body.get("regex") or body.get("response_format") or body.get("tool_choice") == "required"):
-            return self._send(400, {"object": "error", "message": "flashtree: this server runs flashtree tree speculative decoding (FLASHTREE_TREE_N=8), which cannot serve grammar-constrained generation (json_schema)."})
+        if MODE == "tree" and body.get("logprobs"):
+            return self._send(400, {"object": "error", "message": "flashtree: this server runs flashtree tree speculative decoding (FLASHTREE_TREE_N=8), which cannot serve return_logprob on this sglang release (its DSPARK worker refuses it; sglang 0.5.20 and 0.5.23 serve it)."})
         seed = sum(map(ord, json.dumps({k: v for k, v in body.items() if k != "model"}, sort_keys=True)))
         if MODE == "broken" and body.get("frequency_penalty"):
             seed += 1
@@ -95,8 +95,6 @@ class H(BaseHTTPRequestHandler):
             return self.chat(body)
         served["generate"] += 1
         sp = body.get("sampling_params", {})
-        if MODE == "tree" and isinstance(sp, dict) and sp.get("regex"):
-            return self._send(400, {"error": {"message": "flashtree: this server runs flashtree tree speculative decoding (FLASHTREE_TREE_N=8), which cannot serve grammar-constrained generation (regex)."}})
         ids = body["input_ids"]
         if ids and isinstance(ids[0], list):
             sps = sp if isinstance(sp, list) else [sp] * len(ids)
