@@ -36,7 +36,7 @@ def describe(cfg: LiveConfig, plan: dict[str, list[Instance]]) -> str:
         what = (f"concurrencies {list(p.concurrencies)}, {p.rounds} round(s), client {p.backend}"
                 if phase in ("speed", "stage") else f"{p.prompts} prompts x {p.max_new_tokens} tokens"
                 if phase == "identity" else f"regex {p.regex!r}" if phase == "grammar"
-                else f"{len(features.requests(p.logit_bias, 1))} feature requests x {p.max_new_tokens} tokens"
+                else f"{len(features.requests(p.logit_bias, 1, p.skip))} feature requests x {p.max_new_tokens} tokens"
                 if phase == "features"
                 else f"{p.samples} draws x {p.tokens} tokens at T {p.temperature}")
         lines.append(f"  {phase}: {', '.join(i.name for i in instances)}; {what}")
@@ -113,7 +113,7 @@ class Run:
         p = self.cfg.phases.features
         tree = {i.name: self.cfg.servers[i.server].tree_n is not None for i in instances}
         return features.run_features(self.ports(instances), tree, dict(p.logit_bias), p.max_new_tokens, p.logprob_tol,
-                                     list(p.may_refuse), p.timeout_s)
+                                     list(p.may_refuse), p.timeout_s, list(p.skip))
 
     def speed(self, instances, phase: str = "speed") -> dict:
         from tqdm import tqdm

@@ -18,6 +18,9 @@ from flashtree.live.dummy import ARCHITECTURES, DummyShapes
 PHASES = ("identity", "stage", "speed", "sampled", "grammar", "features")
 SPEED_BACKENDS = ("bench_serving", "ids")
 PROMPT_SOURCES = ("gsm8k", "random", "file")
+# The features phase's requests (flashtree/live/features.py builds them)
+FEATURE_REQUESTS = ("plain", "json_schema", "tool_required", "regex", "frequency_penalty", "presence_penalty",
+                    "repetition_penalty", "logit_bias", "min_p", "logprobs")
 
 
 @dataclass
@@ -176,10 +179,17 @@ class FeaturesPhase(Phase):
     logprob_tol: float = 1e-3  # largest |logprob difference| allowed against the reference
     # requests a tree server may refuse with flashtree's message (logprobs: sglang 0.5.17's DSPARK worker refuses them)
     may_refuse: list[str] = field(default_factory=lambda: ["logprobs"])
+    # requests not sent, e.g. [json_schema, tool_required, regex] where xgrammar's native library is missing (the H200
+    # bundle drops it)
+    skip: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _check(self.max_new_tokens >= 1, "features.max_new_tokens", self.max_new_tokens, "must be >= 1")
         _check(self.logprob_tol >= 0, "features.logprob_tol", self.logprob_tol, "must be >= 0")
+        for key in ("may_refuse", "skip"):
+            unknown = [x for x in getattr(self, key) if x not in FEATURE_REQUESTS]
+            _check(not unknown, f"features.{key}", list(getattr(self, key)),
+                   f"use names from {', '.join(FEATURE_REQUESTS)}")
 
 
 @dataclass

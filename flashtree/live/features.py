@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 
+from flashtree.live.config import FEATURE_REQUESTS
 from flashtree.live.http_json import get, post
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
@@ -21,13 +22,13 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "unit": 
            "required": ["city", "unit"]}
 
 
-def requests(logit_bias: dict[str, float], max_tokens: int) -> dict[str, dict]:
-    """name -> /v1/chat/completions body without the model (sglang's own sampling fields at the top level, where the
-    openai client puts `extra_body`)."""
+def requests(logit_bias: dict[str, float], max_tokens: int, skip=()) -> dict[str, dict]:
+    """name (config.FEATURE_REQUESTS) -> /v1/chat/completions body without the model (sglang's own sampling fields at
+    the top level, where the openai client puts `extra_body`)."""
     ask = lambda text: [{"role": "user", "content": text}]  # noqa: E731
     story = ask("Write a short story about a lighthouse keeper and the sea.")
     base = {"temperature": 0.0, "max_tokens": max_tokens}
-    return {
+    every = {
         "plain": {**base, "messages": story},
         "json_schema": {**base, "messages": ask("Invent a person. Answer in JSON with a name and an age."),
                         "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}},
@@ -42,6 +43,8 @@ def requests(logit_bias: dict[str, float], max_tokens: int) -> dict[str, dict]:
         "min_p": {**base, "messages": story, "min_p": 0.2},
         "logprobs": {**base, "messages": story, "logprobs": True, "top_logprobs": 3},
     }
+    assert tuple(every) == FEATURE_REQUESTS
+    return {k: v for k, v in every.items() if k == "plain" or k not in skip}  # plain: every check's baseline
 
 
 def answer(port: int, model: str, body: dict, timeout_s: float) -> dict:
@@ -113,13 +116,13 @@ def verdict(name: str, ref: dict, got: dict, tree: bool, tol: float, may_refuse=
 
 
 def run_features(ports: dict[str, int], tree: dict[str, bool], logit_bias: dict[str, float], max_tokens: int,
-                 logprob_tol: float, may_refuse=(), timeout_s: float = 300.0) -> dict:
+                 logprob_tol: float, may_refuse=(), timeout_s: float = 300.0, skip=()) -> dict:
     """The first server is the reference; -> per server and request a verdict, and the reference's own checks (its
     JSON answers against their schemas; which features changed its answer from the plain request's)."""
     names = list(ports)
     _status, models = get(ports[names[0]], "/v1/models", timeout=timeout_s)
     model = models["data"][0]["id"]
-    reqs = requests(logit_bias, max_tokens)
+    reqs = requests(logit_bias, max_tokens, skip)
     answers = {n: {k: answer(p, model, body, timeout_s) for k, body in reqs.items()} for n, p in ports.items()}
     ref = answers[names[0]]
     result = {"reference": names[0], "model": model,

@@ -115,6 +115,9 @@ def test_features_against_stand_ins(ports):
     assert broken["requests"]["frequency_penalty"]["reference"] != broken["requests"]["frequency_penalty"]["got"]
     strict = run_features({"plain": ports["plain"], "tree": ports["tree"]}, {"plain": False, "tree": True}, {}, 8, 1e-3)
     assert strict["failed"] == ["tree:logprobs"]  # a refusal outside may_refuse fails
+    lean = run_features(ports, tree, {}, 8, 1e-3, skip=["json_schema", "tool_required", "regex", "logprobs"])
+    assert set(lean["requests"]) == {"plain", "frequency_penalty", "presence_penalty", "repetition_penalty",
+                                     "logit_bias", "min_p"} and lean["failed"] == ["broken:frequency_penalty"]
 
 
 def test_features_schema_checks():

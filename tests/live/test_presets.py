@@ -169,3 +169,15 @@ def test_dry_run_prints_servers_and_commands_and_starts_nothing(tmp_path):
     assert "--speculative-num-draft-tokens 64" in out and "--port PORT" in out
     assert "identity: fp32-plain, fp32-chain-splitkv" in out and "client ids" in out
     assert not (tmp_path / "out").exists()  # nothing written, nothing started
+
+
+def test_features_preset_and_its_keys():
+    from flashtree.experiments.config import ConfigError
+
+    cfg = to_live_config(compose("+preset=features", "phases.features.skip=[regex]"))
+    plan = phase_instances(cfg)
+    assert list(plan) == ["features"] and [i.name for i in plan["features"]] == [
+        "fp32-plain", "fp32-tree8-w16", "fp32-tree8-w16-exact"]
+    assert "9 feature requests x 64 tokens" in app.describe(cfg, plan)  # the regex one skipped
+    with pytest.raises(ConfigError, match="features.may_refuse"):
+        to_live_config(compose("+preset=features", "phases.features.may_refuse=[grammar]"))
