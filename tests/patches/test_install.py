@@ -190,7 +190,7 @@ def test_tree_max_bs_installs_the_same_patches_and_routes_big_batches_to_dspark(
     patches.register()
     assert diff(before, snapshot()) == tree_keys(sglang_release)
     trees = []
-    monkeypatch.setattr(decode, "tree_step", lambda state, worker, batch, on_publish: trees.append(len(batch.seq_lens)))
+    monkeypatch.setattr(decode, "tree_step", lambda state, worker, batch, on_publish, *rest: trees.append(len(batch.seq_lens)))
     # the target backend's verify-mask buffer, which verify graphs captured for trees read
     buffer = torch.zeros(1000, dtype=torch.uint8)
     backend = types.SimpleNamespace(verify_mask=types.SimpleNamespace(buffer=buffer))
