@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import kernel_tables  # noqa: E402
 
-from flashtree.attention.triton_verify import tree_attention_paged_triton, tree_attention_triton  # noqa: E402
+from flashtree.attention.triton_verify import launch_choice, tree_attention_paged_triton, tree_attention_triton  # noqa: E402,E501
 from flashtree.sampler.triton_sampler import sample_candidates_triton, sample_rows_triton  # noqa: E402
 from flashtree.tree import to_eagle, verify_inputs  # noqa: E402
 from flashtree.tree.build import build_vote_tree  # noqa: E402 (the torch reference the kernels are checked against)
@@ -124,6 +124,47 @@ def part_builder():
         log(**row)
 
 
+def consistent_logq(cands, vocab=50):
+    """Per-position log q that is a function of (depth, token, previous token), as a draft's is (shared prefixes
+    share their path log-probability): what the prob build ranks."""
+    k = cands.shape[2]
+    table = -torch.rand(k, vocab + 1, vocab, device="cuda") * 3
+    prev = torch.cat([torch.full_like(cands[:, :, :1], vocab), cands[:, :, :-1]], dim=2)
+    return table[torch.arange(k, device="cuda").view(1, 1, k).expand_as(cands), prev, cands]
+
+
+def part_policies():
+    """The server's tree policies: prob's build (cumsum + the scored Triton launch) against its torch builder, and
+    best-first's tree grown from a vanilla Markov head (the registered torch builder, W - 1 rounds, as the server's
+    draft graph tail runs it)."""
+    from flashtree.patches.policy_draws import grow
+    from flashtree.tree import DraftScores, get_policy
+    from flashtree.tree.build import build_scored_tree
+
+    prob = get_policy("prob").build
+    for bs, n, k, w in [(1, 8, 15, 16), (64, 8, 15, 16), (64, 32, 15, 32), (64, 64, 8, 64)]:
+        cands = anchor_candidates(bs, n, k)
+        scores = DraftScores(logp=consistent_logq(cands))
+        fn = lambda: prob(cands, w, scores)  # noqa: E731
+        ref_fn = lambda: build_scored_tree(cands, w, scores.logp.cumsum(dim=2))  # noqa: E731
+        tree, ref = fn(), ref_fn()
+        same = all(torch.equal(getattr(tree, f), getattr(ref, f)) for f in
+                   ["tokens", "parents", "depth", "votes", "valid", "first_candidate"])
+        log(kind="policy_build", policy="prob", bs=bs, n=n, k=k, width=w, vocab=None, same_as_reference=same,
+            flashtree_eager_us=bench(fn), flashtree_graph_us=try_graph(fn), torch_eager_us=bench(ref_fn),
+            torch_graph_us=try_graph(ref_fn))
+    for bs, k, w, vocab, rank in [(1, 8, 16, 49152, 32), (64, 8, 16, 49152, 32), (64, 8, 32, 49152, 32),
+                                  (64, 8, 32, 151936, 256)]:
+        base = torch.randn(bs, k, vocab, device="cuda", dtype=torch.bfloat16)
+        w1 = torch.randn(vocab, rank, device="cuda", dtype=torch.bfloat16) * 0.1
+        w2 = torch.randn(vocab, rank, device="cuda", dtype=torch.bfloat16) * 0.1
+        anchor = torch.randint(0, vocab, (bs,), device="cuda")
+        fn = lambda: grow(base, anchor, w1, w2, w)  # noqa: E731
+        log(kind="policy_build", policy="best-first", bs=bs, n=0, k=k, width=w, vocab=vocab, same_as_reference=True,
+            flashtree_eager_us=bench(fn, rep=10), flashtree_graph_us=try_graph(fn), torch_eager_us=None,
+            torch_graph_us=None)
+
+
 def part_walk():
     for bs, n, k, w in [(1, 8, 15, 16), (64, 8, 15, 16), (64, 32, 15, 32), (256, 16, 15, 16)]:
         cands = anchor_candidates(bs, n, k)
@@ -209,14 +250,14 @@ def part_inputs():
 
 
 def part_markov(min_rank: int = 0):
-    """The tree step's N draft draws through a vanilla Markov head (DSPARK's draft graph tail): flashtree's fused
-    Markov draws (K launches) against the torch ops the graph tail ran before (sglang's VanillaMarkov step:
-    embedding + GEMV + add on the repeated base logits, then exponential noise + Gumbel-max per step)."""
+    """The tree step's N draft draws through a vanilla Markov head (DSPARK's draft graph tail): flashtree's Markov
+    draws (fused and GEMM + pick forms, K steps) against the torch ops the graph tail ran before (sglang's
+    VanillaMarkov step: embedding + GEMV + add on the repeated base logits, then exponential noise + Gumbel-max)."""
     import torch.nn.functional as F
 
     from flashtree.patches.graph_draws import gumbel_pick
     from flashtree.sampler.markov import candidate_rows, new_state
-    from flashtree.sampler.triton_markov import markov_draws_triton
+    from flashtree.sampler.triton_markov import GEMM_MIN_RANK, markov_draws_fused, markov_draws_gemm
 
     # SmolLM2's head (V 49152, rank 32), then Qwen3-8B's DSPARK head (V 151936, rank 256) at the live batch sizes
     for bs, n, k, v, rank in [(1, 8, 7, 49152, 32), (8, 8, 7, 49152, 32), (32, 8, 7, 49152, 32),
@@ -242,18 +283,21 @@ def part_markov(min_rank: int = 0):
         ref = peer()
         row = dict(kind="markov_draws", bs=bs, n=n, k=k, vocab=v, rank=rank, dtype="bf16",
                    torch_graph_us=try_graph(peer), torch_wall_us=host_and_wall_us(peer)[1])
-        # launch variants: (vocabulary tile, rows per program, groups of row blocks); None = the shipped choice
-        variants = ([(None, 16, None), (128, 16, None), (256, 16, None), (256, 32, None)] if rank <= 64 else
-                    [(None, 16, None), (128, 16, None), (128, 16, 1), (128, 64, 1), (64, 64, 2)])
-        for block_v, block_rows, groups in variants:
-            tag = f"{block_v or 'auto'}x{block_rows}" + (f"g{groups}" if groups else "")
-            mine = lambda: markov_draws_triton(base, anchor, w1, w2, n, inv, greedy, state,  # noqa: E731
-                                               block_v=block_v, block_rows=block_rows, groups=groups)
+        # the two forms with their shipped launch choices, the GEMM form's row blocks and log q
+        variants = {"fused": lambda: markov_draws_fused(base, anchor, w1, w2, n, inv, greedy, state),
+                    "gemm": lambda: markov_draws_gemm(base, anchor, w1, w2, n, inv, greedy, state),
+                    "gemm_br32": lambda: markov_draws_gemm(base, anchor, w1, w2, n, inv, greedy, state, block_rows=32),
+                    "gemm_bv512": lambda: markov_draws_gemm(base, anchor, w1, w2, n, inv, greedy, state, block_v=512),
+                    "gemm_logp": lambda: markov_draws_gemm(base, anchor, w1, w2, n, inv, greedy, state,
+                                                           return_logp=True)[0]}
+        for tag, mine in variants.items():
             got = mine()
             row[f"greedy_same_{tag}"] = bool(torch.equal(got[:, 0], ref[:, 0]))
             row[f"flashtree_graph_us_{tag}"] = try_graph(mine)
-            row[f"flashtree_wall_us_{tag}"] = host_and_wall_us(mine)[1]
-        row["speedup_graph_shipped"] = ratio(row["torch_graph_us"], row["flashtree_graph_us_autox16"])
+        row["shipped"] = "gemm" if rank >= GEMM_MIN_RANK else "fused"
+        row["flashtree_graph_us_shipped"] = row[f"flashtree_graph_us_{row['shipped']}"]
+        row["greedy_same_shipped"] = row[f"greedy_same_{row['shipped']}"]
+        row["speedup_graph_shipped"] = ratio(row["torch_graph_us"], row["flashtree_graph_us_shipped"])
         log(**row)
 
 
@@ -337,7 +381,7 @@ def sglang_extend_attention():
     return None
 
 
-def part_attention(bw, with_flex=True):
+def part_attention(bw, with_flex=True, splits=()):
     try:
         from flashmap.sglang.verify_attention import SplitKVVerify
     except Exception as e:  # noqa: BLE001
@@ -350,6 +394,9 @@ def part_attention(bw, with_flex=True):
 
         flex = torch.compile(flex_attention, dynamic=False)
     hq, hkv, d = 32, 8, 128
+    tiny = torch.zeros(1, device="cuda")  # what a replay of one and of two trivial kernels costs in this harness
+    log(kind="graph_floor", one_kernel_us=try_graph(lambda: tiny.add_(1)),
+        two_kernels_us=try_graph(lambda: tiny.add_(1).add_(1)))
     for bs, prefix, L in [(1, 4096, 16), (1, 32768, 16), (8, 4096, 16), (32, 4096, 32), (64, 2048, 16),
                           (64, 8192, 16)]:
         total = bs * prefix + 64
@@ -385,8 +432,19 @@ def part_attention(bw, with_flex=True):
         f1 = lambda: tree_attention_triton(q, k, v, k_buf, v_buf, kv_indptr, kv_indices, qlen, L, out=o1)  # noqa
         f1()
         floor = bs * prefix * hkv * d * 2 * 2 / bw * 1e6
+        launch = launch_choice(bs, hq, hkv, d, d, L, prefix, q.device)
         row = dict(kind="verify_attn", bs=bs, prefix=prefix, L=L, floor_us=floor, flashtree_err=err(o1),
-                   flashtree_eager_us=bench(f1), flashtree_graph_us=try_graph(f1))
+                   flashtree_eager_us=bench(f1), flashtree_graph_us=try_graph(f1),
+                   splits=launch.splits, parts=launch.parts, block_m=launch.block_m, block_n=launch.block_n,
+                   warps=launch.warps, stages=launch.stages)
+        for n in splits if bs == 1 else ():  # --attn-splits: the split count swept at the bs-1 shapes
+            o4 = torch.empty_like(q)
+            f4 = lambda: tree_attention_triton(q, k, v, k_buf, v_buf, kv_indptr, kv_indices, qlen, L, out=o4,  # noqa
+                                               num_splits=n)
+            f4()
+            g4 = try_graph(f4)
+            log(kind="verify_attn_splits", bs=bs, prefix=prefix, L=L, splits=n, floor_us=floor, flashtree_err=err(o4),
+                flashtree_graph_us=g4, flashtree_graph_vs_floor=ratio(g4, floor), chosen=n == launch.splits)
         if SplitKVVerify is not None:
             o2 = torch.empty_like(q)
             sk = SplitKVVerify()
@@ -459,9 +517,11 @@ def main():
     global OUT_FILE
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="results")
-    ap.add_argument("--parts", default="builder,walk,inputs,markov,sampler,attention")
+    ap.add_argument("--parts", default="builder,policies,walk,inputs,markov,sampler,attention")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--markov-min-rank", type=int, default=0, help="markov: only heads of at least this rank")
+    ap.add_argument("--attn-splits", default="", help="attention: also time these split counts at the bs-1 shapes "
+                    "(comma-separated, e.g. 8,16,32,64); the heuristic's choice is marked")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     OUT_FILE = os.path.join(a.out, "kernels.jsonl")
@@ -470,9 +530,9 @@ def main():
         python=sys.version.split()[0], date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     torch.manual_seed(0)
     bw = ceiling()
-    parts = {"builder": part_builder, "walk": part_walk, "inputs": part_inputs, "markov": lambda: part_markov(a.markov_min_rank),
+    parts = {"builder": part_builder, "policies": part_policies, "walk": part_walk, "inputs": part_inputs, "markov": lambda: part_markov(a.markov_min_rank),
              "sampler": lambda: part_sampler(bw),
-             "attention": lambda: part_attention(bw, not a.no_flex)}
+             "attention": lambda: part_attention(bw, not a.no_flex, [int(x) for x in a.attn_splits.split(",") if x])}
     for name in a.parts.split(","):
         t = time.time()
         try:

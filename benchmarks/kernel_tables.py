@@ -30,6 +30,12 @@ TABLES = {
                    f"{num(d.get('flashmap_compiled_graph_us'))} ({num(d.get('flashmap_eager_us'), 0)})",
                    speedup(d.get("flashmap_compiled_graph_us"), d["flashtree_graph_us"]),
                    f"{yes(d['same_as_reference'])} / {yes(d.get('same_as_flashmap', False))}"]),
+    "policy_build": (
+        ["policy", "bs", "N", "K", "W", "vocab", "flashtree graph (eager)", "torch builder graph (eager)",
+         "same as reference"],
+        lambda d: [d["policy"], d["bs"], d["n"], d["k"], d["width"], d.get("vocab") or "–",
+                   f"{num(d['flashtree_graph_us'])} ({num(d['flashtree_eager_us'])})",
+                   f"{num(d.get('torch_graph_us'))} ({num(d.get('torch_eager_us'))})", yes(d["same_as_reference"])]),
     "walk_commit": (
         ["bs", "N", "W", "mean accepted", "walk + commit graph (eager)", "build + walk + commit graph",
          "torch reference eager", "same as reference"],
@@ -44,11 +50,15 @@ TABLES = {
                    num(d.get("sglang_wall_us")), speedup(d.get("sglang_wall_us"), d["flashtree_wall_us"]),
                    yes(d.get("same_as_sglang", False))]),
     "markov_draws": (
-        ["bs x N", "K", "V", "rank", "torch ops graph", "flashtree graph (shipped tiles)", "speed-up",
-         "greedy candidate = torch's"],
+        ["bs x N", "K", "V", "rank", "torch ops graph", "fused graph", "GEMM + pick graph", "with log q", "shipped",
+         "speed-up (shipped)", "greedy candidate = torch's"],
+        # runs before the GEMM form (run 7) named the fused form's shipped tiles "autox16"
         lambda d: [f"{d['bs']} x {d['n']}", d["k"], d["vocab"], d["rank"], num(d["torch_graph_us"], 0),
-                   num(d["flashtree_graph_us_autox16"], 0), speedup(d["torch_graph_us"], d["flashtree_graph_us_autox16"]),
-                   yes(d["greedy_same_autox16"])]),
+                   num(d.get("flashtree_graph_us_fused", d.get("flashtree_graph_us_autox16")), 0),
+                   num(d.get("flashtree_graph_us_gemm"), 0), num(d.get("flashtree_graph_us_gemm_logp"), 0),
+                   d.get("shipped", "fused"),
+                   speedup(d["torch_graph_us"], d.get("flashtree_graph_us_shipped", d.get("flashtree_graph_us_autox16"))),
+                   yes(d.get("greedy_same_shipped", d.get("greedy_same_autox16")))]),
     "sampler": (
         ["rows x vocab", "logits", "floor", "flashtree sampled graph (eager)", "vs floor", "greedy rows, mixed batch",
          "all-greedy launch", "torch argmax", "all-greedy vs argmax", "flashmap `sample_rows` graph",
@@ -68,7 +78,7 @@ TABLES = {
     "verify_attn": (
         ["bs", "prefix", "L", "floor", "flashtree graph (eager)", "vs floor", "flashmap split-KV", "sglang extend",
          "SDPA", "flex_attention", "speed-up vs flashmap / sglang / SDPA / flex",
-         "max rel. err (flashtree / flashmap / sglang)"],
+         "max rel. err (flashtree / flashmap / sglang)", "launch (splits, BM x BN)"],
         lambda d: [d["bs"], d["prefix"], d["L"], num(d["floor_us"]),
                    f"{num(d['flashtree_graph_us'])} ({num(d['flashtree_eager_us'])})",
                    speedup(d["flashtree_graph_us"], d["floor_us"]), num(d.get("flashmap_graph_us")),
@@ -76,7 +86,13 @@ TABLES = {
                    " / ".join(speedup(d.get(k), d["flashtree_graph_us"])
                               for k in ("flashmap_graph_us", "sglang_graph_us", "sdpa_graph_us", "flex_graph_us")),
                    " / ".join("–" if d.get(k) is None else f"{d[k]:.1e}"
-                              for k in ("flashtree_err", "flashmap_err", "sglang_err"))]),
+                              for k in ("flashtree_err", "flashmap_err", "sglang_err")),
+                   "–" if "splits" not in d else f"{d['splits']}, {d['block_m']} x {d['block_n']}"]),
+    "verify_attn_splits": (
+        ["bs", "prefix", "L", "splits", "floor", "flashtree graph", "vs floor", "rel. err", "the heuristic's"],
+        lambda d: [d["bs"], d["prefix"], d["L"], d["splits"], num(d["floor_us"]), num(d["flashtree_graph_us"]),
+                   speedup(d["flashtree_graph_us"], d["floor_us"]), f"{d['flashtree_err']:.1e}",
+                   "yes" if d["chosen"] else ""]),
     "verify_attn_paged": (
         ["bs", "prefix", "L", "page", "floor", "flashtree graph (eager)", "vs floor"],
         lambda d: [d["bs"], d["prefix"], d["L"], d["page"], num(d["floor_us"]),
@@ -88,7 +104,7 @@ TABLES = {
 def tables(rows: list[dict]) -> str:
     out = []
     for d in rows:
-        if d["kind"] in ("env", "ceiling"):
+        if d["kind"] in ("env", "ceiling", "graph_floor"):
             out.append(", ".join(f"{k} {v}" for k, v in d.items() if k != "kind"))
     for kind, (header, cells) in TABLES.items():
         mine = [d for d in rows if d["kind"] == kind]

@@ -1,11 +1,14 @@
-"""Launch-parameter sweep of the builder and the sampler on the GPU (graph times in µs), to choose their defaults.
+"""Launch-parameter sweep of the builder, the sampler and the verify attention on the GPU (graph times in µs), to
+choose their defaults.
 
-usage: python benchmarks/sweep_kernels.py --out DIR [--sections builder,sampler,stream]
+usage: python benchmarks/sweep_kernels.py --out DIR [--sections builder,sampler,stream,attention]
 Builder: num_warps at the anchor's large shapes. Sampler: pass 1's tile size (`block`), warps, register cap and
 splits per row, single draw and the 8-candidate form, at 960 x 151936. Stream: what pass 1's loop reaches with
 nothing but the read and a sum (and with one exp2 per logit), against torch's own row sum: the attainable rate of
-the loop, apart from the sampling. Every timed call's output is checked (builder against the torch reference, greedy
-rows against torch.argmax, sampled draws by a mean-logit z-score, sums against torch). Rows go to DIR/sweep.jsonl.
+the loop, apart from the sampling. Attention: the verify kernel's split count and key tile / warps / stages at bs 1
+(4K, 32K) and bs 8 (4K), Qwen3-8B heads (benchmarks/HISTORY.md, "Split count"). Every timed call's output is checked
+(builder against the torch reference, greedy rows against torch.argmax, sampled draws by a mean-logit z-score, sums
+against torch, attention against the unsplit kernel in fp32). Rows go to DIR/sweep.jsonl.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import triton.language as tl
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_kernels as bk  # noqa: E402
 
+from flashtree.attention import triton_verify  # noqa: E402
 from flashtree.sampler import triton_sampler  # noqa: E402
 from flashtree.sampler.triton_sampler import sample_candidates_triton, sample_rows_triton  # noqa: E402
 from flashtree.tree import triton_build  # noqa: E402
@@ -148,13 +152,63 @@ def stream(bw):
                vs_floor=bk.ratio(g, floor), floor_us=floor)
 
 
+@contextlib.contextmanager
+def verify_tiles(bn, warps, stages):
+    """The verify kernel's key tile, warps and stages replaced (its row blocks as shipped)."""
+    original = triton_verify._config
+
+    def config(g, L, d, dv, interp):
+        bm, rb, _, _, _ = original(g, L, d, dv, interp)
+        return bm, rb, bn, warps, stages
+
+    triton_verify._config = config
+    try:
+        yield
+    finally:
+        triton_verify._config = original
+
+
+def attention(bw):
+    hq, hkv, d = 32, 8, 128
+    for bs, prefix, L, splits, tiles in [
+        (1, 4096, 16, (8, 16, 24, 32, 48, 64), [(32, 4, 3), (64, 4, 3), (64, 4, 4), (128, 4, 3), (64, 8, 3)]),
+        (1, 32768, 16, (8, 16, 24, 32, 48, 64), [(32, 4, 3), (64, 4, 3), (64, 4, 4), (128, 4, 3), (64, 8, 3)]),
+        (8, 4096, 16, (1, 2, 3, 4, 6, 8, 16), [(64, 4, 3)]),
+    ]:
+        total = bs * prefix + 64
+        kb = torch.randn(total, hkv, d, dtype=torch.bfloat16, device="cuda")
+        vb = torch.randn(total, hkv, d, dtype=torch.bfloat16, device="cuda")
+        idx = (torch.randperm(total - 64, device="cuda")[: bs * prefix] + 64).to(torch.int64)
+        indptr = torch.arange(0, bs + 1, device="cuda", dtype=torch.int32) * prefix
+        q = torch.randn(bs * L, hq, d, dtype=torch.bfloat16, device="cuda")
+        k = torch.randn(bs * L, hkv, d, dtype=torch.bfloat16, device="cuda")
+        v = torch.randn(bs * L, hkv, d, dtype=torch.bfloat16, device="cuda")
+        mask = bk.tree_mask(bs, L).reshape(-1).to(torch.uint8)
+        ref = triton_verify.tree_attention_triton(*(x.float() for x in (q, k, v, kb, vb)), indptr, idx, mask, L,
+                                                  num_splits=1)  # unsplit, fp32
+        o = torch.empty_like(q)
+        floor = bs * prefix * hkv * d * 2 * 2 / bw * 1e6
+        for n in splits:
+            for bn, warps, stages in tiles:
+                with verify_tiles(bn, warps, stages):
+                    f = lambda: triton_verify.tree_attention_triton(q, k, v, kb, vb, indptr, idx, mask, L, out=o,  # noqa
+                                                                    num_splits=n)
+                    f()
+                    err = ((o.float() - ref).norm() / ref.norm()).item()
+                    g = bk.try_graph(f)
+                bk.log(kind="sweep_verify_attn", bs=bs, prefix=prefix, L=L, splits=n, block_n=bn, warps=warps,
+                       stages=stages, err_vs_fp32=err, graph_us=g, floor_us=floor, vs_floor=bk.ratio(g, floor))
+        del kb, vb
+        torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="results")
     ap.add_argument("--sections", default="builder,sampler")
     a = ap.parse_args()
     sections = a.sections.split(",")
-    unknown = set(sections) - {"builder", "sampler", "stream"}
+    unknown = set(sections) - {"builder", "sampler", "stream", "attention"}
     if unknown:
         ap.error(f"unknown sections: {sorted(unknown)}")
     os.makedirs(a.out, exist_ok=True)
@@ -168,6 +222,8 @@ def main():
         sampler(bw)
     if "stream" in sections:
         stream(bw)
+    if "attention" in sections:
+        attention(bw)
 
 
 if __name__ == "__main__":

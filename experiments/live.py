@@ -3,6 +3,7 @@
 
     python experiments/live.py +preset=best                 # DSPARK's chain against the best measured trees
     python experiments/live.py +preset=qwen3-8b-dummy       # 8B shapes, dummy weights (also llama31-8b-dummy, -4k)
+    python experiments/live.py +preset=qwen3-8b-simtab      # at SmolLM2 τ (also llama31-8b-simtab, qwen3-8b-4k-simtab)
     python experiments/live.py run=[speed] phases.speed.servers=[chain,tree8-w16] phases.speed.rounds=3
     python experiments/live.py +preset=best live.dry_run=true   # print the servers' commands, start nothing
 

@@ -21,6 +21,8 @@
 # TRAIN_ARGS (extra Hydra overrides of the training run). The draft is also left in /tmp/ft-draft and the converted
 # target in $FLASHTREE_CACHE (/tmp/flashtree-cache) for a live run that follows on the same warm machine
 # (scripts/live_smollm2_h200.sh).
+# FORMAT=dflash trains a drafter for sglang's DFLASH instead (no Markov head, flashtree/dspark/dflash_format.py): into
+# results/dflash-smollm2/draft and /tmp/ft-dflash-draft (the smollm2-135m-dflash live model's draft).
 # Afterwards, on the dev machine: bash scripts/train_drafter_h200.sh unpack DIR  (DIR = the run's files folder).
 # A live run without retraining (saves the ~10 device minutes of `train`): `pack-draft` on the dev machine, then on the
 # device, back to back: `stage-a` (carry .cache/dspark-carry/a), `convert` (carry .cache/dspark-carry/b: GGUF join and
@@ -29,10 +31,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-train}
 CARRY=.cache/dspark-carry
-OUT_DIR=results/dspark-smollm2
+FORMAT=${FORMAT:-dspark}  # dspark | dflash
+OUT_DIR=results/$FORMAT-smollm2
+STAGED=/tmp/ft-draft
+[ "$FORMAT" = dflash ] && STAGED=/tmp/ft-dflash-draft
 default_device=cuda
 [ "$mode" = unpack ] && default_device=cpu  # the dev machine has no GPU
-REPLAY_ARGS=(name=dspark "target.device=${DEVICE:-$default_device}" drafter.name=dspark "+drafter.options.path=$OUT_DIR/draft"
+REPLAY_ARGS=(name=$FORMAT "target.device=${DEVICE:-$default_device}" drafter.name=$FORMAT "+drafter.options.path=$OUT_DIR/draft"
   +drafter.options.temperature=1.0 dataset=gsm8k dataset.split=second_half "dataset.limit=${EVAL_PROMPTS:-16}"
   "engine.max_new_tokens=${EVAL_TOKENS:-128}" replay.n_max=8)
 GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
@@ -66,7 +71,7 @@ pack-draft)
   rm -rf "$CARRY/draft" && cp -r "$OUT_DIR/draft" "$CARRY/draft" && du -sh "$CARRY/draft"
   ;;
 stage-draft)
-  rm -rf /tmp/ft-draft && cp -r "$CARRY/draft" /tmp/ft-draft && ls /tmp/ft-draft
+  rm -rf "$STAGED" && cp -r "$CARRY/draft" "$STAGED" && ls "$STAGED"
   ;;
 convert | train)
   T0=$SECONDS
@@ -94,11 +99,11 @@ convert | train)
     exit 0
   fi
   stamp "train"
-  python3 experiments/train_drafter.py "out_dir=$OUT_DIR" seed=0 logger.wandb.mode=disabled logger.every=50 \
+  python3 experiments/train_drafter.py "out_dir=$OUT_DIR" "format=$FORMAT" seed=0 logger.wandb.mode=disabled logger.every=50 \
     ${PROMPTS:+data.prompts_file=$PROMPTS} "data.gen_time_limit_s=${GEN_S:-240}" ${TRAIN_S:+optim.time_limit_s=$TRAIN_S} \
     ${STOP_S:+optim.stop_after_s=$STOP_S} \
     logger.progress=false "target.device=${DEVICE:-cuda}" ${TRAIN_ARGS:-}
-  rm -rf /tmp/ft-draft && cp -r "$OUT_DIR/draft" /tmp/ft-draft
+  rm -rf "$STAGED" && cp -r "$OUT_DIR/draft" "$STAGED"
   if [ "${RECORD_S:-0}" -gt 0 ]; then
     stamp "record the held-out GSM8K replay"
     # measured 2026-11-30: recording takes > 4 s per prompt on the H200 (token-by-token HF forwards, per-position
@@ -108,7 +113,7 @@ convert | train)
   fi
   stamp "pack"
   tar czf /tmp/dspark-results.tgz "$OUT_DIR/draft" "$OUT_DIR/summary.json" "$OUT_DIR/train_log.jsonl" \
-    "$OUT_DIR/run.log" $(ls -d outputs/replay/dspark 2>/dev/null || true)
+    "$OUT_DIR/run.log" $(ls -d outputs/replay/$FORMAT 2>/dev/null || true)
   split -b 15000000 -d /tmp/dspark-results.tgz "$OUT/dspark-results.tgz.part-"
   ls -la "$OUT"
   stamp "done"
@@ -116,7 +121,7 @@ convert | train)
 unpack)
   dir=${2:?usage: unpack DIR}
   cat "$dir"/dspark-results.tgz.part-* | tar xzf -
-  ls -la "$OUT_DIR/draft" outputs/replay/dspark
+  ls -la "$OUT_DIR/draft" outputs/replay/$FORMAT
   # the full (N, W) grid from the recording: CPU only, reuses outputs/replay/dspark/gsm8k/recording.pt
   .venv/bin/python experiments/replay.py "${REPLAY_ARGS[@]}" replay.ns=[1,2,4,8] replay.widths=[4,8,9,16] \
     logger.wandb.mode=disabled

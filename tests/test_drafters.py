@@ -250,7 +250,7 @@ def test_oracle_is_deterministic_and_detects_divergence():
 
 
 def test_load_drafter_names_and_errors(tiny):
-    with pytest.raises(ValueError, match="default, prompt-lookup, flashmap, dspark, oracle"):
+    with pytest.raises(ValueError, match="default, prompt-lookup, flashmap, dspark, dflash, oracle"):
         load_drafter("eagle", tiny)
     with pytest.raises(ValueError, match="sequences"):
         load_drafter("oracle", tiny)

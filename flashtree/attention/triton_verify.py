@@ -1,11 +1,12 @@
 """Split-KV tree-verify attention in Triton.
 
-One program per (request, KV head, row block, split). Its rows are the G query heads that share the KV head times
+One program per (request, KV head, row block, part). Its rows are the G query heads that share the KV head times
 the L verify tokens (row r = token r // G, head h * G + r % G: GQA packing), so each prefix key and value is read once
-per KV head for all of them. The prefix is cut into S splits when the batch alone cannot fill the GPU; the last split
-also attends the L fresh verify tokens under the tree mask, which is read only on each request's L x L block. With
-S = 1 the program normalises and writes the output itself; otherwise a merge kernel combines the splits by their
-log-sum-exp. Only shapes are read on the host: graph-capturable.
+per KV head for all of them, and the rows are the M dimension of each dot. When the batch alone cannot fill the GPU
+the prefix is cut into S splits (`num_splits`, by default `choose_splits`) and the L fresh verify tokens, attended
+under the tree mask (read only on each request's L x L block), get a part of their own, so no program walks a split
+and the tree one after the other; a merge kernel combines the S + 1 parts by their log-sum-exp. With S = 1 one part
+does both and writes the output itself. Only shapes are read on the host: graph-capturable.
 
 Layouts: sglang's (`k_buffer`/`v_buffer (slots, Hkv, D)`, `kv_indptr`, `kv_indices`) and paged (`k_cache`/`v_cache
 (pages, page_size, Hkv, D)`, `page_table (bs, max_pages)`, `prefix_lens (bs,)`). Masks: QLEN (each request's L x L
@@ -13,6 +14,8 @@ block) or sglang's FULL layout (`mask_indptr` given; prefix columns skipped).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -23,7 +26,7 @@ from ..gpu import sm_count
 
 @triton.jit
 def gqa_program(RB: tl.constexpr, BM: tl.constexpr, G: tl.constexpr, L: tl.constexpr):
-    """This program's (request b, KV head h, row block rb, split s) and its BM rows: row r = token r // G, query head
+    """This program's (request b, KV head h, row block rb, part s) and its BM rows: row r = token r // G, query head
     h * G + r % G (GQA packing; row_ok marks the rows of the G * L that exist)."""
     b = tl.program_id(0)
     h = tl.program_id(1) // RB
@@ -38,33 +41,38 @@ def _verify_kernel(
     kv_indptr, kv_indices, page_table, prefix_lens, pt_stride,
     mask_ptr, mask_indptr,
     o_ptr, po_ptr, plse_ptr,
-    qk_scale,
+    qk_scale, n_splits,
     s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_kbt, s_kbh, s_vbt, s_vbh, s_ot, s_oh,
     HKV: tl.constexpr, G: tl.constexpr, L: tl.constexpr, LP: tl.constexpr,
     D: tl.constexpr, BD: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr,
-    BM: tl.constexpr, RB: tl.constexpr, BN: tl.constexpr, S: tl.constexpr,
+    BM: tl.constexpr, RB: tl.constexpr, BN: tl.constexpr,
     PAGED: tl.constexpr, PAGE: tl.constexpr, MASK_FULL: tl.constexpr, DIRECT: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
+    # S parts (programs along axis 2): n_splits prefix splits, the last of which also takes the tree (S = n_splits),
+    # or a part of the tree's own after them (S = n_splits + 1: its prefix range is empty)
+    S = tl.num_programs(2)
     b, h, rb, s, rows, row_ok, t, hq = gqa_program(RB, BM, G, L)
     d = tl.arange(0, BD)
     dv = tl.arange(0, BDV)
-    q = tl.load(q_ptr + (b * L + t).to(tl.int64)[:, None] * s_qt + hq[:, None] * s_qh + d[None, :],
-                mask=row_ok[:, None] & (d[None, :] < D), other=0.0)
-    if DOT_F32:  # the CPU interpreter (triton 3.7) mis-multiplies bf16 dots; compute them in fp32 there
-        q = q.to(tl.float32)
     if PAGED:
         prefix = tl.load(prefix_lens + b).to(tl.int32)
         kv_start = 0
     else:
         kv_start = tl.load(kv_indptr + b)
         prefix = (tl.load(kv_indptr + b + 1) - kv_start).to(tl.int32)
+    # splits of whole key tiles: a prefix of fewer tiles than splits leaves the last ones empty
+    chunk = tl.cdiv(tl.cdiv(prefix, n_splits), BN) * BN
+    lo = s * chunk
+    hi = tl.minimum(lo + chunk, prefix)
+    live = (lo < hi) | (s == S - 1)  # an empty split reads nothing, not even q
+    q = tl.load(q_ptr + (b * L + t).to(tl.int64)[:, None] * s_qt + hq[:, None] * s_qh + d[None, :],
+                mask=live & row_ok[:, None] & (d[None, :] < D), other=0.0)
+    if DOT_F32:  # the CPU interpreter (triton 3.7) mis-multiplies bf16 dots; compute them in fp32 there
+        q = q.to(tl.float32)
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, BDV], tl.float32)
-    chunk = tl.cdiv(tl.cdiv(prefix, S), BN) * BN
-    lo = s * chunk
-    hi = tl.minimum(lo + chunk, prefix)
     kb_h = kb_ptr + h * s_kbh
     vb_h = vb_ptr + h * s_vbh
     for start in range(lo, hi, BN):
@@ -129,7 +137,9 @@ def _verify_kernel(
         lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
         r = tl.arange(0, BM)
         tl.store(plse_ptr + part.to(tl.int64) * BM + r, lse)
-        tl.store(po_ptr + part.to(tl.int64) * (BM * BDV) + r[:, None] * BDV + dv[None, :], out)
+        # an empty split (a prefix shorter than the splits) writes its -inf log-sum-exp only; the merge skips it
+        tl.store(po_ptr + part.to(tl.int64) * (BM * BDV) + r[:, None] * BDV + dv[None, :], out,
+                 mask=(l_i > 0)[:, None])
 
 
 @triton.jit
@@ -157,10 +167,10 @@ def _merge_kernel(
     w = tl.exp2(lse - mx[:, None])
     den = tl.sum(w, axis=1)
     acc = tl.zeros([MR, BDV], tl.float32)
-    for s in range(S):
+    for s in tl.static_range(S):  # unrolled: every part's load in flight at once
         ws = tl.sum(tl.where(sp[None, :] == s, w, 0.0), axis=1)
         po = tl.load(po_ptr + (base + s).to(tl.int64) * (BM * BDV) + r[:, None] * BDV + dv[None, :],
-                     mask=r[:, None] < BM, other=0.0)
+                     mask=(r[:, None] < BM) & (ws[:, None] > 0), other=0.0)
         acc += ws[:, None] * po
     out = acc / tl.where(den > 0, den, 1.0)[:, None]
     tl.store(o_ptr + (b * L + t).to(tl.int64)[:, None] * s_ot + hq[:, None] * s_oh + dv[None, :],
@@ -183,8 +193,57 @@ def _config(g, L, d, dv, interp):
     return bm, triton.cdiv(rows, bm), bn, warps, stages
 
 
+# Split choice, fitted on the H200 (2026-12-02, 132 SMs, Qwen3-8B heads; benchmarks/HISTORY.md "Split count"): bs 1 /
+# 4K fastest at 16 splits of 256 keys (22 µs; 25 at 32 splits, 40 at 64: each part's partial costs a write and a
+# read), bs 1 / 32K at 32 (62 µs; 16: 75, 64: 77), bs 8 / 4K at 4 (58 µs; 5: 73, 8: 65).
+MIN_SPLIT_KEYS = 256  # prefix keys per split at least
+MAX_SPLITS = 64
+CTAS_PER_SM = 2  # programs resident per SM (the K / V stages' shared memory bounds it)
+
+
+def choose_splits(programs: int, max_prefix: int, sms: int) -> int:
+    """Prefix splits for `programs` (request, KV head, row block) programs over prefixes of at most `max_prefix`
+    keys: none when they nearly fill the GPU already (FlashDecoding's rule: 80% of the SMs); else the power of two
+    nearest below one wave of resident programs (flashinfer's planner fills one wave), at least MIN_SPLIT_KEYS keys
+    each, at most MAX_SPLITS."""
+    if programs >= 0.8 * sms:
+        return 1
+    by_fill = triton.next_power_of_2(triton.cdiv(CTAS_PER_SM * sms, programs) + 1) // 2
+    by_keys = max(1, triton.cdiv(max_prefix, MIN_SPLIT_KEYS))
+    return max(1, min(by_fill, by_keys, MAX_SPLITS))
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How one call runs: the row blocks of BM rows, the prefix splits and the parts (programs per row block), the
+    key tile BN; `parts` > 1 means a merge launch after the kernel."""
+
+    block_m: int
+    row_blocks: int
+    block_n: int
+    warps: int
+    stages: int
+    splits: int  # at most: a prefix of fewer key tiles fills fewer
+    parts: int
+    merge_rows: int  # rows per merge program
+
+
+def launch_choice(bs: int, hq: int, hkv: int, d: int, dv: int, L: int, max_prefix: int, device: torch.device,
+                  num_splits: int | None = None) -> Launch:
+    """The launch of a call on `bs` requests of L verify tokens over prefixes of at most `max_prefix` keys."""
+    bm, rb, bn, warps, stages = _config(hq // hkv, L, d, dv, device.type != "cuda")
+    sms = sm_count(device, 8)
+    if num_splits is None:
+        num_splits = choose_splits(bs * hkv * rb, max_prefix, sms)
+    if not isinstance(num_splits, int) or num_splits < 1:
+        raise ValueError(f"num_splits={num_splits!r}: use an integer >= 1, or None for the heuristic")
+    # rows per merge program: enough merge programs to spread the partials' read over the SMs
+    mr = max(2, min(16, triton.next_power_of_2(max(1, bs * hkv * rb * bm // (2 * sms)))))
+    return Launch(bm, rb, bn, warps, stages, num_splits, 1 if num_splits == 1 else num_splits + 1, mr)
+
+
 def _run(q, k, v, kb, vb, kv_indptr, kv_indices, page_table, prefix_lens, page, custom_mask, L, sm_scale,
-         mask_indptr, out, num_splits):
+         mask_indptr, out, num_splits, max_prefix):
     tokens, hq, d = q.shape
     hkv = k.shape[1]
     dv = v.shape[2]
@@ -201,14 +260,8 @@ def _run(q, k, v, kb, vb, kv_indptr, kv_indices, page_table, prefix_lens, page, 
     if bs == 0:
         return out
     scale = (d ** -0.5 if sm_scale is None else sm_scale) * 1.4426950408889634
-    interp = q.device.type != "cuda"
-    bm, rb, bn, warps, stages = _config(g, L, d, dv, interp)
-    if num_splits is None:
-        progs = bs * hkv * rb
-        sms = sm_count(q.device, 8)
-        # enough programs for about two waves, at most 16 splits (each split's partial costs a write and a read)
-        num_splits = 1 if progs >= sms else min(16, triton.cdiv(2 * sms, progs))
-    s = int(num_splits)
+    c = launch_choice(bs, hq, hkv, d, dv, L, max_prefix, q.device, num_splits)
+    bm, rb, s = c.block_m, c.row_blocks, c.parts
     direct = s == 1
     bdv = _np2(dv)
     if direct:
@@ -224,15 +277,15 @@ def _run(q, k, v, kb, vb, kv_indptr, kv_indices, page_table, prefix_lens, page, 
         kv_indptr if not paged else dummy, kv_indices if not paged else dummy,
         page_table if paged else dummy, prefix_lens if paged else dummy, page_table.stride(0) if paged else 0,
         mask, mask_indptr if mask_indptr is not None else dummy,
-        out, po, plse, scale,
+        out, po, plse, scale, c.splits,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         kb.stride(0), kb.stride(1), vb.stride(0), vb.stride(1), out.stride(0), out.stride(1),
-        HKV=hkv, G=g, L=L, LP=_np2(L), D=d, BD=_np2(d), DV=dv, BDV=bdv, BM=bm, RB=rb, BN=bn, S=s,
-        PAGED=paged, PAGE=page, MASK_FULL=mask_indptr is not None, DIRECT=direct, DOT_F32=interp,
-        num_warps=warps, num_stages=stages,
+        HKV=hkv, G=g, L=L, LP=_np2(L), D=d, BD=_np2(d), DV=dv, BDV=bdv, BM=bm, RB=rb, BN=c.block_n,
+        PAGED=paged, PAGE=page, MASK_FULL=mask_indptr is not None, DIRECT=direct, DOT_F32=q.device.type != "cuda",
+        num_warps=c.warps, num_stages=c.stages,
     )
     if not direct:
-        mr = min(bm, 16)
+        mr = c.merge_rows
         _merge_kernel[(bs, hkv * rb, triton.cdiv(bm, mr))](po, plse, out, out.stride(0), out.stride(1), HKV=hkv, G=g,
                                                             L=L, DV=dv, BDV=bdv, BM=bm, RB=rb, S=s, SP=_np2(s, 2),
                                                             MR=mr, num_warps=4)
@@ -249,8 +302,9 @@ def tree_attention_triton(q, k, v, k_buffer, v_buffer, kv_indptr, kv_indices, cu
     """Same signature and result as `tree_attention_reference` (sglang's layout); returns (bs*L, Hq, DV)."""
     for x, n in [(q, "q"), (k, "k"), (v, "v"), (k_buffer, "k_buffer"), (v_buffer, "v_buffer")]:
         _check_inner(x, n)
+    bs = max(1, kv_indptr.shape[0] - 1)
     return _run(q, k, v, k_buffer, v_buffer, kv_indptr, kv_indices, None, None, 1, custom_mask, L, sm_scale,
-                mask_indptr, out, num_splits)
+                mask_indptr, out, num_splits, triton.cdiv(kv_indices.shape[0], bs))
 
 
 def tree_attention_paged_triton(q, k, v, k_cache, v_cache, page_table, prefix_lens, page_size, custom_mask, L,
@@ -262,4 +316,4 @@ def tree_attention_paged_triton(q, k, v, k_cache, v_cache, page_table, prefix_le
     for x, n in [(q, "q"), (k, "k"), (v, "v"), (kb, "k_cache"), (vb, "v_cache")]:
         _check_inner(x, n)
     return _run(q, k, v, kb, vb, None, None, page_table, prefix_lens, page_size, custom_mask, L, sm_scale,
-                mask_indptr, out, num_splits)
+                mask_indptr, out, num_splits, page_table.shape[1] * page_size)

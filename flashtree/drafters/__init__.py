@@ -6,7 +6,7 @@ from .base import DraftState, Drafter, Proposal
 from .oracle import OracleDrafter
 from .prompt_lookup import PromptLookupDrafter
 
-NAMES = ("default", "prompt-lookup", "flashmap", "dspark", "oracle")
+NAMES = ("default", "prompt-lookup", "flashmap", "dspark", "dflash", "oracle")
 
 
 def load_drafter(name: str, target, **options) -> Drafter:
@@ -22,6 +22,8 @@ def load_drafter(name: str, target, **options) -> Drafter:
         (block rows the draft forward runs, >= k: an sglang server's wider window, FLASHTREE_TREE_DEPTH), dtype,
         return_probs (proposals carry the draft distributions, for walk="rejection"; needs temperature > 0 and
         greedy_first=False).
+    "dflash": DFlashDrafter (flashtree.drafters.dflash_drafter): an sglang-DFLASH-format draft (no Markov head,
+        independent positions). Options: path (a DFLASH checkpoint folder) or model, and the dspark options.
     "oracle": OracleDrafter. Options: sequences (required: each request's reference greedy tokens, prompt included),
         k, rate, decoys, seed, strict.
     A drafter whose vocabulary, hidden size or layers do not fit the target raises ValueError here, before any work.
@@ -38,6 +40,10 @@ def load_drafter(name: str, target, **options) -> Drafter:
         from .dspark_drafter import build_dspark_drafter
 
         drafter = build_dspark_drafter(target, **options)
+    elif key == "dflash":
+        from .dflash_drafter import build_dflash_drafter
+
+        drafter = build_dflash_drafter(target, **options)
     elif key == "oracle":
         if "sequences" not in options:
             raise ValueError("the oracle drafter needs sequences=: the target's greedy decoding of each prompt")

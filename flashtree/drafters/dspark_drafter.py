@@ -55,6 +55,8 @@ class DSparkDrafter:
     return_probs: proposals carry the draft distribution of every candidate token (see the module docstring).
     """
 
+    first_row = 0  # the block row that proposes the anchor's successor (DFLASH drafts: 1, dflash_drafter.py)
+
     def __init__(self, model: DSparkDraftModel, target, *, temperature: float = 0.0, greedy_first: bool = True,
                  k: int | None = None, window: int | None = None, return_probs: bool = False):
         cfg = model.config
@@ -133,7 +135,8 @@ class DSparkDrafter:
         """(bs, k, V) float32 base logits of every request's block (before the Markov bias)."""
         if not self._kv:
             raise RuntimeError("propose() before start(): the drafter has no context")
-        cfg, k, rows_run = self.config, self.k, self.window
+        cfg, k, first = self.config, self.k, self.first_row
+        rows_run = self.window + first
         rows = []
         for b, kv in enumerate(self._kv):
             c = self._lengths[b]
@@ -143,7 +146,7 @@ class DSparkDrafter:
             embeds = embeds.to(next(self.model.parameters()).dtype)
             pos = torch.arange(c, c + rows_run, device=self._device).view(1, -1)
             mask = torch.ones(1, rows_run, c + rows_run, dtype=torch.bool, device=self._device)
-            hidden = self.model.block_hidden(embeds, pos, kv, mask)[:, :k]
+            hidden = self.model.block_hidden(embeds, pos, kv, mask)[:, first: first + k]
             logits = self.lm_head(hidden.to(self.lm_head.weight.dtype).to(self.lm_head.weight.device))
             rows.append(logits[0].float().to(self._device))
         return torch.stack(rows)

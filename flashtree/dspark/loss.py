@@ -53,9 +53,12 @@ def position_weights(block_size: int, decay: float | None, device=None) -> torch
 
 def block_loss(model: DSparkDraftModel, embed_tokens, lm_head_weight: torch.Tensor, features: torch.Tensor,
                tokens: torch.Tensor, lengths: torch.Tensor, anchors: torch.Tensor, valid: torch.Tensor,
-               decay: float | None = 4.0):
+               decay: float | None = 4.0, dflash: bool = False):
     """Weighted cross-entropy over every block row of every anchor, and per-row teacher-forced accuracy.
 
+    dflash: sglang DFLASH's convention instead (dflash_format.py): the block is [x_a, mask x K] (K + 1 rows), row j >= 1
+    (the mask at position a + j) is trained on x_{a+j}, the anchor's row on nothing, and no Markov bias (a DFLASH draft
+    has no head; its positions are independent given the context).
     features (B, T, n*H) target hidden states; tokens (B, T) right-padded; anchors/valid (B, A).
     Returns (loss, stats) with stats: rows (valid targets per block row), correct (per row), accept (sum over blocks
     of the teacher-forced accepted prefix length, for blocks whose K targets all exist), blocks (their count).
@@ -68,22 +71,27 @@ def block_loss(model: DSparkDraftModel, embed_tokens, lm_head_weight: torch.Tens
     ctx = model.project_context(features)
     ctx_kv = model.context_kv(ctx, torch.arange(t, device=device).expand(b, t))
 
-    offs = torch.arange(k, device=device)
-    q_pos = (anchors[..., None] + offs).view(b, a * k)  # (B, A*K)
-    ids = block_ids(tokens.gather(1, anchors), k, cfg.mask_token_id).view(b, a * k)
+    rows = k + int(dflash)  # block rows per anchor
+    q_pos = (anchors[..., None] + torch.arange(rows, device=device)).view(b, a * rows)  # (B, A*rows)
+    ids = block_ids(tokens.gather(1, anchors), rows, cfg.mask_token_id).view(b, a * rows)
     embeds = embed_tokens(ids).to(ctx.dtype)
-    anchor_of_row = anchors.repeat_interleave(k, dim=1)  # (B, A*K)
-    see_ctx = torch.arange(t, device=device)[None, None, :] < anchor_of_row[..., None]  # (B, A*K, T)
-    blk = torch.arange(a, device=device).repeat_interleave(k)
-    see_blk = (blk[:, None] == blk[None, :]).expand(b, a * k, a * k)
+    anchor_of_row = anchors.repeat_interleave(rows, dim=1)  # (B, A*rows)
+    see_ctx = torch.arange(t, device=device)[None, None, :] < anchor_of_row[..., None]  # (B, A*rows, T)
+    blk = torch.arange(a, device=device).repeat_interleave(rows)
+    see_blk = (blk[:, None] == blk[None, :]).expand(b, a * rows, a * rows)
     mask = torch.cat([see_ctx, see_blk], dim=-1)
 
     hidden = model.block_hidden(embeds, q_pos, ctx_kv, mask)
+    if dflash:  # rows 1..K propose x_{a+1} .. x_{a+K}
+        hidden = hidden.view(b, a, rows, -1)[:, :, 1:].reshape(b, a * k, -1)
     logits = hidden @ lm_head_weight.to(hidden.dtype).T
-    prev = tokens.gather(1, q_pos.clamp_max(t - 1))  # x_{a+j}: the anchor for j = 0
-    logits = logits.float() + model.markov_bias(prev).float()
+    tgt_pos = (anchors[..., None] + 1 + torch.arange(k, device=device)).view(b, a * k)
+    if dflash:
+        logits = logits.float()
+    else:
+        prev = tokens.gather(1, (tgt_pos - 1).clamp_max(t - 1))  # x_{a+j}: the anchor for j = 0
+        logits = logits.float() + model.markov_bias(prev).float()
 
-    tgt_pos = q_pos + 1
     target = tokens.gather(1, tgt_pos.clamp_max(t - 1))
     ok = (tgt_pos < lengths[:, None]) & valid.repeat_interleave(k, dim=1)
     w = position_weights(k, decay, device).repeat(a)[None].expand(b, -1) * ok

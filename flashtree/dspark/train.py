@@ -24,6 +24,7 @@ import torch
 
 from ..files import DamagedFile, load_torch, set_aside
 from .checkpoint import save_checkpoint
+from .dflash_format import save_dflash_checkpoint
 from .config import DSparkConfig, spread_layers
 from .data import (build_sequences, data_summary, expand_samples, generate_responses, load_sequences,
                    read_prompts_file, save_sequences, select_prompts, write_prompts_file)
@@ -285,7 +286,8 @@ def train(cfg: TrainConfig, log=_log) -> dict:
             group["lr"] = lr_at(step, lr=o.lr, warmup=o.warmup, total=o.steps, time_frac=time_frac)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             feats = target_features(target, tokens, lengths, layer_ids)
-            loss, stats = block_loss(model, embed, lm_head, feats, tokens, lengths, anchors, valid, o.loss_decay)
+            loss, stats = block_loss(model, embed, lm_head, feats, tokens, lengths, anchors, valid, o.loss_decay,
+                                     dflash=cfg.format == "dflash")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
@@ -314,8 +316,11 @@ def train(cfg: TrainConfig, log=_log) -> dict:
             f.write(json.dumps(row) + "\n")
     train_time = time.perf_counter() - t_train
     _save_state(state_path, model, opt, step, gen, train_time + train_time_before)
-    files = save_checkpoint(model, out / "draft", dtype=cfg.export_dtype,
-                            max_shard_bytes=None if cfg.max_shard_mb is None else int(cfg.max_shard_mb * 1e6))
+    if cfg.format == "dflash":
+        files = save_dflash_checkpoint(model, out / "draft", dtype=cfg.export_dtype)
+    else:
+        files = save_checkpoint(model, out / "draft", dtype=cfg.export_dtype,
+                                max_shard_bytes=None if cfg.max_shard_mb is None else int(cfg.max_shard_mb * 1e6))
     summary = {
         "steps": step,
         "steps_planned": o.steps,

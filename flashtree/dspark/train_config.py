@@ -145,6 +145,9 @@ class TrainConfig:
     seed: int = 0
     checkpoint_every: int = 500  # steps between resumable checkpoints (state.pt)
     export_dtype: str = "bfloat16"  # dtype of the exported draft/ weights
+    # dspark: sglang DSPARK's draft (Markov head, row j proposes a + 1 + j); dflash: sglang DFLASH's (no head, block
+    # [anchor, mask x block_size], row j >= 1 proposes its own position; draft/ in DFlashDraftModel's layout)
+    format: str = "dspark"
     max_shard_mb: Optional[float] = 15.0  # shard the exported weights (files come back from the GPU <= 16 MiB)
     resume: bool = True  # continue from out_dir/state.pt (and reuse out_dir/data.pt) when present
     prepare_only: bool = False  # select the prompts, write out_dir/prompts.json.gz and stop (no target forward)
@@ -155,6 +158,7 @@ class TrainConfig:
                "names no prompt source: list at least one (e.g. 'data.sources={builtin: 8}') or set data.prompts_file")
         _check(self.export_dtype in ("bfloat16", "float16", "float32"), "export_dtype", self.export_dtype,
                "use bfloat16, float16 or float32")
+        _check(self.format in ("dspark", "dflash"), "format", self.format, "use dspark or dflash")
         _check(self.checkpoint_every >= 1, "checkpoint_every", self.checkpoint_every, "must be >= 1")
 
 

@@ -65,7 +65,7 @@ class TargetConfig:
 
 @dataclass
 class DrafterConfig:
-    name: str = "default"  # default (prompt lookup), prompt-lookup, flashmap, oracle
+    name: str = "default"  # default (prompt lookup), prompt-lookup, flashmap, dspark, dflash, oracle
     options: dict[str, Any] = field(default_factory=dict)  # keyword options of `load_drafter`
 
     def __post_init__(self) -> None:

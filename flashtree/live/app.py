@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from flashtree.experiments.config import ConfigError
-from flashtree.live import features, grammar, identity, sampled, speed
+from flashtree.live import features, grammar, identity, memory, sampled, speed
 from flashtree.live.commands import Instance, all_instances, phase_instances, shell_line
 from flashtree.live.config import LiveConfig, to_live_config
 from flashtree.live.prompts import Prompts, load
@@ -46,6 +46,8 @@ def describe(cfg: LiveConfig, plan: dict[str, list[Instance]]) -> str:
                                               num_prompts=speed.requests_per_level(p.concurrencies[0], p.min_requests),
                                               max_new_tokens=p.max_new_tokens, output_file="OUT/bench.jsonl")
             lines.append("    " + " ".join(cmd).replace("--port 0", "--port PORT"))
+    if cfg.model.dummy is not None and "speed" in plan:
+        lines += memory.describe(cfg, all_instances(plan))
     return "\n".join(lines)
 
 
@@ -56,7 +58,7 @@ def prepare_models(cfg: LiveConfig, out: Path) -> None:
     if m.dummy is not None:
         from flashtree.live.dummy import write
 
-        for path in write(m.dummy, m.target, m.draft, m.draft_block_size):
+        for path in write(m.dummy, m.target, m.draft, m.draft_block_size, m.algorithm):
             print(f"[live] wrote {path}", flush=True)
     else:
         for what, path in (("model.target", m.target), ("model.draft", m.draft)):
@@ -64,8 +66,9 @@ def prepare_models(cfg: LiveConfig, out: Path) -> None:
                 raise ConfigError(f"{what}={path!r}: no config.json there (stage the checkpoints first: "
                                   "scripts/live_smollm2_h200.sh's header says how)")
         from flashtree.dspark.config import DSparkConfig
+        from flashtree.dspark.dflash_format import load_dflash_config
 
-        block = DSparkConfig.load(m.draft).block_size
+        block = (load_dflash_config if m.algorithm == "DFLASH" else DSparkConfig.load)(m.draft).block_size
         if block != m.draft_block_size:
             raise ConfigError(f"model.draft_block_size={m.draft_block_size}: the draft at {m.draft} has block_size "
                               f"{block}; set model.draft_block_size={block}")

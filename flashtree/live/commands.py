@@ -36,7 +36,8 @@ def toggles(server: ServerConfig) -> dict[str, str]:
         env["FLASHTREE_TREE_N"] = str(server.tree_n)
     for key, value in (("FLASHTREE_TREE_DEPTH", server.depth), ("FLASHTREE_TREE_BUDGET", server.budget),
                        ("FLASHTREE_DRAFT_ROWS", server.draft_rows), ("FLASHTREE_TREE_MAX_BS", server.max_bs),
-                       ("FLASHTREE_DRAFT_TEMPERATURE", server.draft_temperature)):
+                       ("FLASHTREE_DRAFT_TEMPERATURE", server.draft_temperature),
+                       ("FLASHTREE_TREE_POLICY", server.policy)):
         if value is not None:
             env[key] = str(value)
     for key, on in (("FLASHTREE_SPLITKV_VERIFY", server.split_kv), ("FLASHTREE_EXACT_VERIFY", server.exact_verify),
@@ -63,9 +64,10 @@ def launch_args(server: ServerConfig, model: ModelConfig, precision: PrecisionCo
         argv += ["--load-format", "dummy", "--skip-tokenizer-init"]
     if server.speculative:
         w = window(server, model)
-        argv += ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", model.draft,
+        argv += ["--speculative-algorithm", model.algorithm, "--speculative-draft-model-path", model.draft,
                  "--speculative-num-draft-tokens", str(w), "--speculative-draft-attention-backend", "triton"]
-        if w - 1 != model.draft_block_size:  # sglang otherwise refuses a window other than the draft's block + 1
+        # DSPARK refuses a window other than the draft's block + 1 without this; DFLASH's window is its block
+        if model.algorithm == "DSPARK" and w - 1 != model.draft_block_size:
             argv += ["--speculative-dspark-block-size", str(w - 1)]
         if model.dummy is not None:
             argv += ["--speculative-draft-load-format", "dummy"]

@@ -8,7 +8,7 @@ Importing this module needs no hydra (`register` imports it when called).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from omegaconf import MISSING
 
@@ -33,13 +33,17 @@ class ServerConfig:
 
     description: str = ""
     speculative: bool = True  # false: no speculation (the reference server)
-    tree_n: Optional[int] = None  # FLASHTREE_TREE_N: candidate blocks per step; null: DSPARK's own chain
+    # FLASHTREE_TREE_N: candidate blocks per step, or "auto" (the planner picks each batch's shape or DSPARK's chain;
+    # Any for OmegaConf, checked below); null: DSPARK's own chain
+    tree_n: Any = None
     window: Optional[int] = None  # --speculative-num-draft-tokens W (the root included); null: the draft block + 1
     depth: Optional[int] = None  # FLASHTREE_TREE_DEPTH: draft positions each candidate keeps
     budget: Optional[int] = None  # FLASHTREE_TREE_BUDGET: batch-wide verify tokens
     draft_rows: Optional[int] = None  # FLASHTREE_DRAFT_ROWS: rows of the window the tree step's draft forward runs
     draft_temperature: Optional[float] = None  # FLASHTREE_DRAFT_TEMPERATURE of draws 1 .. N-1
+    policy: Optional[str] = None  # FLASHTREE_TREE_POLICY (prob: DFLASH models only)
     max_bs: Optional[int] = None  # FLASHTREE_TREE_MAX_BS: larger decode batches run DSPARK's chain step
+    policy: Optional[str] = None  # FLASHTREE_TREE_POLICY: vote, prob or best-first (flashtree/tree/policies/)
     split_kv: bool = False  # FLASHTREE_SPLITKV_VERIFY=1
     exact_verify: bool = False  # FLASHTREE_EXACT_VERIFY=1
     fused_sampler: bool = False  # FLASHTREE_FUSED_SAMPLER=1
@@ -50,7 +54,7 @@ class ServerConfig:
 
     def check(self, name: str) -> None:
         key = f"servers.{name}"
-        tree_keys = ("depth", "budget", "draft_rows", "draft_temperature", "max_bs", "graph_draws")
+        tree_keys = ("depth", "budget", "draft_rows", "draft_temperature", "max_bs", "graph_draws", "policy")
         if not self.speculative:
             set_keys = [k for k in ("tree_n", "window", *tree_keys) if getattr(self, k) is not None]
             _check(not set_keys and not (self.split_kv or self.exact_verify or self.fused_sampler), key, set_keys,
@@ -59,8 +63,14 @@ class ServerConfig:
             set_keys = [k for k in tree_keys if getattr(self, k) is not None] + (["fused_sampler"] * self.fused_sampler)
             _check(not set_keys, f"{key}.tree_n", None, f"{set_keys} need the tree path (set tree_n)")
         else:
-            _check(1 <= self.tree_n <= 256, f"{key}.tree_n", self.tree_n, "must be in 1..256")
+            ok = self.tree_n == "auto" or (type(self.tree_n) is int and 1 <= self.tree_n <= 256)
+            _check(ok, f"{key}.tree_n", self.tree_n, "must be 'auto' or an integer in 1..256")
         _check(self.window is None or self.window >= 2, f"{key}.window", self.window, "must be >= 2")
+        if self.policy is not None:
+            from flashtree.tree import policy_names
+
+            _check(self.policy in policy_names(), f"{key}.policy", self.policy,
+                   f"must be one of the registered tree policies: {', '.join(policy_names())}")
         _check(not (self.split_kv and self.exact_verify), key, "split_kv+exact_verify",
                "choose one: split-KV verify is already exact on a deterministic server")
         _check(self.page_size >= 1, f"{key}.page_size", self.page_size, "must be >= 1")
@@ -81,7 +91,8 @@ class ModelConfig:
     name: str = "smollm2-135m"
     target: str = MISSING  # target checkpoint folder (for a dummy model: where its config is written)
     draft: str = MISSING  # DSPARK draft checkpoint folder (likewise)
-    draft_block_size: int = 8  # the draft's block_size (checked against its config.json at start)
+    draft_block_size: int = 8  # the draft tokens of its block (DSPARK's block_size, DFLASH's block_size - 1)
+    algorithm: str = "DSPARK"  # sglang's --speculative-algorithm for this draft: DSPARK | DFLASH (no Markov head)
     mem_fraction_static: float = 0.08
     args: list[str] = field(default_factory=list)  # flags every server of this model gets
     precisions: dict[str, PrecisionConfig] = field(default_factory=dict)  # profile name -> profile
@@ -93,6 +104,7 @@ class ModelConfig:
             _check(self.dummy.architecture in ARCHITECTURES, "model.dummy.architecture", self.dummy.architecture,
                    f"use one of {', '.join(ARCHITECTURES)}")
         _check(self.draft_block_size >= 1, "model.draft_block_size", self.draft_block_size, "must be >= 1")
+        _check(self.algorithm in ("DSPARK", "DFLASH"), "model.algorithm", self.algorithm, "use DSPARK or DFLASH")
         _check(0 < self.mem_fraction_static < 1, "model.mem_fraction_static", self.mem_fraction_static,
                "must be in (0, 1)")
         _check(bool(self.precisions), "model.precisions", {}, "needs at least one precision profile")

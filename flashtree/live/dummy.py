@@ -80,9 +80,18 @@ def draft_config(shapes: DummyShapes, block_size: int):
     )
 
 
-def write(shapes: DummyShapes, target_dir, draft_dir, block_size: int) -> tuple[Path, Path]:
-    """Write both config.json files -> their paths."""
+def write(shapes: DummyShapes, target_dir, draft_dir, block_size: int, algorithm: str = "DSPARK") -> tuple[Path, Path]:
+    """Write both config.json files -> their paths. DFLASH: the draft's config in DFlashDraftModel's layout (the same
+    network without the Markov head, a block of block_size + 1 rows)."""
     target = Path(target_dir) / "config.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(target_config(shapes), indent=1) + "\n")
-    return target, draft_config(shapes, block_size).save(draft_dir)
+    draft = draft_config(shapes, block_size)
+    if algorithm != "DFLASH":
+        return target, draft.save(draft_dir)
+    from flashtree.dspark.dflash_format import dflash_hf_dict
+
+    path = Path(draft_dir) / "config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dflash_hf_dict(draft), indent=1) + "\n")
+    return target, path

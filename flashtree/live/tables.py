@@ -43,7 +43,8 @@ def run_params(server: str, spec: dict, model: dict, phase: str, concurrency: in
     server's own settings."""
     block = int(model.get("draft_block_size") or 1)
     window = spec.get("window") or block + 1
-    return {"target.name": model.get("name"), "drafter.name": "dspark", "dataset.name": "live",
+    return {"target.name": model.get("name"), "drafter.name": str(model.get("algorithm") or "DSPARK").lower(),
+            "dataset.name": "live",
             "tree.n": spec.get("tree_n") or 1, "tree.width": window, "tree.policy": spec.get("policy") or "vote",
             "live.phase": phase, "live.server": server, "live.concurrency": concurrency,
             "live.speculative": bool(spec.get("speculative", True)), "live.label": model.get("label", "")}

@@ -8,7 +8,7 @@ validation does; nothing else in the batch changes.
 
 from __future__ import annotations
 
-from .toggles import TreeToggles
+from .toggles import TOGGLES, TREE_N, TreeToggles
 
 PREFIX = "flashtree"
 
@@ -24,7 +24,7 @@ def unsupported_reason(req, toggles: TreeToggles, serves_logprobs: bool = True) 
     else:
         return None
     return (
-        f"{PREFIX}: this server runs flashtree tree speculative decoding (FLASHTREE_TREE_N={toggles.tree_n}), which "
+        f"{PREFIX}: this server runs flashtree tree speculative decoding (FLASHTREE_TREE_N={TOGGLES[TREE_N].parse.show(toggles.tree_n)}), which "
         f"cannot serve {what}. Send the request without it, or use a server started without FLASHTREE_TREE_N."
     )
 

@@ -56,16 +56,25 @@ def at_worker_start(adapter, toggles: TreeToggles, worker) -> None:
             f"flashtree: FLASHTREE_TREE_N is set but this server runs {settings}; the tree path is single-GPU only for "
             f"now: drop {flags} or unset FLASHTREE_TREE_N{opt_in}"
         )
+    from flashtree.tree.policies import POLICIES, get_policy
+
+    lacking = [f for f in get_policy(toggles.tree_policy).needs_scores if f not in adapter.draft_scores]
+    if lacking:
+        raise ToggleError(
+            f"flashtree: FLASHTREE_TREE_POLICY={toggles.tree_policy} ranks nodes by the draft's {', '.join(lacking)}, "
+            f"which {adapter.algorithm}'s tree step does not compute; allowed here: "
+            f"{', '.join(n for n, p in POLICIES.items() if set(p.needs_scores) <= set(adapter.draft_scores))}"
+        )
     gamma = adapter.gamma(worker)
     window = gamma + 1
     if toggles.tree_width and toggles.tree_width > window:
         raise ToggleError(
-            f"flashtree: FLASHTREE_TREE_WIDTH={toggles.tree_width} exceeds DSPARK's verify window "
+            f"flashtree: FLASHTREE_TREE_WIDTH={toggles.tree_width} exceeds {adapter.algorithm}'s verify window "
             f"(--speculative-num-draft-tokens = gamma + 1 = {window}); allowed: 'auto' or an integer from 2 to {window}"
         )
     if toggles.tree_depth > gamma:
         raise ToggleError(
-            f"flashtree: FLASHTREE_TREE_DEPTH={toggles.tree_depth} exceeds DSPARK's draft block (gamma = {gamma}); "
+            f"flashtree: FLASHTREE_TREE_DEPTH={toggles.tree_depth} exceeds {adapter.algorithm}'s draft block (gamma = {gamma}); "
             f"allowed: 'auto' or an integer from 1 to {gamma} (a wider window: raise --speculative-num-draft-tokens)"
         )
     depth = toggles.tree_depth or gamma
@@ -73,7 +82,7 @@ def at_worker_start(adapter, toggles: TreeToggles, worker) -> None:
     if not depth <= rows <= gamma:
         raise ToggleError(
             f"flashtree: FLASHTREE_DRAFT_ROWS={rows} is outside the draft rows a tree step can run, from the tree's "
-            f"depth ({depth}) to DSPARK's gamma ({gamma}); allowed: 'auto' or an integer from {depth} to {gamma}"
+            f"depth ({depth}) to {adapter.algorithm}'s gamma ({gamma}); allowed: 'auto' or an integer from {depth} to {gamma}"
         )
     if rows < gamma:
         adapter.check_draft_rows(rows)

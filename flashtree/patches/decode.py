@@ -12,8 +12,9 @@ the server's --speculative-num-draft-tokens W reserving and capturing the wider 
      step reads them from its buffer (eager as above when the draft forward ran eagerly); a FlashMap draft's N
      candidates are its noise draws instead (flashmap_draft.py);
   3. the tree policy's builder (`flashtree.tree.build_tree`, FLASHTREE_TREE_POLICY; trie-vote by default) -> W - 1
-     nodes; `verify_inputs` -> the verify ids, the node positions, sglang's FULL_MASK tree mask and the step's
-     statistics rows (one launch on CUDA);
+     nodes (`prob` also reads the draws' log q, `best-first` grows its tree from the head instead of drawing:
+     policy_draws.py); `verify_inputs` -> the verify ids, the node positions, sglang's FULL_MASK tree mask and the
+     step's statistics rows (one launch on CUDA);
   4. target verify through DSPARK's executor with that mask and those positions (with FLASHTREE_TREE_BUDGET, over
      the first w slots of the window and through a verify graph captured at width w: verify_widths.py; likewise a
      fixed FLASHTREE_TREE_WIDTH below the window);
@@ -33,11 +34,13 @@ Batches the step does not take go to DSPARK's own decode unchanged: idle batches
 coordination, sampled batches when N = 1 (DSPARK's chain rejection sampling uses the draft's probabilities and
 accepts more than the target-only walk can with one candidate), and batches above FLASHTREE_TREE_MAX_BS requests;
 the last two stay on the tree step when a request has penalties or min_p (node_logits.py: per-node exact there).
-Penalties, logit_bias and custom logit processors adjust each node's verify logits before the walk (node_logits.py);
-grammar requests mask every node's row by the grammar state of its own root-to-node path (sglang's GrammarTree and
-build_grammar_vocab_mask, its DFS with accept / rollback), and sglang's result processor advances each request's
-grammar over the committed tokens as after DSPARK's steps; return_logprob batches get the committed path's logprobs
-from the adjusted rows (logprobs.py).
+Under FLASHTREE_TREE_N=auto the planner (planning.py) picks each remaining batch's shape: a tree of the first N of the
+step's candidates at its width, or DSPARK's own decode ("planned-chain"); batches with penalties or min_p skip it
+(the default tree). Penalties, logit_bias and custom logit processors adjust each node's verify logits before the
+walk (node_logits.py); grammar requests mask every node's row by the grammar state of its own root-to-node path
+(sglang's GrammarTree and build_grammar_vocab_mask, its DFS with accept / rollback), and sglang's result processor
+advances each request's grammar over the committed tokens as after DSPARK's steps; return_logprob batches get the
+committed path's logprobs from the adjusted rows (logprobs.py).
 """
 
 from __future__ import annotations
@@ -48,12 +51,12 @@ import torch
 
 from flashtree.sampler import candidate_rows
 from flashtree.sampler.markov import markov_draws, new_state
-from flashtree.tree import build_tree, chain_tree, pad_tree, sampled_draws, verify_inputs, walk_and_commit
+from flashtree.tree import DraftScores, build_tree, chain_tree, pad_tree, sampled_draws, verify_inputs, walk_and_commit
 from flashtree.tree.encode import child_links
 from flashtree.tree.simulate import simulated_walk_and_commit
 from flashtree.tree.types import VoteTree
 
-from . import checks, flashmap_draft, graph_draws, logprobs, node_logits, simulate
+from . import checks, flashmap_draft, graph_draws, logprobs, node_logits, planning, policy_draws, simulate
 from .draft_rows import DraftRows, drafting
 from .stage_times import NoTimer, StageTimer
 from .tp_sync import TpSync
@@ -79,8 +82,12 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeRun:
     """Check the toggles against this worker (checks.at_worker_start: ToggleError, a SystemExit), plan its tree steps
     and start their run state."""
     checks.at_worker_start(adapter, toggles, worker)
+    grown = policy_draws.check(adapter, toggles, worker)
     gamma = adapter.gamma(worker)
     window = gamma + 1
+    planned = toggles.planned
+    if planned:  # depth, rows and N resolved for the planner's menu
+        toggles = planning.resolve_toggles(adapter, toggles, worker, gamma)
     rows = toggles.draft_rows or gamma
     plan = TreePlan(
         adapter=adapter,
@@ -105,7 +112,10 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeRun:
         draft_rows=DraftRows(adapter.proposer_with_rows(worker, rows)) if rows < gamma else None,
         simulate=simulate.from_server(adapter, toggles, worker, gamma, device),
         tp=TpSync(adapter.tp_group(worker)),
+        grown=grown,
     )
+    if planned:
+        run.planner = planning.from_plan(plan, run.simulate, device)
     logger.info("flashtree tree path on (sglang %s): %s, W=%d, gamma=%d, depth=%d", adapter.release, toggles.describe(),
                 window, gamma, plan.depth)
     return run
@@ -126,25 +136,39 @@ def make_forward_decode(original, adapter, toggles: TreeToggles):
         run = getattr(self, "_flashtree", None)
         if run is None:
             raise RuntimeError(
-                "flashtree: DSparkWorkerV2 was built before flashtree patched it (no tree state); the plugin must load "
-                "before the worker is constructed"
+                f"flashtree: {type(self).__name__} was built before flashtree patched it (no tree state); the plugin "
+                "must load before the worker is constructed"
             )
         reason = skip_reason(run.plan, batch, args, kwargs)
-        if reason is not None:
-            run.fallbacks[reason] = run.fallbacks.get(reason, 0) + 1
-            if reason in CHAIN_VERIFY_FALLBACKS:
-                stage_chain_mask(run, self, batch)
-            seq_lens = getattr(batch, "seq_lens", None)
-            with graph_draws.dspark_proposes_eagerly(self, 0 if seq_lens is None else len(seq_lens)):
-                return original(self, batch, on_publish, *args, **kwargs)
         barrier = args[0] if args else kwargs.get("grammar_barrier")
-        return tree_step(run, self, batch, on_publish, barrier)
+        if reason is None and run.planner is not None and not node_logits.batch_needs_tree(batch):  # TREE_N=auto
+            bs = len(batch.seq_lens)
+            shape = run.planner.choose(bs)
+            with run.planner.timing(shape, bs):
+                if not shape.is_chain:
+                    return tree_step(run, self, batch, on_publish, shape, grammar_barrier=barrier)
+                result = dspark_step(run, original, self, batch, on_publish, "planned-chain", args, kwargs)
+                run.planner.after_chain_step(result.accept_lens)
+                return result
+        if reason is not None:
+            return dspark_step(run, original, self, batch, on_publish, reason, args, kwargs)
+        return tree_step(run, self, batch, on_publish, grammar_barrier=barrier)
 
     return _forward_decode
 
 
+def dspark_step(run: TreeRun, original, worker, batch, on_publish, reason: str, args, kwargs):
+    """DSPARK's own decode step for a batch the tree step does not take (counted by `reason`)."""
+    run.fallbacks[reason] = run.fallbacks.get(reason, 0) + 1
+    if reason in CHAIN_VERIFY_FALLBACKS:
+        stage_chain_mask(run, worker, batch)
+    seq_lens = getattr(batch, "seq_lens", None)
+    with graph_draws.dspark_proposes_eagerly(worker, 0 if seq_lens is None else len(seq_lens)):
+        return original(worker, batch, on_publish, *args, **kwargs)
+
+
 # Fallbacks whose DSPARK chain step runs a target verify of W tokens per request.
-CHAIN_VERIFY_FALLBACKS = ("batch-size", "sampled-n1")
+CHAIN_VERIFY_FALLBACKS = ("batch-size", "sampled-n1", "planned-chain")
 
 
 def stage_chain_mask(run: TreeRun, worker, batch) -> None:
@@ -200,12 +224,13 @@ def skip_reason(plan: TreePlan, batch, args, kwargs) -> str | None:
     return None
 
 
-def draw_candidates(run: TreeRun, worker, base_logits, anchor, draft_hidden, n: int) -> torch.Tensor:
-    """The N candidate blocks (bs, N, K), drawn eagerly: a FlashMap draft's noise draws, else the Markov head's."""
+def draw_candidates(run: TreeRun, worker, base_logits, anchor, draft_hidden, n: int, with_logp: bool = False):
+    """The N candidate blocks (bs, N, K), drawn eagerly: a FlashMap draft's noise draws, else the Markov head's.
+    with_logp (FLASHTREE_TREE_POLICY=prob): (candidates, log q of each token at temperature 1 (bs, N, K))."""
     plan = run.plan
     drawn = flashmap_draft.noise_draws(plan.adapter, worker, base_logits.shape[0])
     if drawn is not None:
-        return drawn
+        return drawn  # policy_draws.check refuses scored policies with a FlashMap draft
     temperature = plan.toggles.draft_temperature
 
     def sampler(step_logits: torch.Tensor) -> torch.Tensor:
@@ -214,10 +239,55 @@ def draw_candidates(run: TreeRun, worker, base_logits, anchor, draft_hidden, n: 
 
     def fused(base, anchor, w1, w2):  # a vanilla Markov head: all K steps of the N draws in K launches on CUDA
         inv_temperature, greedy = candidate_rows(base.shape[0], n, temperature, base.device)
-        return markov_draws(base, anchor, w1, w2, n, inv_temperature, greedy, run.noise)
+        return markov_draws(base, anchor, w1, w2, n, inv_temperature, greedy, run.noise, return_logp=with_logp)
 
-    return plan.adapter.sample_blocks(worker, base_logits, anchor, draft_hidden, n, sampler,
-                                      fused if run.noise is not None else None)
+    if with_logp:
+        sampler, taken = policy_draws.recording_logp(sampler)
+    out = plan.adapter.sample_blocks(worker, base_logits, anchor, draft_hidden, n, sampler,
+                                     fused if run.noise is not None else None)
+    if not with_logp or isinstance(out, tuple):
+        return out
+    return out, taken(base_logits.shape[0], n)
+
+
+def policy_draws_of(run: TreeRun, worker, draft, sampler, bs: int, tree_w: int):
+    """What the plan's policy builds from -> (candidates (bs, n, K), their log q (bs, n, K) for `prob` else None, the
+    grown tree of tree_w tokens for `best-first` else None, where the draws ran: "graph" (read from the draft graph
+    tail's buffers) or "eager")."""
+    plan = run.plan
+    n, k = plan.draws_for(bs), plan.depth
+    logp = tree = None
+    if draft.candidates is not None:  # drawn by the draft graph's tail (FLASHTREE_GRAPH_DRAWS)
+        candidates = draft.candidates[:, :n, :k]  # the tail drew what its graph's (padded) batch size draws: <= n
+        n = candidates.shape[1]
+        path = "graph"
+        draws = sampler.flashtree_draws
+        if draws.grown is not None:
+            tree = policy_draws.first_nodes(draws.read_tree(bs), tree_w)
+        elif draws.logp is not None:
+            logp = draws.logp[:bs, :n]
+    else:
+        path = "eager"
+        if sampler is not None:
+            graph_draws.note_eager(run, sampler.flashtree_draws, bs)
+        if run.grown is not None:  # best-first: no draws, the tree grows from the head
+            tree = policy_draws.grow(draft.base_logits[:, :k], draft.anchor, *run.grown, tree_w)
+            candidates = tree.tokens.new_zeros((bs, 1, k))
+        else:
+            hidden = None if draft.draft_hidden is None else draft.draft_hidden[:, :k]
+            with_logp = policy_draws.needs_logp(plan.policy) and plan.adapter.logp_from_draws
+            drawn = draw_candidates(run, worker, draft.base_logits[:, :k], draft.anchor, hidden, n, with_logp=with_logp)
+            candidates, logp = drawn if isinstance(drawn, tuple) else (drawn, None)
+    if run.simulate is not None:
+        # Random weights' candidates disagree from their first token, so their tree is all depth-1 nodes and no
+        # drawn length could be committed along it: a simulated step builds from N copies of candidate 0 (the same
+        # shapes and kernels), whose path reaches the full depth.
+        candidates = candidates[:, :1].expand_as(candidates)
+        logp = None if logp is None else logp[:, :1].expand_as(logp)
+    candidates = run.tp.from_first(candidates)  # every rank builds rank 0's tree (its draws are its own generator's)
+    if logp is not None:
+        logp = run.tp.from_first(logp)
+    return candidates, logp, tree, path
 
 
 def walk(run: TreeRun, tree: VoteTree, logits: torch.Tensor, sampling_info, req_to_token, rows, starts):
@@ -240,12 +310,17 @@ def walk(run: TreeRun, tree: VoteTree, logits: torch.Tensor, sampling_info, req_
     return walk_and_commit(tree, draws, req_to_token, rows, starts)
 
 
-def tree_step(run: TreeRun, worker, batch, on_publish, grammar_barrier=None):
+def tree_step(run: TreeRun, worker, batch, on_publish, shape=None, grammar_barrier=None):
+    """One tree step; `shape`: the planner's choice (FLASHTREE_TREE_N=auto), a tree of its first N candidates;
+    `grammar_barrier`: DSPARK's (advances the previous step's grammars before this step's masks are built)."""
     plan = run.plan
     adapter = plan.adapter
     draft_input = batch.spec_info
     bs = len(batch.seq_lens)
-    tree_w, w = run.widths_for(bs)  # w: verify tokens per request (DSPARK's window, or a narrower verify graph's)
+    if shape is None:
+        tree_w, w = run.widths_for(bs)  # w: verify tokens per request (DSPARK's window, or a narrower verify graph's)
+    else:
+        tree_w, w = plan.fit_width(shape.width, run.verify_runners)
     prefix = batch.seq_lens
     timer = run.timer or NoTimer()
 
@@ -257,30 +332,26 @@ def tree_step(run: TreeRun, worker, batch, on_publish, grammar_barrier=None):
         draft = adapter.draft_forward(worker, batch, draft_input, window, bs, proposer, sampler, graph_candidates)
     anchor = draft.anchor
     timer.mark("draft")
-    n, k = plan.draws_for(bs), plan.depth
-    if draft.candidates is not None:  # drawn by the draft graph's tail (FLASHTREE_GRAPH_DRAWS)
-        candidates = draft.candidates[:, :n, :k]  # the tail drew what its graph's (padded) batch size draws: <= n
-        n = candidates.shape[1]
-        path = "graph"
-    else:
-        hidden = None if draft.draft_hidden is None else draft.draft_hidden[:, :k]
-        candidates = draw_candidates(run, worker, draft.base_logits[:, :k], anchor, hidden, n)
-        path = "eager"
-        if sampler is not None:
-            graph_draws.note_eager(run, sampler.flashtree_draws, bs)
+    candidates, logp, tree, path = policy_draws_of(run, worker, draft, sampler, bs, tree_w)
+    n = candidates.shape[1]
     run.draw_paths[path] = run.draw_paths.get(path, 0) + 1
-    if run.simulate is not None:
-        # Random weights' candidates disagree from their first token, so their tree is all depth-1 nodes and no
-        # drawn length could be committed along it: a simulated step builds from N copies of candidate 0 (the same
-        # shapes and kernels), whose path reaches the full depth.
-        candidates = candidates[:, :1].expand_as(candidates)
-    candidates = run.tp.from_first(candidates)  # every rank builds rank 0's tree (its draws are its own generator's)
+    drawn = candidates
+    if shape is not None:  # the planner's tree: the first N of the menu's largest draw
+        candidates = candidates[:, : shape.n]
+        logp = None if logp is None else logp[:, : shape.n]
+        n = candidates.shape[1]
     timer.mark("draws")
-    tree = pad_tree(build_tree(candidates, tree_w, policy=plan.policy), w, n)
+    if logp is None and policy_draws.needs_logp(plan.policy):  # DFLASH: from the positions' marginals
+        logp = adapter.candidate_logp(draft, candidates)
+    if tree is None:
+        tree = build_tree(candidates, tree_w, policy=plan.policy, scores=DraftScores(logp=logp, anchor=anchor))
+    tree = pad_tree(tree, w, n)
     if w < plan.width:  # a narrower verify graph: the first w slots of DSPARK's window
         window = window.narrowed(w)
 
     inputs = verify_inputs(tree, anchor, prefix, mask_prefix_bound(plan, worker, batch), candidates)
+    if policy_draws.grows(plan.policy):
+        inputs.stats[:, :2] = 0  # best-first draws no candidates
     grammar = None
     if getattr(batch, "has_grammar", False):  # each node's mask from its own path's grammar state, built on the host
         grammar = adapter.grammar_tree(*child_links(tree), inputs.ids.view(bs, w))
@@ -339,6 +410,8 @@ def tree_step(run: TreeRun, worker, batch, on_publish, grammar_barrier=None):
     logits_output.customized_info = info
     run.steps += 1
     run.tp.committed(result.tokens, commit_lens, run.steps)
+    if shape is not None:
+        run.planner.after_tree_step(shape, drawn, result.tokens, commit_lens)
 
     next_draft_input = adapter.make_next_draft_input(result.bonus, new_seq_lens)
     timer.mark("output")

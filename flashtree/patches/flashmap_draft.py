@@ -108,6 +108,6 @@ def make_worker_init(init, adapter, toggles):
 
     def __init__(self, *args, **kwargs):
         init(self, *args, **kwargs)
-        prepare(adapter, self, toggles.tree_n)
+        prepare(adapter, self, self._flashtree.plan.toggles.tree_n)  # FLASHTREE_TREE_N=auto: the menu's largest N
 
     return __init__

@@ -20,6 +20,8 @@ flashtree wraps the worker's `_maybe_build_draft_sampler` (at `DSparkWorkerV2.__
      FLASHTREE_FUSED_SAMPLER=1 and a vanilla Markov head (bias = w2 @ w1[prev]) the draws are
      `flashtree.sampler.markov_draws` instead: K Triton launches with in-kernel Philox noise whose (seed, calls)
      state each replay advances, in place of about ten torch ops per step.
+With FLASHTREE_TREE_POLICY=prob the tail also keeps each drawn token's log q (`GraphDraws.logp`); with best-first it
+draws nothing and grows the policy's tree from the vanilla head instead (`GraphDraws.tree`; policy_draws.py).
 The tree step's draft forward passes that sampler to `_run_forward`; when the graph ran it reads the candidates from
 the buffer and computes no base logits; otherwise (eager forward) it keeps the eager path (base logits + N draws
 through flashtree's row sampler with FLASHTREE_SEED's generator).
@@ -55,6 +57,9 @@ import torch
 
 from flashtree.sampler import candidate_rows, gumbel_pick
 from flashtree.sampler.markov import markov_draws, new_state
+from flashtree.tree.types import VoteTree
+
+from . import policy_draws
 
 logger = logging.getLogger("flashtree.patches")
 
@@ -88,7 +93,8 @@ class GraphDraws:
 
     def __init__(self, *, adapter, n: int, depth: int, max_bs: int, vocab: int, temperature: float, device,
                  limit: int = 0, fused: tuple | None = None, seed: int = 0, n_for: Callable[[int], int] | None = None,
-                 lean_bs: int = 0):
+                 lean_bs: int = 0, dspark_tail_only: bool = False, policy: str = "vote",
+                 grown: tuple | None = None, tree_width: int = 0):
         # depth: the block positions each candidate keeps (FLASHTREE_TREE_DEPTH, <= DSPARK's gamma)
         # max_bs: the requests the buffers hold. limit (FLASHTREE_TREE_MAX_BS, 0 = none): with a limit, a tail run
         # for more than max_bs requests (a graph only chain steps replay) skips the draws instead of failing.
@@ -96,9 +102,13 @@ class GraphDraws:
         # in-kernel noise from a (seed, calls) state each replay advances) instead of the head's torch steps.
         # n_for: candidates drawn for a batch of bs requests (<= n; FLASHTREE_TREE_BUDGET scales them with the tree).
         # lean_bs: tails for at most this many requests run the draws only, without DSPARK's block proposal (module
-        # docstring); 0: none
+        # docstring); 0: none. dspark_tail_only: DSPARK's own graphs' tails run DSPARK's part only
+        # (FLASHTREE_TREE_N=auto with draft-row graphs: tree steps replay those, DSPARK's serve its chain steps alone)
+        # policy (FLASHTREE_TREE_POLICY): `prob` keeps the draws' log q too; `best-first` draws nothing and grows
+        # its tree of tree_width tokens from the vanilla head's `grown` = (w1, w2) instead (policy_draws.py)
         self.adapter, self.n, self.k, self.max_bs = adapter, int(n), int(depth), int(max_bs)
         self.lean_bs = int(lean_bs)
+        self.dspark_tail_only = bool(dspark_tail_only)
         self.n_for = n_for or (lambda bs: self.n)
         self.limit = int(limit)
         self.fused = fused
@@ -111,7 +121,18 @@ class GraphDraws:
         self.rows = {self.n: (self.inv_temperature, self.greedy)}
         for m in {self.n_for(bs) for bs in range(1, self.max_bs + 1)} - {self.n}:
             self.rows[m] = candidate_rows(self.max_bs, m, temperature, device)
-        if fused is None:
+        self.logp = (torch.zeros((self.max_bs, self.n, self.k), dtype=torch.float32, device=device)
+                     if policy_draws.needs_logp(policy) else None)
+        self.grown, self.tree_width = grown, int(tree_width)
+        if grown is not None:  # the tree per request, as the step reads it (votes 0, first candidate 1: no draws)
+            m = (self.max_bs, self.tree_width - 1)
+            self.tree = VoteTree(tokens=torch.zeros(m, dtype=torch.int64, device=device),
+                                 parents=torch.zeros(m, dtype=torch.int64, device=device),
+                                 depth=torch.ones(m, dtype=torch.int64, device=device),
+                                 votes=torch.zeros(m, dtype=torch.int64, device=device),
+                                 valid=torch.zeros(m, dtype=torch.bool, device=device),
+                                 first_candidate=torch.ones(m, dtype=torch.int64, device=device), k=self.k)
+        elif fused is None:
             self.noise = torch.empty((rows, int(vocab)), dtype=torch.float32, device=device)
         else:
             self.noise_state = new_state(seed, device)
@@ -153,15 +174,30 @@ class GraphDraws:
             base_logits, _ = sampler.model.compute_base_logits(kept)
         base_logits = base_logits.view(bs, -1, base_logits.shape[-1])[:, : self.k]
         draft_hidden = draft_hidden[:, : self.k]
+        self.calls += 1
+        if self.grown is not None:
+            tree = policy_draws.grow(base_logits, anchor, *self.grown, self.tree_width)
+            for buf, part in ((self.tree.tokens, tree.tokens), (self.tree.parents, tree.parents),
+                              (self.tree.depth, tree.depth), (self.tree.valid, tree.valid)):
+                buf[:bs].copy_(part)
+            return
+        logp = None
         if self.fused is not None:
             inv_temperature, greedy = self.rows[n]
             tokens = markov_draws(base_logits, anchor, *self.fused, n, inv_temperature[: bs * n], greedy[: bs * n],
-                                  self.noise_state)
+                                  self.noise_state, return_logp=self.logp is not None)
+            if self.logp is not None:
+                tokens, logp = tokens
         else:
-            tokens = self.adapter.markov_draws(sampler.markov_head, base_logits, anchor, draft_hidden, n,
-                                               self.step_sampler(n))
+            step = self.step_sampler(n)
+            if self.logp is not None:
+                step, taken = policy_draws.recording_logp(step)
+            tokens = self.adapter.markov_draws(sampler.markov_head, base_logits, anchor, draft_hidden, n, step)
+            if self.logp is not None:
+                logp = taken(bs, n)
         self.out[:bs, :n].copy_(tokens.view(bs, n, self.k))
-        self.calls += 1
+        if logp is not None:
+            self.logp[:bs, :n].copy_(logp)
 
     def covers(self, bs: int) -> bool:
         """Whether the graph a batch of `bs` requests replays drew the candidates. Without a limit every captured
@@ -185,6 +221,12 @@ class GraphDraws:
         batch replays was captured without the draws (above FLASHTREE_TREE_MAX_BS)."""
         return self.read(bs) if self.covers(bs) else None
 
+    def read_tree(self, bs: int) -> VoteTree:
+        """best-first: the (bs, tree width - 1) tree the last graph replay grew, as views."""
+        t = self.tree
+        return VoteTree(tokens=t.tokens[:bs], parents=t.parents[:bs], depth=t.depth[:bs], votes=t.votes[:bs],
+                        valid=t.valid[:bs], first_candidate=t.first_candidate[:bs], k=t.k)
+
     def read(self, bs: int) -> torch.Tensor:
         """The (bs, n, K) candidates the last graph replay drew, as a view: the tree step's build and verify inputs
         read them on the forward stream before the next replay can rewrite them, so no copy is needed."""
@@ -198,6 +240,8 @@ class FlashtreeSamplerMixin:
 
     def __call__(self, hidden_states, input_ids):
         draws = self.flashtree_draws
+        if draws.dspark_tail_only:
+            return super().__call__(hidden_states, input_ids)
         if draws.adapter.tail_batch_size(self, hidden_states) <= draws.lean_bs:
             draws.draw(self, hidden_states, input_ids, None)
             return
@@ -268,9 +312,12 @@ def dspark_proposes_eagerly(worker, bs: int):
 
 
 # ---- building (init_cuda_graphs) --------------------------------------------------------------------------------
-def need_bytes(adapter, *, n: int, depth: int, max_bs: int, vocab: int, logits_bytes: int, fused: bool = False) -> int:
+def need_bytes(adapter, *, n: int, depth: int, max_bs: int, vocab: int, logits_bytes: int, fused: bool = False,
+               grown: bool = False) -> int:
     rows = max_bs * n
-    persistent = max_bs * n * depth * 8 + rows * 8
+    persistent = max_bs * n * depth * 12 + rows * 8  # tokens and log q
+    if grown:  # best-first: a round's (bs, V) step logits, bias, log-probabilities and top-k temporaries
+        return persistent + 4 * max_bs * vocab * 4
     if fused:  # per-tile maxima (float32 + int32) per row, tiles of >= 128 tokens; nothing rows x V
         return persistent + rows * (vocab // 128 + 1) * 8
     return persistent + rows * vocab * 4 + adapter.graph_draw_bytes(
@@ -328,8 +375,10 @@ def build(run, worker, stock, *, free: Callable = free_bytes, graph_sizes: Calla
     logits_bytes = weight.element_size() if weight.is_floating_point() else 2
     # FLASHTREE_FUSED_SAMPLER with a vanilla Markov head: the fused Markov draws
     fused = adapter.vanilla_markov_weights(stock.markov_head) if toggles.fused_sampler else None
-    need = need_bytes(adapter, n=toggles.tree_n, depth=plan.depth, max_bs=max_bs, vocab=vocab,
-                      logits_bytes=logits_bytes, fused=fused is not None)
+    grown = run.grown  # FLASHTREE_TREE_POLICY=best-first: no draws, the tail grows the tree (policy_draws.py)
+    n = 1 if grown is not None else toggles.tree_n
+    need = need_bytes(adapter, n=n, depth=plan.depth, max_bs=max_bs, vocab=vocab, logits_bytes=logits_bytes,
+                      fused=fused is not None, grown=grown is not None)
     have = free(worker.device)
     if have is not None and have - need < CAPTURE_HEADROOM_BYTES:
         return keep(
@@ -340,17 +389,22 @@ def build(run, worker, stock, *, free: Callable = free_bytes, graph_sizes: Calla
     limit = limit if max_bs < graph_bs else 0
     # Lean tails where only tree steps replay: none with N = 1 (sampled batches take DSPARK's chain), every graph
     # without a limit, those of at most FLASHTREE_TREE_MAX_BS requests with one.
-    lean_bs = 0 if toggles.tree_n == 1 else min(toggles.tree_max_bs or max_bs, max_bs)
+    # FLASHTREE_TREE_N=auto: the planner hands batches of any size to DSPARK's chain, whose replays read its tail.
+    lean_bs = 0 if toggles.tree_n == 1 or run.planner is not None else min(toggles.tree_max_bs or max_bs, max_bs)
     draws = GraphDraws(
-        adapter=adapter, n=toggles.tree_n, depth=plan.depth, max_bs=max_bs, vocab=vocab,
+        adapter=adapter, n=n, depth=plan.depth, max_bs=max_bs, vocab=vocab,
         temperature=toggles.draft_temperature, device=stock.out.device, limit=limit, fused=fused, seed=toggles.seed,
-        n_for=plan.draws_for, lean_bs=lean_bs,
+        n_for=(lambda bs: 1) if grown is not None else plan.draws_for, lean_bs=lean_bs, policy=plan.policy,
+        grown=grown, tree_width=plan.tree_width,
+        dspark_tail_only=run.planner is not None and plan.forward_rows < plan.gamma,
     )
     run.graph_draws = draws
     run.graph_draws_off = None
     logger.info(
         "flashtree: the N=%d draft draws run in DSPARK's draft CUDA graph tail (%s, up to %d requests, ~%.2f GiB%s)%s",
-        toggles.tree_n, "fused Markov draws" if fused is not None else "the Markov head's torch steps", max_bs,
+        toggles.tree_n, f"policy {plan.policy}: the best-first tree in {plan.tree_width - 1} rounds of the head"
+        if grown is not None else "fused Markov draws" if fused is not None else "the Markov head's torch steps",
+        max_bs,
         need / 2**30, f"; lean up to {lean_bs} requests: without DSPARK's own block proposal" if lean_bs else "",
         f"; graphs above {max_bs} requests (FLASHTREE_TREE_MAX_BS={limit}: chain steps) are captured without them"
         if max_bs < graph_bs else "",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from . import admission, decode, flashmap_draft, startup
+from . import admission, decode, dflash_step, flashmap_draft, startup
 from .adapters import base
 from .adapters.base import DFLASH_UTILS, REQ, RESULTS, SCHEDULER, TRITON, WORKER, SglangAdapter
 from .adapters.probe import resolve
@@ -50,8 +50,10 @@ def _tree_patches(adapter: SglangAdapter, toggles: TreeToggles) -> list[Patch]:
     worker_cls = resolve(WORKER)
     if toggles.draft_rows:
         adapter.check_draft_rows(toggles.draft_rows)
-    narrow = bool(toggles.tree_budget or toggles.tree_width)  # trees narrower than the window
-    if narrow:  # verify graphs at their width
+    narrow = bool(toggles.tree_budget or toggles.tree_width or toggles.planned)  # trees narrower than the window
+    if toggles.planned:  # verify graphs at every width of the planner's menu
+        adapter.require(base.NARROW_VERIFY_PROBES, "FLASHTREE_TREE_N=auto", "an integer from 1 to 256")
+    elif narrow:  # verify graphs at their width
         adapter.require(base.NARROW_VERIFY_PROBES, "FLASHTREE_TREE_BUDGET / FLASHTREE_TREE_WIDTH", "0 / auto")
 
     def worker_init(orig):
@@ -73,7 +75,7 @@ def _tree_patches(adapter: SglangAdapter, toggles: TreeToggles) -> list[Patch]:
         Patch(importlib.import_module(DFLASH_UTILS), "_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS",
               lambda orig: _TaggableFrozenSet(orig - {"TritonAttnBackend", "FlashInferAttnBackend"}),
               "dflash_utils._DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS"),
-    ]
+    ] + dflash_step.patches(adapter, toggles)  # the same tree step on DFLASH's worker (or its refusal)
 
 
 def _simulated_chain_patch(adapter: SglangAdapter, toggles: TreeToggles) -> Patch:

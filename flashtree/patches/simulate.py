@@ -86,7 +86,7 @@ def check_chain_simulation(sglang_length: float) -> None:
 
 def make_chain_correct_len(table: accept_table.AcceptTable, path: str, seed: int):
     """TargetVerifyExecutor._simulated_correct_len drawing each request's accepted length from the table's chain
-    shape (N = 1 over DSPARK's window)."""
+    shape (N = 1 over DSPARK's window, or the recorded chain nearest to it: AcceptTable.chain_width)."""
 
     def _simulated_correct_len(self, *, bs, dtype, device):
         source = getattr(self, "_flashtree_simulated", None)
@@ -95,7 +95,8 @@ def make_chain_correct_len(table: accept_table.AcceptTable, path: str, seed: int
             generator.manual_seed(seed)
             source = self._flashtree_simulated = (RecordedLength(table, path, device), generator)
         lengths, generator = source
-        return lengths.draw(bs, 1, int(self.gamma) + 1, generator).clamp(max=int(self.gamma)).to(dtype)
+        width = table.chain_width(int(self.gamma) + 1)
+        return lengths.draw(bs, 1, width, generator).clamp(max=int(self.gamma)).to(dtype)
 
     return _simulated_correct_len
 
@@ -113,3 +114,32 @@ def from_server(adapter, toggles, worker, gamma: int, device):
     logger.warning("flashtree: SIMULATED ACCEPTANCE: tree steps commit a drawn number of draft tokens, not the "
                    "verified ones (%s); outputs are not the model's, only the timing is meaningful", source.describe())
     return source
+
+
+def make_dflash_chain_acceptance(table: accept_table.AcceptTable, path: str, seed: int):
+    """dflash_worker_v2.apply_dflash_simulated_acceptance drawing each request's accepted length from the table's
+    chain shape (N = 1 over DFLASH's block), filled as DFLASH fills its forced lengths (sglang 0.5.17 / 0.5.20)."""
+    state: dict = {}
+
+    def apply_dflash_simulated_acceptance(*, candidates, target_predict, accept_len, commit_lens, bonus, out_tokens,
+                                          simulate_acc_token_mode, fixed_token_id=100, **_sglang_length):
+        bs, w = candidates.shape
+        if "source" not in state:
+            generator = torch.Generator(device=candidates.device)
+            generator.manual_seed(seed)
+            state["source"] = (RecordedLength(table, path, candidates.device), generator)
+        lengths, generator = state["source"]
+        accepted = lengths.draw(bs, 1, w, generator).clamp(max=w - 1)
+        accept_len.copy_(accepted.to(accept_len.dtype))
+        commit_lens.copy_((accepted + 1).to(commit_lens.dtype))
+        if simulate_acc_token_mode != "real-draft-token":
+            bonus.fill_(fixed_token_id)
+            out_tokens.fill_(fixed_token_id)
+            return
+        drafts = torch.cat([candidates[:, 1:], candidates.new_zeros(bs, 1)], dim=1)
+        keep = torch.arange(w, device=candidates.device)[None] < accepted[:, None]
+        out_tokens.copy_(torch.where(keep, drafts, 0).to(out_tokens.dtype))
+        bonus.copy_(target_predict.gather(1, accepted[:, None]).squeeze(1).to(bonus.dtype))
+        out_tokens.scatter_(1, accepted[:, None], bonus[:, None].to(out_tokens.dtype))
+
+    return apply_dflash_simulated_acceptance

@@ -45,7 +45,10 @@ class TreePlan:
         """(tree width, verify width) of a batch of bs requests. With a verify graph at a width >= the tree's (budget or
         fixed width; `verify_widths`: those captured), the tree fills that width and verify runs there; otherwise the
         tree is padded to DSPARK's window."""
-        w = self.width_for(bs)
+        return self.fit_width(self.width_for(bs), verify_widths)
+
+    def fit_width(self, w: int, verify_widths: Iterable[int] = ()) -> tuple[int, int]:
+        """(tree width, verify width) of a tree of w tokens (widths_for's rule)."""
         fits = [v for v in verify_widths if v >= w]
         if fits:
             return min(fits), min(fits)
@@ -74,6 +77,8 @@ class TreeRun:
     simulate: object | None = None  # simulated acceptance's length source (simulate.py), None on a verified server
     row_tails: dict = field(default_factory=dict)  # (bs, verify width) -> the statistics rows' fixed tail
     tp: TpSync = field(default_factory=lambda: TpSync(None))  # rank 0's draws for every TP rank (TP 1: nothing)
+    planner: object | None = None  # FLASHTREE_TREE_N=auto: the per-batch choice (planning.ServerPlanner)
+    grown: tuple | None = None  # FLASHTREE_TREE_POLICY=best-first: the vanilla head's (w1, w2) (policy_draws.py)
     counts: CommittedCounts = field(default_factory=CommittedCounts)  # penalties' committed tokens (node_logits.py)
 
     def row_tail(self, bs: int, width: int) -> torch.Tensor:

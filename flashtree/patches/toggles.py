@@ -69,12 +69,13 @@ _DECIMAL = re.compile(r"[0-9]+(\.[0-9]*)?|\.[0-9]+")
 
 @dataclass(frozen=True)
 class Ints:
-    """An integer in [lo, hi] in plain decimal digits; with `auto`, also the word 'auto' (read as 0), whose meaning
-    (derived at worker start) `auto` says."""
+    """An integer in [lo, hi] in plain decimal digits; with `auto`, also the word 'auto' (read as `auto_value`), whose
+    meaning (derived at worker start) `auto` says."""
 
     lo: int
     hi: int
     auto: str = ""
+    auto_value: int = 0  # outside [lo, hi] where 0 is a value of its own (FLASHTREE_TREE_N: 0 = off)
 
     @property
     def allowed(self) -> str:
@@ -84,13 +85,13 @@ class Ints:
     def __call__(self, raw: str) -> int:
         text = raw.strip()
         if self.auto and text.lower() == "auto":
-            return 0
+            return self.auto_value
         if not _DIGITS.fullmatch(text) or not self.lo <= int(text) <= self.hi:
             raise ValueError
         return int(text)
 
     def show(self, value: int) -> str:
-        return "auto" if self.auto and value == 0 else str(value)
+        return "auto" if self.auto and value == self.auto_value else str(value)
 
 
 @dataclass(frozen=True)
@@ -171,11 +172,10 @@ class File:
 
 
 def _policy_names() -> tuple[str, ...]:
-    """The policies the server step can build: those that read the candidates alone (its draws compute no draft
-    log-probabilities; `prob` and `best-first` run in the engine and replay)."""
-    from flashtree.tree import POLICIES
+    """The registered tree policies (flashtree/patches/policy_draws.py feeds each what it reads of the draft)."""
+    from flashtree.tree import policy_names
 
-    return tuple(name for name, p in POLICIES.items() if not p.needs_scores)
+    return policy_names()
 
 
 # ---- the declaration
@@ -199,6 +199,10 @@ class Toggle:
 
 
 TREE_N = "FLASHTREE_TREE_N"
+AUTO_N = -1  # FLASHTREE_TREE_N=auto: the planner chooses each decode batch's shape (planning.py)
+# What FLASHTREE_TREE_N=auto changes of other toggles' defaults, for those left unset: the draws the fastest measured
+# servers ran (flashtree/patches/README.md, "Planner").
+AUTO_DEFAULTS = {"FLASHTREE_DRAFT_TEMPERATURE": 0.7, "FLASHTREE_FUSED_SAMPLER": True}
 
 
 def toggle(name: str, parse, default, doc: str, needs_tree: str = ""):
@@ -208,7 +212,11 @@ def toggle(name: str, parse, default, doc: str, needs_tree: str = ""):
 
 @dataclass(frozen=True)
 class TreeToggles:
-    tree_n: int = toggle(TREE_N, Ints(0, 256), 0, "candidate blocks drawn per request; 0 or unset = tree path off")
+    tree_n: int = toggle(
+        TREE_N, Ints(0, 256, "the planner picks each decode batch's tree or DSPARK's chain", AUTO_N), 0,
+        "candidate blocks drawn per request; 0 or unset = tree path off; auto: per decode batch the shape (N, W) or "
+        "DSPARK's chain step with the most expected tokens/s, and unset `FLASHTREE_DRAFT_TEMPERATURE` / "
+        "`FLASHTREE_FUSED_SAMPLER` default to 0.7 / 1; see \"Planner\" below")
     tree_width: int = toggle(
         "FLASHTREE_TREE_WIDTH", Ints(2, 256, "DSPARK's verify window, gamma + 1"), 0,
         "tree width W (root included), at most gamma + 1; a narrower tree is verified by a target graph captured at "
@@ -218,9 +226,10 @@ class TreeToggles:
         "draft positions each candidate keeps, the tree's max depth, at most gamma; below gamma the tree is wider "
         "than its depth + 1: see \"Trees wider than the draft block\" below", "set")
     tree_policy: str = toggle(
-        "FLASHTREE_TREE_POLICY", Name(_policy_names, "tree policies the server step can build (those that read no draft scores)"),
-        "vote", "the tree policy that picks the W - 1 nodes of the candidates' trie (flashtree/tree/policies.py)",
-        "set")
+        "FLASHTREE_TREE_POLICY", Name(_policy_names, "registered tree policies"), "vote",
+        "the tree policy that picks the W - 1 verified nodes (flashtree/tree/policies/): `vote` the nodes most "
+        "candidates pass through, `prob` the candidates' trie by the draft's path probability, `best-first` grown "
+        "from the draft's Markov head without sampling; see \"Tree policies\" below", "set")
     tree_budget: int = toggle(
         "FLASHTREE_TREE_BUDGET", Ints(0, 1 << 20), 0,
         "batch-wide verify-token budget (0 = none): each request's tree gets `W_eff = clamp(budget // bs, 2, W)` "
@@ -281,7 +290,11 @@ class TreeToggles:
 
     @property
     def tree_enabled(self) -> bool:
-        return self.tree_n > 0
+        return self.tree_n != 0
+
+    @property
+    def planned(self) -> bool:
+        return self.tree_n == AUTO_N
 
     def describe(self) -> str:
         return ", ".join(f"{name}={getattr(self, name)}" for name in self.__dataclass_fields__)
@@ -321,7 +334,7 @@ def _refuse_unknown(env: Mapping[str, str]) -> None:
 def _refuse_orphan(name: str, raw: str, tree_n_set: bool) -> None:
     """`name` needs FLASHTREE_TREE_N, which is unset or 0."""
     t, hi = TOGGLES[name], TOGGLES[TREE_N].parse.hi
-    turn_on = f"set {TREE_N} to an integer from 1 to {hi}"
+    turn_on = f"set {TREE_N} to 'auto' or an integer from 1 to {hi}"
     if t.needs_tree == "set":
         raise ToggleError(
             f"flashtree: {name} is set but {TREE_N} is {'0' if tree_n_set else 'unset'}; allowed: {turn_on} to turn "
@@ -347,6 +360,9 @@ def read_toggles(environ: Mapping[str, str] | None = None) -> TreeToggles | None
             values[t.field] = t.parse(raw)
         except ValueError:
             raise ToggleError(f"flashtree: {name}={raw!r} is invalid; allowed: {t.parse.allowed}") from None
+    if values.get("tree_n") == AUTO_N:
+        for name, value in AUTO_DEFAULTS.items():
+            values.setdefault(TOGGLES[name].field, value)
     toggles = TreeToggles(**values)  # type: ignore[arg-type]
     if not toggles.tree_enabled:
         for name, raw in set_.items():
@@ -355,6 +371,24 @@ def read_toggles(environ: Mapping[str, str] | None = None) -> TreeToggles | None
                 _refuse_orphan(name, raw, TREE_N in set_)
     if all(getattr(toggles, t.field) == t.default for t in TOGGLES.values() if not t.needs_tree):
         return None  # only explicit "off" values: nothing to install
+    if toggles.planned and toggles.tree_budget:
+        raise ToggleError(
+            f"flashtree: {TREE_N}=auto chooses each batch's tree width itself, and FLASHTREE_TREE_BUDGET="
+            f"{toggles.tree_budget} would fix it by the batch size; allowed: unset FLASHTREE_TREE_BUDGET (auto), or "
+            f"an integer {TREE_N} with the budget"
+        )
+    if toggles.planned and toggles.tp:
+        raise ToggleError(
+            f"flashtree: {TREE_N}=auto with FLASHTREE_TP=1: each tensor-parallel rank would time its own steps and could "
+            f"choose another shape than the others; allowed: an integer {TREE_N} with FLASHTREE_TP=1, or unset "
+            "FLASHTREE_TP"
+        )
+    if toggles.planned and toggles.tree_policy != "vote":
+        raise ToggleError(
+            f"flashtree: {TREE_N}=auto estimates every shape's acceptance from trie-vote trees of the same candidates, "
+            f"so it plans trie-vote only, not FLASHTREE_TREE_POLICY={toggles.tree_policy}; allowed: unset "
+            f"FLASHTREE_TREE_POLICY (vote) with auto, or an integer {TREE_N} with the policy"
+        )
     if toggles.splitkv_verify and toggles.exact_verify:
         raise ToggleError(
             "flashtree: FLASHTREE_SPLITKV_VERIFY=1 and FLASHTREE_EXACT_VERIFY=1 both replace the target's verify "

@@ -30,7 +30,8 @@ logger = logging.getLogger("flashtree.patches")
 
 def capture(run, worker) -> None:
     """Capture a verify runner on the target's model runner (run.verify_runners) for each width below DSPARK's
-    window that the trees take at a captured batch size (`TreePlan.width_for`: the budget's or the fixed width).
+    window that the trees take at a captured batch size (`TreePlan.width_for`: the budget's or the fixed width; under
+    FLASHTREE_TREE_N=auto every tree width of the planner's menu).
     A failed capture stops the server (ToggleError): those widths exist only because a toggle asked for them, and
     without their graphs its narrower trees would verify padded to the window, saving nothing."""
     plan = run.plan
@@ -38,12 +39,16 @@ def capture(run, worker) -> None:
     if main is None:
         return  # no target verify graphs (--disable-cuda-graph): narrower trees are padded to the window as before
     model_runner = worker.model_runner
-    for w in sorted({plan.width_for(int(bs)) for bs in main.capture_bs} - {plan.width}):
+    if run.planner is not None:  # FLASHTREE_TREE_N=auto: every width on the planner's menu
+        widths = set(run.planner.widths())
+    else:
+        widths = {plan.width_for(int(bs)) for bs in main.capture_bs}
+    for w in sorted(widths - {plan.width}):
         try:
             backend = type(model_runner.attn_backend)(model_runner)
             run.verify_runners[w] = type(main)(model_runner, attn_backend=backend, speculative_num_draft_tokens=w)
         except Exception as err:  # noqa: BLE001 - any capture failure: one message naming the toggles
-            toggles = asked(plan.toggles)
+            toggles = {"FLASHTREE_TREE_N": "auto"} if run.planner is not None else asked(plan.toggles)
             settings = " with ".join(f"{k}={v}" for k, v in toggles.items())
             raise ToggleError(
                 f"flashtree: {settings} needs target verify CUDA graphs at width {w}, and capturing them failed "

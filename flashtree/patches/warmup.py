@@ -16,13 +16,17 @@ import torch
 
 from flashtree.tree import build_tree, pad_tree, verify_inputs, walk_and_commit
 
+from .policy_draws import dummy_scores
+
 
 def step_shape(run, bs: int, graph_bs: int) -> tuple[int, int, int]:
     """(candidates per request, tree width, verify width) of a tree step over bs requests; graph_bs: the largest batch
     the draft graphs were captured for (their tail's draws serve up to it; larger batches draw eagerly)."""
     tree_w, w = run.widths_for(bs)
     draws = run.graph_draws
-    if draws is not None and bs <= graph_bs and draws.covers(bs):
+    if run.grown is not None:  # best-first draws nothing: its steps carry one placeholder candidate
+        n = 1
+    elif draws is not None and bs <= graph_bs and draws.covers(bs):
         n = draws.drawn_n(bs)
     else:
         n = run.plan.draws_for(bs)
@@ -30,8 +34,15 @@ def step_shape(run, bs: int, graph_bs: int) -> tuple[int, int, int]:
 
 
 def shapes(run, max_bs: int, graph_bs: int) -> list[tuple[int, int, int]]:
-    """The distinct step shapes of batches of 1..max_bs requests, in order of first appearance."""
+    """The distinct step shapes of batches of 1..max_bs requests, in order of first appearance (FLASHTREE_TREE_N=auto:
+    the planner's trees)."""
     seen: list[tuple[int, int, int]] = []
+    if run.planner is not None:
+        for s in run.planner.trees:
+            shape = (s.n, *run.plan.fit_width(s.width, run.verify_runners))
+            if shape not in seen:
+                seen.append(shape)
+        return seen
     for bs in range(1, max_bs + 1):
         shape = step_shape(run, bs, graph_bs)
         if shape not in seen:
@@ -49,20 +60,27 @@ def limits(run, worker) -> tuple[int, int]:
 
 
 def warm(run, worker, max_bs: int, graph_bs: int) -> list[tuple[int, int, int]]:
-    """Run one request's tree kernels per shape on dummy inputs (the live dtypes: int64 tokens and lengths, the
-    target's req_to_token dtype) -> the shapes run."""
+    """Run one request's tree kernels per shape on dummy inputs -> the shapes run."""
     plan = run.plan
     device = torch.device(getattr(worker, "device", "cpu"))
     table = plan.adapter.req_to_token(worker) if plan.page_size == 1 else None
     done = shapes(run, max_bs, graph_bs)
     for n, tree_w, w in done:
-        candidates = torch.zeros((1, n, plan.depth), dtype=torch.int64, device=device)
-        tree = pad_tree(build_tree(candidates, tree_w, policy=plan.policy), w, n)
-        prefix = torch.ones(1, dtype=torch.int64, device=device)
-        zero = torch.zeros(1, dtype=torch.int64, device=device)
-        # a row of the live table's length: the walk kernel is specialised on the table's row stride too
-        scratch = None if table is None else torch.zeros((1, table.shape[1]), dtype=table.dtype, device=device)
-        verify_inputs(tree, zero, prefix, 1, candidates)
-        targets = torch.zeros((1, w), dtype=torch.int64, device=device)
-        walk_and_commit(tree, targets, scratch, zero, prefix)
+        dummy_step(plan, device, table, 1, n, tree_w, w)
     return done
+
+
+def dummy_step(plan, device, table, bs: int, n: int, tree_w: int, w: int) -> None:
+    """A tree step's kernels (build, encode, walk with the req_to_token rewrite) over bs requests on dummy inputs of
+    the live dtypes (int64 tokens and lengths, the target's req_to_token dtype); `table`: the live req_to_token
+    (None: paged KV), whose row stride the walk kernel is specialised on (a scratch table of its row length is
+    written, never the live one)."""
+    candidates = torch.zeros((bs, n, plan.depth), dtype=torch.int64, device=device)
+    scores = dummy_scores(bs, n, plan.depth, device)  # what any policy reads, of the live shapes
+    tree = pad_tree(build_tree(candidates, tree_w, policy=plan.policy, scores=scores), w, n)
+    prefix = torch.ones(bs, dtype=torch.int64, device=device)
+    rows = torch.arange(bs, dtype=torch.int64, device=device)
+    scratch = None if table is None else torch.zeros((bs, table.shape[1]), dtype=table.dtype, device=device)
+    verify_inputs(tree, torch.zeros(bs, dtype=torch.int64, device=device), prefix, bs, candidates)
+    targets = torch.zeros((bs, w), dtype=torch.int64, device=device)
+    walk_and_commit(tree, targets, scratch, rows, prefix)

@@ -35,6 +35,13 @@ class AcceptTable:
         """The recorded shape that stands for (n, width)."""
         return min(self.counts, key=lambda s: (s[1] != width, abs(s[1] - width), abs(s[0] - n), s))
 
+    def chain_width(self, width: int) -> int:
+        """The width of the recorded chain (N = 1) nearest to `width`: DSPARK's chain in a wider window than any
+        recorded chain takes the recorded chain's lengths, not those of a wider tree (`nearest` prefers the width),
+        or `width` when the table records no chain."""
+        chains = [w for n, w in self.counts if n == 1]
+        return min(chains, key=lambda w: (abs(w - width), w)) if chains else width
+
     def probs(self, n: int, width: int) -> list[float]:
         counts = self.counts[self.nearest(n, width)]
         total = sum(counts)

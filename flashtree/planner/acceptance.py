@@ -9,6 +9,8 @@ The chain (DSPARK's step) is credited as the single candidate 0 (the draft's gre
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from ..tree import build_tree, get_policy
@@ -78,10 +80,10 @@ class AcceptanceModel:
     """Mean committed tokens per step for each shape: the prior counts as `prior_weight` steps, then every credited
     step counts once, so estimates follow the workload and settle as steps accumulate."""
 
-    def __init__(self, shapes: list[Shape], prior_weight: float = 32.0):
+    def __init__(self, shapes: list[Shape], prior_weight: float = 32.0, prior: Callable[[Shape], float] = prior_tau):
         self.shapes = list(shapes)
         self.prior_weight = float(prior_weight)
-        self.total = {s: prior_tau(s) * prior_weight for s in self.shapes}
+        self.total = {s: prior(s) * prior_weight for s in self.shapes}
         self.count = {s: prior_weight for s in self.shapes}
 
     def update(self, credits: dict[Shape, torch.Tensor]) -> None:

@@ -23,12 +23,16 @@ class CostTable:
     def sizes(self, shape: Shape) -> list[int]:
         return sorted(bs for s, bs in self.seconds if s == shape)
 
-    def time(self, shape: Shape, bs: int) -> float | None:
+    def size_for(self, shape: Shape, bs: int) -> int | None:
+        """The measured size whose time a batch of bs takes (None: the shape has none)."""
         sizes = self.sizes(shape)
         if not sizes:
             return None
-        at = bisect.bisect_left(sizes, bs)
-        return self.seconds[(shape, sizes[min(at, len(sizes) - 1)])]
+        return sizes[min(bisect.bisect_left(sizes, bs), len(sizes) - 1)]
+
+    def time(self, shape: Shape, bs: int) -> float | None:
+        size = self.size_for(shape, bs)
+        return None if size is None else self.seconds[(shape, size)]
 
     def rows(self) -> list[dict]:
         """The table as rows (shape, bs, ms): what the server logs at start and BENCHMARKS.md quotes."""

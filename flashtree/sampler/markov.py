@@ -7,8 +7,10 @@ take the argmax (ties to the lowest id); the others take a Gumbel-max draw from 
 Noise comes from `state` = int64 (seed, call counter): each call reads it and adds 1 to the counter, so a call replayed
 from a CUDA graph redraws without a host round trip.
 
-`markov_draws` runs the fused Triton kernel on CUDA tensors (K launches, nothing of size rows x V in memory) and
-the torch reference elsewhere; the two agree exactly on greedy rows and in distribution on the others.
+`markov_draws` runs the Triton kernels on CUDA tensors (flashtree/sampler/triton_markov.py: K launches a block) and
+the torch reference elsewhere; the two agree exactly on greedy rows and in distribution on the others. With
+`return_logp` it also returns log q of each drawn token at temperature 1, log softmax(logits)[token], what the
+probability tree policies rank by.
 """
 
 from __future__ import annotations
@@ -43,30 +45,35 @@ def gumbel_pick(step_logits, exp_noise, inv_temperature, greedy) -> torch.Tensor
     return torch.where(greedy, step_logits.argmax(dim=-1), scores.argmax(dim=-1))
 
 
-def markov_draws(base_logits, anchor, w1, w2, n: int, inv_temperature, greedy, state) -> torch.Tensor:
+def markov_draws(base_logits, anchor, w1, w2, n: int, inv_temperature, greedy, state, return_logp: bool = False):
     """base_logits (bs, K, V), anchor (bs,), w1 (V', r) embedding weight, w2 (V, r) projection weight,
-    inv_temperature (bs*N,) float32, greedy (bs*N,) bool -> (bs, N, K) int64."""
+    inv_temperature (bs*N,) float32, greedy (bs*N,) bool -> tokens (bs, N, K) int64, and with `return_logp` also
+    logp (bs, N, K) float32."""
     if base_logits.is_cuda:
         from .triton_markov import markov_draws_triton
 
-        return markov_draws_triton(base_logits, anchor, w1, w2, n, inv_temperature, greedy, state)
-    return markov_draws_reference(base_logits, anchor, w1, w2, n, inv_temperature, greedy, state)
+        return markov_draws_triton(base_logits, anchor, w1, w2, n, inv_temperature, greedy, state,
+                                   return_logp=return_logp)
+    return markov_draws_reference(base_logits, anchor, w1, w2, n, inv_temperature, greedy, state, return_logp)
 
 
-def markov_draws_reference(base_logits, anchor, w1, w2, n, inv_temperature, greedy, state) -> torch.Tensor:
+def markov_draws_reference(base_logits, anchor, w1, w2, n, inv_temperature, greedy, state, return_logp=False):
     bs, k, _v = base_logits.shape
     generator = torch.Generator(device=base_logits.device)
     seed, calls = (int(x) for x in state.tolist())
     generator.manual_seed((seed * 1_000_003 + calls) % (1 << 63))
     state[1] += 1
     prev = anchor.long().repeat_interleave(n)
-    out = []
+    out, logp = [], []
     for j in range(k):
         logits = base_logits[:, j].repeat_interleave(n, dim=0) + F.linear(F.embedding(prev, w1), w2)
         noise = torch.empty(logits.shape, dtype=torch.float32, device=logits.device).exponential_(generator=generator)
         prev = gumbel_pick(logits, noise, inv_temperature, greedy)
         out.append(prev)
-    return torch.stack(out, dim=1).view(bs, n, k)
+        if return_logp:
+            logp.append(logits.float().log_softmax(dim=-1).gather(1, prev[:, None])[:, 0])
+    tokens = torch.stack(out, dim=1).view(bs, n, k)
+    return (tokens, torch.stack(logp, dim=1).view(bs, n, k)) if return_logp else tokens
 
 
 __all__ = ["candidate_rows", "gumbel_pick", "markov_draws", "markov_draws_reference", "new_state"]

@@ -26,6 +26,15 @@ def build_vote_tree(candidates: torch.Tensor, width: int) -> VoteTree:
     return build.build_vote_tree(candidates, width)
 
 
+def build_scored_tree(candidates: torch.Tensor, width: int, node_scores: torch.Tensor) -> VoteTree:
+    """The candidates' trie, its width - 1 best-scored nodes (`build.build_scored_tree`; the Triton kernel on CUDA)."""
+    if candidates.is_cuda and candidates.shape[1] <= 64:
+        from .triton_build import build_scored_tree_triton
+
+        return build_scored_tree_triton(candidates, width, node_scores)
+    return build.build_scored_tree(candidates, width, node_scores)
+
+
 def verify_greedy(tree: VoteTree, target_tokens: torch.Tensor) -> VerifyResult:
     if target_tokens.is_cuda:
         from .triton_walk import verify_greedy_triton

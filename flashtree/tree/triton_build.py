@@ -13,6 +13,10 @@ Per request the program
    position, and fills the padding after them.
 
 Fixed shapes, no host synchronisation: graph-capturable. The same launch fills `VoteTree` and `EagleEncoding`.
+
+With SCORED (the `prob` policy, `build_scored_tree_triton`) step 2 ranks by a float score per node instead of the
+votes: the scores become unsigned 32-bit keys of the same order, k* (the (W-1)-th largest) comes from a radix select
+(four 256-bin histograms, one per key byte), and ties at k* are taken in (depth, candidate) order as the votes' are.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ def _put(ptr, out, value, kept, pad_out, pad_value, pad):
 @triton.jit
 def _vote_tree_kernel(
     cand_ptr,  # (bs, N, K) int64, contiguous
+    score_ptr,  # (bs, N, K) float32 node scores (SCORED), contiguous
     tok_ptr,  # (bs, M) int64
     par_ptr,  # (bs, M) int64
     dep_ptr,  # (bs, M) int64
@@ -75,6 +80,7 @@ def _vote_tree_kernel(
     PLP: tl.constexpr,
     WRITE_EAGLE: tl.constexpr,
     MASK64: tl.constexpr,  # candidate sets as uint64 bit masks (N > 32), else uint32
+    SCORED: tl.constexpr,  # rank by the node scores (build_scored_tree) instead of the votes
 ):
     b = tl.program_id(0).to(tl.int64)
     base = cand_ptr + b * (N * K)
@@ -106,13 +112,39 @@ def _vote_tree_kernel(
     pf = tl.reshape(tl.where(d > lp // NP, i, lp % NP), [KP * NP])
     nv = tl.reshape(tl.where(node, _popcount(agree, MASK64), 0), [KP * NP])  # 0 votes = not a node
 
-    # v*: the largest v with at least M nodes of >= v votes (0 when the trie has fewer than M nodes)
-    t = tl.arange(0, NP)
-    more = tl.cumsum(tl.histogram(nv - 1, NP, mask=nv > 0), 0, reverse=True)  # more[t]: nodes with votes > t
-    vstar = tl.max(tl.where(more >= M, t + 1, 0), axis=0)
-    above = tl.sum(tl.where(t == vstar, more, 0), axis=0)
-    is_above = nv > vstar
-    is_tie = (nv == vstar) & (nv > 0)
+    if SCORED:
+        # score s[d, i] of node (d, i) as an unsigned 32-bit key whose order is the float's (-0 as +0, NaN as
+        # -inf); k*: the M-th largest node key, a radix select over its four bytes (a 256-bin histogram each,
+        # highest byte first, among the keys that match the bytes chosen so far); every node kept when <= M
+        sc = tl.load(score_ptr + b * (N * K) + pi * K + pd, mask=(pi < N) & (pd < K), other=0.0)
+        sc = tl.where(sc != sc, float("-inf"), sc) + 0.0
+        bits = sc.to(tl.int32, bitcast=True)
+        key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64) + (1 << 31)
+        isn = nv > 0
+        match = isn
+        rem = tl.minimum(tl.sum(isn.to(tl.int32), axis=0), M)  # keys still to take at or above k*
+        kstar = rem.to(tl.int64) * 0
+        byte = tl.arange(0, 256)
+        for step in tl.static_range(4):
+            dig = ((key >> (24 - 8 * step)) & 255).to(tl.int32)
+            hist = tl.histogram(dig, 256, mask=match)
+            ge = tl.cumsum(hist, 0, reverse=True)  # ge[v]: matching keys whose byte is >= v
+            pick = tl.max(tl.where(ge >= rem, byte, 0), axis=0)
+            rem -= tl.sum(tl.where(byte == pick, ge - hist, 0), axis=0)
+            match = match & (dig == pick)
+            kstar = kstar | (pick.to(tl.int64) << (24 - 8 * step))
+        kstar = tl.where(tl.sum(isn.to(tl.int32), axis=0) > M, kstar, -1)
+        is_above = isn & (key > kstar)
+        is_tie = isn & (key == kstar)
+        above = tl.sum(is_above.to(tl.int32), axis=0)
+    else:
+        # v*: the largest v with at least M nodes of >= v votes (0 when the trie has fewer than M nodes)
+        t = tl.arange(0, NP)
+        more = tl.cumsum(tl.histogram(nv - 1, NP, mask=nv > 0), 0, reverse=True)  # more[t]: nodes with votes > t
+        vstar = tl.max(tl.where(more >= M, t + 1, 0), axis=0)
+        above = tl.sum(tl.where(t == vstar, more, 0), axis=0)
+        is_above = nv > vstar
+        is_tie = (nv == vstar) & (nv > 0)
     # one prefix sum counts both classes before each slot: above-nodes in the high 16 bits, tie-nodes in the low
     flags = (is_above.to(tl.int32) << 16) | is_tie.to(tl.int32)
     before = tl.cumsum(flags, axis=0) - flags
@@ -152,7 +184,7 @@ def _np2(x: int) -> int:
     return max(2, triton.next_power_of_2(x))
 
 
-def _launch(candidates: torch.Tensor, width: int, eagle: bool):
+def _launch(candidates: torch.Tensor, width: int, eagle: bool, node_scores: torch.Tensor | None = None):
     if candidates.dim() != 3:
         raise ValueError(f"candidates must be (bs, N, K), got shape {tuple(candidates.shape)}")
     if width < 2:
@@ -162,6 +194,7 @@ def _launch(candidates: torch.Tensor, width: int, eagle: bool):
     if n > 64 or np_ * kp >= 1 << 15:
         raise ValueError(f"N = {n}, K = {k} are too large: N must fit a 64-bit mask, the slot counts 15 bits")
     cand = candidates.to(torch.int64).contiguous()
+    scores = cand if node_scores is None else node_scores.to(torch.float32).contiguous()  # never read when unscored
     m = width - 1
     dev = cand.device
     out = [torch.empty(bs, m, dtype=torch.int64, device=dev) for _ in range(4)]
@@ -177,9 +210,9 @@ def _launch(candidates: torch.Tensor, width: int, eagle: bool):
     warps = 4 if np_ * kp <= 512 else 8
     if bs > 0:
         _vote_tree_kernel[(bs,)](
-            cand, out[0], out[1], out[2], out[3], valid, fc, ids, pl,
+            cand, scores, out[0], out[1], out[2], out[3], valid, fc, ids, pl,
             N=n, K=k, M=m, W=width, PL=pl_w, NP=np_, KP=kp, MP=_np2(m), PLP=_np2(pl_w),
-            WRITE_EAGLE=eagle, MASK64=np_ > 32, num_warps=warps,
+            WRITE_EAGLE=eagle, MASK64=np_ > 32, SCORED=node_scores is not None, num_warps=warps,
         )
     tree = VoteTree(tokens=out[0], parents=out[1], depth=out[2], votes=out[3], valid=valid, first_candidate=fc, k=k)
     if not eagle:
@@ -192,6 +225,14 @@ def _launch(candidates: torch.Tensor, width: int, eagle: bool):
 def build_vote_tree_triton(candidates: torch.Tensor, width: int) -> VoteTree:
     """Same signature and result as `flashtree.tree.build_vote_tree`, one launch."""
     return _launch(candidates, width, eagle=False)[0]
+
+
+def build_scored_tree_triton(candidates: torch.Tensor, width: int, node_scores: torch.Tensor) -> VoteTree:
+    """Same signature and result as `flashtree.tree.build.build_scored_tree` (the `prob` policy's build), one
+    launch: the trie as trie-vote's, its W - 1 nodes ranked by score desc, depth asc, first candidate asc."""
+    if node_scores.shape != candidates.shape:
+        raise ValueError(f"node_scores must be (bs, N, K) = {tuple(candidates.shape)}, got {tuple(node_scores.shape)}")
+    return _launch(candidates, width, eagle=False, node_scores=node_scores)[0]
 
 
 def build_vote_tree_eagle_triton(candidates: torch.Tensor, width: int) -> tuple[VoteTree, EagleEncoding]:

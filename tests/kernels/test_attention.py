@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from flashtree.attention import tree_attention_paged_reference, tree_attention_reference
-from flashtree.attention.triton_verify import tree_attention_paged_triton, tree_attention_triton
+from flashtree.attention.triton_verify import (MAX_SPLITS, MIN_SPLIT_KEYS, choose_splits, launch_choice,
+                                               tree_attention_paged_triton, tree_attention_triton)
 
 from .common import CUDA, DEV, tree_mask
 
@@ -102,3 +103,49 @@ def test_tree_mask_is_applied():
     b = tree_attention_triton(*[x.to(DEV) for x in (q, k, v2, kb, vb, indptr, idx, chain)], L)
     assert torch.equal(a[: (L - 1) * 1].cpu(), b[: (L - 1) * 1].cpu())
     assert not torch.equal(a[L - 1].cpu(), b[L - 1].cpu())
+
+
+def test_split_choice():
+    # a batch that fills the GPU alone runs unsplit (bs 64 / 8K: one part per (request, KV head))
+    assert choose_splits(64 * 8, 8192, 132) == 1 and choose_splits(106, 4096, 132) == 1
+    # bs 1 (8 KV heads): the power of two below one wave of 2 programs per SM, at least MIN_SPLIT_KEYS keys each
+    assert choose_splits(8, 32768, 132) == 32 and choose_splits(8, 4096, 132) == 4096 // MIN_SPLIT_KEYS == 16
+    assert choose_splits(64, 4096, 132) == 4 and choose_splits(8, 100, 132) == 1
+    assert choose_splits(1, 1 << 20, 132) == MAX_SPLITS
+    one = launch_choice(1, 32, 8, 128, 128, 16, 4096, torch.device("cuda"), None) if CUDA else None
+    assert one is None or (one.splits, one.parts, one.block_m, one.row_blocks) == (16, 17, 64, 1)
+    cpu = launch_choice(2, 8, 2, 64, 64, 4, 50, torch.device("cpu"), 3)
+    assert (cpu.splits, cpu.parts) == (3, 4)  # the tree gets a part of its own
+    assert launch_choice(2, 8, 2, 64, 64, 4, 50, torch.device("cpu"), 1).parts == 1
+    for bad in (0, -2, 2.5):
+        with pytest.raises(ValueError, match="num_splits"):
+            launch_choice(2, 8, 2, 64, 64, 4, 50, torch.device("cpu"), bad)
+
+
+@pytest.mark.parametrize("splits", [2, 4, 9])
+def test_any_split_count_matches_the_reference(splits):
+    """Every split count gives the reference's output, splits left empty by a short prefix included (9 splits of
+    one key block over prefixes of 0-130 keys); fresh random inputs per count."""
+    g = torch.Generator().manual_seed(100 + splits)
+    bs, hq, hkv, d, L = 3, 8, 2, 64, 5
+    lens = torch.tensor([130, 0, int(torch.randint(1, 70, (1,), generator=g))])
+    q, k, v, kb, vb, indptr, idx, mask, _ = make(bs, hq, hkv, d, L, lens, torch.bfloat16, g)
+    args = [x.to(DEV) for x in (q, k, v, kb, vb, indptr, idx, mask)]
+    ref = tree_attention_reference(*[x.float() for x in args[:5]], *args[5:], L)
+    out = tree_attention_triton(*args, L, num_splits=splits)
+    assert rel_err(out, ref) <= 1e-2
+
+
+def test_the_heuristic_on_an_index_buffer_longer_than_the_prefixes():
+    """sglang's graphs pass a `kv_indices` buffer sized for the longest context: the heuristic then splits by its
+    length, and prefixes much shorter than it fill only their first splits (the rest load nothing)."""
+    g = torch.Generator().manual_seed(7)
+    bs, hq, hkv, d, L = 2, 4, 1, 64, 4
+    lens = torch.tensor([600, 37])
+    q, k, v, kb, vb, indptr, idx, mask, _ = make(bs, hq, hkv, d, L, lens, torch.bfloat16, g)
+    padded = torch.cat([idx, torch.zeros(8192, dtype=idx.dtype)])  # the buffer's tail is never read
+    c = launch_choice(bs, hq, hkv, d, d, L, len(padded) // bs, torch.device(DEV), None)
+    assert c.splits == 8  # by the buffer: 600 keys fill 5 splits of 128, 37 keys one (7 empty)
+    args = [x.to(DEV) for x in (q, k, v, kb, vb, indptr, padded, mask)]
+    ref = tree_attention_reference(*[x.float() for x in args[:5]], *args[5:], L)
+    assert rel_err(tree_attention_triton(*args, L), ref) <= 1e-2

@@ -85,3 +85,99 @@ def test_builder_graph_capture():
         graph.replay()
         ref = build_vote_tree(static.cpu(), 32)
         assert torch.equal(tree.tokens.cpu(), ref.tokens) and torch.equal(tree.parents.cpu(), ref.parents)
+
+
+# ---- the prob policy's build: the same trie ranked by path log-probability (build_scored_tree) -----------------
+def path_logq(cands, g, levels: int):
+    """Per-position log q (bs, N, K) consistent over shared prefixes, as a draft's is: a function of (depth, token,
+    previous token) from a random table of values <= 0 on a grid of `levels` values (so path scores tie, sum exactly
+    on any device and probability-1 steps keep a score; levels 0: continuous values, which differ in every byte of
+    their bits), with a few -inf (probability 0)."""
+    vocab = int(cands.max()) + 1
+    k = cands.shape[2]
+    shape = (k, vocab + 1, vocab)
+    table = -torch.randint(0, levels, shape, generator=g).float() / 4 if levels else -3 * torch.rand(shape, generator=g)
+    table[torch.rand(table.shape, generator=g) < 0.03] = float("-inf")
+    prev = torch.cat([torch.full_like(cands[:, :, :1], vocab), cands[:, :, :-1]], dim=2)
+    depth = torch.arange(k).view(1, 1, k).expand_as(cands)
+    return table[depth, prev, cands]
+
+
+SCORED = [(3, 6, 5, 10, 3), (2, 1, 1, 2, 5), (2, 4, 3, 40, 2), (2, 7, 4, 2, 2), (2, 32, 8, 32, 4), (1, 40, 6, 32, 3)]
+
+
+@pytest.mark.parametrize("bs,n,k,w,vocab", SCORED)
+def test_scored_builder_matches_reference(bs, n, k, w, vocab):
+    from flashtree.tree.build import build_scored_tree
+    from flashtree.tree.triton_build import build_scored_tree_triton
+
+    g = torch.Generator().manual_seed(hash((bs, n, k, w, vocab, 7)) % 2**31)
+    for levels in (3, 1000, 0):  # many ties, nearly none, none
+        cands = torch.randint(0, vocab, (bs, n, k), generator=g)
+        scores = path_logq(cands, g, levels).cumsum(dim=2)
+        ref = build_scored_tree(cands, w, scores)
+        tree = build_scored_tree_triton(cands.to(DEV), w, scores.to(DEV))
+        for f in FIELDS:
+            assert torch.equal(getattr(tree, f).cpu(), getattr(ref, f)), (levels, f)
+    if 2 < w <= n * k and n > 1:  # a choice to make: not the vote tree, the ranking is the scores'
+        votes = build_vote_tree(cands, w)
+        assert any(not torch.equal(getattr(ref, f), getattr(votes, f)) for f in ("tokens", "parents"))
+
+
+@pytest.mark.skipif(not CUDA, reason="graph capture needs a CUDA device")
+def test_policy_builds_graph_capture():
+    """The server's policy builds replay from a CUDA graph: prob's (cumsum + the scored launch) and best-first's tree
+    grown from a vanilla head's conditionals (the registered torch builder, as the draft graph's tail runs it); each
+    replay equals the torch reference on the new inputs."""
+    import torch.nn.functional as F
+
+    from flashtree.patches.policy_draws import grow
+    from flashtree.tree import DraftScores, build_tree, get_policy
+
+    g = torch.Generator().manual_seed(5)
+    cands = anchor_candidates(64, 32, 15, g, vocab=4)
+    static_c, scores = cands.cuda(), DraftScores(logp=path_logq(cands, g, 3).cuda())
+    bs, k, v, w = 8, 6, 500, 16
+    base = torch.randn(bs, k, v, generator=g).cuda()
+    w1, w2 = torch.randn(v, 4, generator=g).cuda(), torch.randn(v, 4, generator=g).cuda()
+    anchor = torch.randint(0, v, (bs,), generator=g).cuda()
+    get_policy("prob").build(static_c, 32, scores), grow(base, anchor, w1, w2, w)  # compile / warm up
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tree = get_policy("prob").build(static_c, 32, scores)
+        grown = grow(base, anchor, w1, w2, w)
+    for _ in range(2):
+        cands = anchor_candidates(64, 32, 15, g, vocab=4)
+        static_c.copy_(cands.cuda())
+        scores.logp.copy_(path_logq(cands, g, 3).cuda())
+        base.copy_(torch.randn(bs, k, v, generator=g).cuda())
+        graph.replay()
+        ref = build_tree(cands, 32, policy="prob", scores=DraftScores(logp=scores.logp.cpu()))
+        assert all(torch.equal(getattr(tree, f).cpu(), getattr(ref, f)) for f in FIELDS)
+        cpu_base, cpu_w1, cpu_w2 = base.cpu(), w1.cpu(), w2.cpu()
+        want = build_tree(torch.zeros(bs, 1, k, dtype=torch.long), w, policy="best-first", scores=DraftScores(
+            anchor=anchor.cpu(), step_logprobs=lambda r, p, t: (
+                cpu_base[r, p.clamp(max=k - 1)] + F.linear(F.embedding(t, cpu_w1), cpu_w2)).log_softmax(-1)))
+        assert torch.equal(grown.tokens.cpu(), want.tokens) and torch.equal(grown.parents.cpu(), want.parents)
+
+
+def test_scored_builder_selects_on_every_key_byte():
+    """Scores one float step apart (they differ in the lowest byte of their bits only), ±0 (equal scores) and -inf
+    nodes kept only where room is left: the kernel's radix select keeps the reference's nodes."""
+    from flashtree.tree.build import build_scored_tree
+    from flashtree.tree.triton_build import build_scored_tree_triton
+
+    n = 40
+    cands = torch.arange(n).view(1, n, 1).repeat(3, 1, 1)  # n depth-1 nodes per request
+    steps = torch.full((n,), -1.0)
+    for i in range(1, n):
+        steps[i] = torch.nextafter(steps[i - 1], torch.tensor(-2.0))
+    scores = torch.stack([steps[torch.randperm(n, generator=torch.Generator().manual_seed(1))],
+                          torch.where(torch.arange(n) % 2 == 0, 0.0, -0.0),
+                          torch.where(torch.arange(n) < 5, -1.0, float("-inf"))]).view(3, n, 1)
+    for w in (2, 7, 21, 40):
+        ref = build_scored_tree(cands, w, scores)
+        tree = build_scored_tree_triton(cands.to(DEV), w, scores.to(DEV))
+        for f in FIELDS:
+            assert torch.equal(getattr(tree, f).cpu(), getattr(ref, f)), (w, f)

@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 
 from flashtree.sampler.markov import markov_draws_reference, new_state
-from flashtree.sampler.triton_markov import markov_draws_triton
+from flashtree.sampler.triton_markov import markov_draws_fused, markov_draws_gemm, markov_draws_triton
 
 from .common import CUDA, DEV
 from .test_sampler import chi2_pvalue
@@ -25,26 +25,26 @@ def row_consts(bs, n, temperature, greedy_first=True):
     return inv.to(DEV), greedy.view(-1).to(DEV)
 
 
+def gemm_chunked(*args):  # the GEMM form with several vocabulary chunks and row blocks even at CPU sizes
+    return markov_draws_gemm(*args, block_rows=2, block_v=64, chunks=3)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_greedy_rows_equal_the_reference(dtype):
+@pytest.mark.parametrize("impl", [markov_draws_fused, gemm_chunked])
+def test_greedy_rows_equal_the_reference(dtype, impl):
     # (bs, N, K, V, rank): vocabularies that are not a multiple of the tile, several row blocks on CUDA
-    shapes = [(3, 4, 7, 49152, 32), (64, 8, 7, 49152, 32), (1, 8, 15, 151936, 64)] if CUDA else [(3, 2, 4, 700, 8)]
+    shapes = ([(3, 4, 7, 49152, 32), (64, 8, 7, 49152, 32), (1, 8, 15, 151936, 64), (8, 8, 7, 151936, 256)] if CUDA
+              else [(3, 2, 4, 700, 8)])
     for i, (bs, n, k, v, rank) in enumerate(shapes):
         base, anchor, w1, w2 = head_inputs(bs, k, v, rank, dtype, seed=i)
         # the anchors as DSPARK's graph tail passes them: column 0 of the (bs, q) input ids, a strided view
         anchor = torch.stack([anchor, torch.zeros_like(anchor)], dim=1)[:, 0]
         inv, greedy = row_consts(bs, n, 0.8)
         greedy[1::3] = True  # more greedy rows beside the sampled ones
-        ours = markov_draws_triton(base, anchor, w1, w2, n, inv, greedy, new_state(3, DEV)).cpu()
+        ours = impl(base, anchor, w1, w2, n, inv, greedy, new_state(3, DEV)).cpu()
         ref = markov_draws_reference(base, anchor, w1, w2, n, inv, greedy, new_state(3, DEV)).cpu()
         mask = greedy.view(bs, n).cpu()
         assert torch.equal(ours[mask], ref[mask])
-        # programs streaming several row blocks past their w2 tile draw the same tokens
-        for groups in (1, 2):
-            streamed = markov_draws_triton(base, anchor, w1, w2, n, inv, greedy, new_state(3, DEV), block_rows=2,
-                                           groups=groups).cpu()
-            assert torch.equal(streamed, markov_draws_triton(base, anchor, w1, w2, n, inv, greedy, new_state(3, DEV),
-                                                             block_rows=2).cpu())
         assert ours.dtype == torch.int64 and ((ours >= 0) & (ours < v)).all()
         # a greedy row is the Markov chain of argmaxes, step by step
         prev, chain = anchor.long(), []
@@ -54,7 +54,43 @@ def test_greedy_rows_equal_the_reference(dtype):
         assert torch.equal(ours[:, 0], torch.stack(chain, 1).cpu())
 
 
-@pytest.mark.parametrize("impl", [markov_draws_triton, markov_draws_reference])
+def test_the_gemm_form_returns_the_drawn_tokens_log_q():
+    """log q at temperature 1 of every drawn token (greedy and sampled rows), as the reference computes it from the
+    same tokens; the tokens themselves are those of the plain call (the same noise), and the fused form's too."""
+    bs, n, k, v, rank = (4, 8, 7, 151936, 256) if CUDA else (3, 4, 3, 500, 16)
+    base, anchor, w1, w2 = head_inputs(bs, k, v, rank, torch.float32, seed=9)
+    inv, greedy = row_consts(bs, n, 0.7)
+    tokens, logp = markov_draws_gemm(base, anchor, w1, w2, n, inv, greedy, new_state(4, DEV), return_logp=True,
+                                     block_rows=2, block_v=64, chunks=3)
+    assert torch.equal(tokens, gemm_chunked(base, anchor, w1, w2, n, inv, greedy, new_state(4, DEV)))
+    assert torch.equal(tokens, markov_draws_fused(base, anchor, w1, w2, n, inv, greedy, new_state(4, DEV)))
+    prev, want = anchor.long().repeat_interleave(n), []
+    flat = tokens.view(bs * n, k)
+    for j in range(k):
+        logits = base[:, j].repeat_interleave(n, dim=0) + F.linear(F.embedding(prev, w1), w2)
+        want.append(logits.log_softmax(-1).gather(1, flat[:, j : j + 1])[:, 0])
+        prev = flat[:, j]
+    torch.testing.assert_close(logp.view(bs * n, k), torch.stack(want, 1), rtol=0, atol=1e-4)
+    _, ref_logp = markov_draws_reference(base, anchor, w1, w2, n, inv, greedy, new_state(4, DEV), return_logp=True)
+    mask = greedy.view(bs, n)
+    torch.testing.assert_close(logp[mask], ref_logp[mask], rtol=0, atol=1e-4)  # greedy rows: the same tokens
+
+
+def test_wide_heads_take_the_gemm_form():
+    bs, n, k, v = 2, 2, 2, 300
+    for rank, gemm in ((8, False), (128, True)):
+        base, anchor, w1, w2 = head_inputs(bs, k, v, rank, torch.float32, seed=rank)
+        inv, greedy = row_consts(bs, n, 0.8)
+        got = markov_draws_triton(base, anchor, w1, w2, n, inv, greedy, new_state(1, DEV))
+        form = markov_draws_gemm if gemm else markov_draws_fused
+        assert torch.equal(got, form(base, anchor, w1, w2, n, inv, greedy, new_state(1, DEV)))
+
+
+def gemm_wide_blocks(*args):  # the GEMM form, few programs for the interpreter's 4096 rows
+    return markov_draws_gemm(*args, block_rows=64)
+
+
+@pytest.mark.parametrize("impl", [markov_draws_fused, gemm_wide_blocks, markov_draws_reference])
 def test_sampled_rows_follow_the_heads_softmax(impl):
     v, k, n, temperature = 12, 2, 4096 if not CUDA else 65536, 0.7
     base, anchor, w1, w2 = head_inputs(1, k, v, 4, torch.float32, seed=7)
@@ -73,33 +109,19 @@ def test_sampled_rows_follow_the_heads_softmax(impl):
 
 
 @pytest.mark.skipif(not CUDA, reason="graph capture needs a CUDA device")
-def test_graph_replays_redraw():
+@pytest.mark.parametrize("impl", [markov_draws_fused, markov_draws_gemm])
+def test_graph_replays_redraw(impl):
     base, anchor, w1, w2 = head_inputs(4, 7, 49152, 32, torch.bfloat16, seed=3)
     inv, greedy = row_consts(4, 8, 1.0)
     state = new_state(5, DEV)
-    markov_draws_triton(base, anchor, w1, w2, 8, inv, greedy, state)
+    impl(base, anchor, w1, w2, 8, inv, greedy, state)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = markov_draws_triton(base, anchor, w1, w2, 8, inv, greedy, state)
+        out = impl(base, anchor, w1, w2, 8, inv, greedy, state)
     seen = []
     for _ in range(3):
         graph.replay()
         seen.append(out.clone())
     assert not torch.equal(seen[0][:, 1:], seen[1][:, 1:])  # sampled candidates change per replay
     assert all(torch.equal(s[:, 0], seen[0][:, 0]) for s in seen)  # the greedy candidate does not
-
-
-def test_a_wide_head_streams_its_row_blocks():
-    """A rank-256 head (Qwen3-8B's DSPARK draft) takes the streaming launch by default: the greedy rows still equal
-    the reference's, sampled rows equal the one-program-per-row-block launch's."""
-    bs, n, k, v, rank = (4, 8, 3, 4096, 256) if CUDA else (3, 2, 2, 300, 128)
-    base, anchor, w1, w2 = head_inputs(bs, k, v, rank, torch.float32, seed=5)
-    inv, greedy = row_consts(bs, n, 0.8)
-    ours = markov_draws_triton(base, anchor, w1, w2, n, inv, greedy, new_state(3, DEV), block_rows=2).cpu()
-    ref = markov_draws_reference(base, anchor, w1, w2, n, inv, greedy, new_state(3, DEV)).cpu()
-    assert torch.equal(ours[greedy.view(bs, n).cpu()], ref[greedy.view(bs, n).cpu()])
-    blocks = -(-bs * n // 2)
-    per_block = markov_draws_triton(base, anchor, w1, w2, n, inv, greedy, new_state(3, DEV), block_rows=2,
-                                    groups=blocks).cpu()
-    assert torch.equal(ours, per_block)

@@ -43,6 +43,13 @@ def test_the_best_measured_server_command_and_env(best):
                         "FLASHTREE_FUSED_SAMPLER": "1", "FLASHTREE_GRAPH_DRAWS": "1"}
 
 
+def test_the_policy_servers_set_the_policy_toggle(best):
+    for server, policy in (("tree16-w16-prob", "prob"), ("tree16-w16-bestfirst", "best-first")):
+        env = instance(best, server, "bf16", "speed", {}).env
+        assert env["FLASHTREE_TREE_POLICY"] == policy and env["FLASHTREE_TREE_N"] == "16"
+    assert "FLASHTREE_TREE_POLICY" not in instance(best, "tree16-w16", "bf16", "speed", {}).env
+
+
 def test_chain_plain_and_exact_identity_servers(best):
     chain = instance(best, "chain", "bf16", "speed", {})
     assert chain.command(1) == [*BASE, *BF16, *DSPARK, "--speculative-num-draft-tokens", "9",
@@ -93,9 +100,10 @@ def test_qwen3_8b_dummy_preset():
     target, draft = "/w/models/qwen3-8b-dummy/target", "/w/models/qwen3-8b-dummy/draft"
     common = [PY, "-m", "sglang.launch_server", "--model-path", target, "--attention-backend", "triton",
               "--sampling-backend", "pytorch", "--context-length", "8192", "--cuda-graph-backend-prefill", "disabled",
-              "--log-level", "info", "--sleep-on-idle", "--page-size", "1", "--mem-fraction-static", "0.22",
+              "--log-level", "info", "--sleep-on-idle", "--page-size", "1", "--mem-fraction-static", "0.6",
               "--dtype", "bfloat16", "--max-running-requests", "64", "--cuda-graph-bs-decode", "1", "2", "4", "8",
-              "16", "24", "32", "48", "64", "--load-format", "dummy", "--skip-tokenizer-init"]
+              "16", "24", "32", "48", "64", "--max-total-tokens", "49152", "--load-format", "dummy",
+              "--skip-tokenizer-init"]
     spec = ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", draft,
             "--speculative-num-draft-tokens", "8", "--speculative-draft-attention-backend", "triton",
             "--speculative-draft-load-format", "dummy"]
@@ -117,6 +125,86 @@ def test_llama_and_4k_variants():
     long = to_live_config(compose("+preset=qwen3-8b-dummy-4k"))
     assert long.prompts.input_len == 4096 and long.model.name == "qwen3-8b-dummy"
     assert "prompts: random, 256 x 4096 tokens" in app.describe(long, phase_instances(long))
+
+
+SIMTAB = {"SGLANG_SIMULATE_ACC_LEN": "1", "FLASHTREE_SIMULATE_ACC": "benchmarks/data/simulate/smollm2-dspark-gsm8k.json"}
+
+
+def flag(inst, name: str) -> list[str]:
+    """The values after `name` in `inst`'s command, up to the next flag."""
+    rest = inst.argv[inst.argv.index(name) + 1:]
+    return list(rest[: next((k for k, a in enumerate(rest) if a.startswith("--")), len(rest))])
+
+
+@pytest.mark.parametrize("preset, model, input_len, concurrencies, slots, fraction", [
+    ("llama31-8b-simtab", "llama31-8b-dummy", 512, [1, 8, 32, 64], "49152", "0.6"),
+    ("qwen3-8b-4k-simtab", "qwen3-8b-dummy", 4096, [1, 8, 32], "139264", "0.84"),
+])
+def test_8b_simtab_variants(preset, model, input_len, concurrencies, slots, fraction):
+    cfg = to_live_config(compose(f"+preset={preset}", "live.work_dir=/w"))
+    assert cfg.model.name == model and cfg.model.label == "dummy weights, simulated acceptance"
+    assert (cfg.prompts.source, cfg.prompts.input_len, cfg.phases.speed.max_new_tokens) == ("random", input_len, 192)
+    assert cfg.phases.speed.concurrencies == concurrencies and cfg.phases.speed.backend == "ids"
+    plain, chain, tree = plan = phase_instances(cfg)["speed"]
+    assert [i.server for i in plan] == ["plain", "chain-simtab", "tree8-simtab"]
+    for inst in plan:
+        assert flag(inst, "--model-path") == [f"/w/models/{model}/target"]
+        assert flag(inst, "--max-total-tokens") == [slots] and flag(inst, "--mem-fraction-static") == [fraction]
+        assert flag(inst, "--max-running-requests") == [str(max(concurrencies))]
+        assert flag(inst, "--cuda-graph-bs-decode")[-1] == str(max(concurrencies))
+        assert "--load-format" in inst.argv and "--skip-tokenizer-init" in inst.argv
+        # the context holds the prompt, the new tokens and the verify window
+        assert int(flag(inst, "--context-length")[0]) >= input_len + 192 + 8
+    assert "--speculative-algorithm" not in plain.argv and plain.env == {}
+    for inst in (chain, tree):
+        assert flag(inst, "--speculative-draft-model-path") == [f"/w/models/{model}/draft"]
+        assert flag(inst, "--speculative-num-draft-tokens") == ["8"]  # the draft's block 7 + 1
+        assert flag(inst, "--speculative-draft-load-format") == ["dummy"]
+    assert chain.env == SIMTAB
+    assert tree.env == {"FLASHTREE_TREE_N": "8", "FLASHTREE_FUSED_SAMPLER": "1", "FLASHTREE_GRAPH_DRAWS": "1",
+                        **SIMTAB, "FLASHTREE_STAGE_TIMES": "200"}
+    assert (ROOT / SIMTAB["FLASHTREE_SIMULATE_ACC"]).is_file()  # the shipped SmolLM2 accept table
+    text = app.describe(cfg, phase_instances(cfg))
+    assert f"prompts: random, 256 x {input_len} tokens" in text and "WARNING" not in text
+
+
+C64_4K = ["phases.speed.servers=[chain-simtab,tree8-simtab]", "phases.speed.concurrencies=[64]",
+          "model.precisions.bf16.max_running_requests=64", "model.precisions.bf16.cuda_graph_bs=[1,2,4,8,16,24,32,48,64]",
+          "model.precisions.bf16.args=[--max-total-tokens,278528]", "model.mem_fraction_static=0.85"]
+
+
+@pytest.mark.parametrize("overrides, ok", [
+    (["+preset=qwen3-8b-simtab"], True),
+    (["+preset=qwen3-8b-simtab", "phases.speed.servers=[chain-simtab,tree16-w16-simtab,tree32-w32-budget512-simtab]"],
+     True),
+    (["+preset=llama31-8b-simtab"], True),
+    (["+preset=qwen3-8b-4k-simtab"], True),
+    (["+preset=qwen3-8b-4k-simtab", *C64_4K], True),  # 4K at c = 64: two servers (the preset's comment)
+    (["+preset=qwen3-8b-4k-simtab", "phases.speed.servers=[chain-simtab,tree16-w16-simtab,tree32-w32-budget512-simtab]"],
+     True),
+    (["+preset=qwen3-8b-4k-simtab", "phases.speed.concurrencies=[64]"], False),  # pools below what 64 need
+    (["+preset=qwen3-8b-4k-simtab", *C64_4K[1:]], False),  # three servers of 64 x 4K: 176 GiB
+    (["+preset=qwen3-8b-4k-simtab", "model.mem_fraction_static=0.22"], False),  # the last one started gets no pool
+])
+def test_8b_presets_fit_one_h200(overrides, ok):
+    from flashtree.live import memory
+
+    cfg = to_live_config(compose(*overrides))
+    servers = [memory.server_memory(cfg, i) for i in all_instances(phase_instances(cfg))]
+    assert memory.fits(servers, cfg.model.mem_fraction_static) is ok
+    assert ("WARNING" in app.describe(cfg, phase_instances(cfg))) is not ok
+
+
+def test_dummy_memory_against_published_sizes():
+    from flashtree.live import memory
+
+    qwen = to_live_config(compose("+preset=qwen3-8b-simtab")).model.dummy
+    llama = to_live_config(compose("+preset=llama31-8b-simtab")).model.dummy
+    # parameters without the norms: Qwen3-8B 8.19B, Llama-3.1-8B 8.03B (8,030,261,248 with them)
+    assert abs(memory.weight_bytes(qwen, False) / 2 - 8.19e9) < 0.01e9
+    assert 0 < 8_030_261_248 - memory.weight_bytes(llama, False) / 2 < 300_000
+    assert memory.kv_bytes_per_token(qwen, False) == 36 * 2 * 8 * 128 * 2  # 144 KiB
+    assert memory.kv_bytes_per_token(qwen, True) == 37 * 2 * 8 * 128 * 2  # + the draft's layer
 
 
 def test_the_default_speed_phase_runs_bench_serving():
@@ -144,6 +232,7 @@ def test_tiny_presets():
     ("phases.speed.servers=[chain,nope]", "phases.speed.servers"),
     ("phases.identity.precision=fp16", "phases.identity.precision"),
     ("servers.chain.fused_sampler=true", "servers.chain.tree_n"),
+    ("servers.tree16-w16.policy=widest", "servers.tree16-w16.policy"),
     ("run=[identity,warp]", "run"),
 ])
 def test_bad_values_name_their_key(override, key):
@@ -169,6 +258,28 @@ def test_dry_run_prints_servers_and_commands_and_starts_nothing(tmp_path):
     assert "--speculative-num-draft-tokens 64" in out and "--port PORT" in out
     assert "identity: fp32-plain, fp32-chain-splitkv" in out and "client ids" in out
     assert not (tmp_path / "out").exists()  # nothing written, nothing started
+
+
+def test_the_auto_presets_put_the_planner_beside_the_chain_and_the_fixed_trees():
+    """FLASHTREE_TREE_N=auto alone on the server (its window from the server's DSPARK flags), beside DSPARK's chain and
+    the best fixed configurations in one run: SmolLM2 at 1 / 8 / 32, the 8B simulated preset at 1 / 8 / 32 / 64."""
+    cfg = to_live_config(compose("+preset=auto-smollm2", f"model.target={SMOLLM2}", "model.draft=/drafts/smollm2"))
+    auto = instance(cfg, "auto", "bf16", "speed", {})
+    assert auto.env == {"FLASHTREE_TREE_N": "auto"}
+    assert auto.command(1) == [*BASE, *BF16, *DSPARK, "--speculative-num-draft-tokens", "64",
+                               "--speculative-draft-attention-backend", "triton", "--speculative-dspark-block-size",
+                               "63", "--host", "127.0.0.1", "--port", "1"]
+    plan = phase_instances(cfg)
+    assert [i.server for i in plan["speed"]] == ["plain", "chain", "tree8-w16", "tree64-w64-budget512-rows8", "auto"]
+    assert [i.server for i in plan["identity"]] == ["plain", "chain-exact", "auto-exact"]
+    assert cfg.phases.speed.concurrencies == [1, 8, 32]
+    big = to_live_config(compose("+preset=auto-qwen3-8b-simtab"))
+    plan = phase_instances(big)
+    assert [i.server for i in plan["speed"]] == ["chain-simtab", "tree8-simtab", "tree32-w32-budget512-simtab",
+                                                 "auto-simtab"]
+    assert big.phases.speed.concurrencies == [1, 8, 32, 64] and big.model.mem_fraction_static == 0.2
+    env = instance(big, "auto-simtab", "bf16", "speed", {}).env
+    assert env["FLASHTREE_TREE_N"] == "auto" and env["FLASHTREE_SIMULATE_ACC"].endswith("smollm2-dspark-gsm8k.json")
 
 
 def test_features_preset_and_its_keys():

@@ -12,6 +12,7 @@ Three things stand between a CPU box and `import sglang.srt...`:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -114,3 +115,30 @@ def force_triton_tree_kernels() -> None:
             continue
         if hasattr(mod, "_is_xpu"):
             mod._is_xpu = True
+
+
+@contextlib.contextmanager
+def cpu_model_construction():
+    """Around building sglang's draft models on CPU: CPU RoPE (the CUDA/vllm kernels are absent), the server exec
+    config 0.5.17's layers read at construction (a stand-in when none is published), TP 1 rank 0."""
+    import sglang.srt.layers.rotary_embedding.base as rope_base
+    from sglang.srt import runtime_context
+    from sglang.srt.runtime_context import get_parallel
+
+    patched = [(rope_base, "_is_cpu", rope_base._is_cpu)]
+    rope_base._is_cpu = True
+    if hasattr(runtime_context, "get_exec"):
+        try:
+            runtime_context.get_exec().deterministic
+        except ValueError:  # 0.5.17: unpublished
+            det = types.SimpleNamespace(rl_on_policy_target=None)
+            stand_in = lambda: types.SimpleNamespace(deterministic=det)  # noqa: E731
+            for mod in [m for n, m in sys.modules.items() if n.startswith("sglang.") and hasattr(m, "get_exec")]:
+                patched.append((mod, "get_exec", mod.get_exec))
+                mod.get_exec = stand_in
+    try:
+        with get_parallel().override(tp_size=1, tp_rank=0):
+            yield
+    finally:
+        for mod, name, value in patched:
+            setattr(mod, name, value)

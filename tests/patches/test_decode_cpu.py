@@ -297,8 +297,8 @@ def tree_kernels():
 
 def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1, on_step=None, stage_times: int = 0,
         graph_max_bs: int | None = None, depth: int = 0, budget: int = 0, width: int = 0, capture_bs=None,
-        reserve: int = 0, draft_rows: int = 0, simulate_acc_len: float = -1.0, simulate_acc: str = "", refs=None,
-        reqs=None, batch_extra=None):
+        reserve: int = 0, draft_rows: int = 0, simulate_acc_len: float = -1.0, simulate_acc: str = "",
+        policy: str = "vote", fused: bool = False, refs=None, reqs=None, batch_extra=None):
     """Decode `steps` tree steps. Greedy rows (all rows without sampling_info, else rows with top_k == 1) are checked
     token for token against the stand-in target's sequential greedy decode; every row's commit is checked for the
     req_to_token / KV layout, the draft-context injection and the step's bookkeeping. Returns (accept-length
@@ -310,6 +310,7 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
     (seq_lens + reserve on each request's draft input). draft_rows: FLASHTREE_DRAFT_ROWS (with graph_max_bs: the
     D-row draft graphs captured as after init_cuda_graphs). simulate_acc_len / simulate_acc: SGLANG_SIMULATE_ACC_LEN as
     DSPARK read it / FLASHTREE_SIMULATE_ACC (then no row is checked against the greedy decode, only the layout).
+    policy: FLASHTREE_TREE_POLICY. fused: FLASHTREE_FUSED_SAMPLER (the fused Markov draws' CPU reference).
     refs: each request's expected sequence (prompt, then the greedy decode) when it is not the stand-in target's plain
     greedy decode (sampling features); reqs: sglang Req objects for the batch (their req_pool_idx and first output
     token are set here); batch_extra: more ScheduleBatch fields of every step's batch (return_logprob, ...)."""
@@ -336,7 +337,7 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
         standin_proposer(world, worker, graph_max_bs)
     toggles = TreeToggles(tree_n=n, seed=5, stage_times=stage_times, graph_draws=graph_max_bs is not None,
                           tree_depth=depth, tree_budget=budget, tree_width=width, draft_rows=draft_rows,
-                          simulate_acc=simulate_acc)
+                          simulate_acc=simulate_acc, tree_policy=policy, fused_sampler=fused)
     state = create_state(adapter, toggles, worker)
     if capture_bs is not None:
         from flashtree.patches import verify_widths
@@ -412,7 +413,11 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
             assert torch.equal(world.req_to_token, initial_table)
         stats = res.logits_output.customized_info["flashtree"]
         drawn = state.plan.draws_for(bs)  # N, or fewer under a budget (the stand-in graphs run the tail at bs itself)
-        assert [s[0] for s in stats] == [drawn] * bs and all(1 <= s[1] <= drawn and 1 <= s[2] <= W - 1 for s in stats)
+        if policy == "best-first":  # it draws no candidates
+            assert [s[:2] for s in stats] == [[0, 0]] * bs and all(1 <= s[2] <= W - 1 for s in stats)
+        else:
+            assert [s[0] for s in stats] == [drawn] * bs
+            assert all(1 <= s[1] <= drawn and 1 <= s[2] <= W - 1 for s in stats)
         assert [s[3] for s in stats] == (commit - 1).tolist()
         assert [s[4:] for s in stats] == [[state.widths_for(bs)[1], int(simulated)]] * bs
         if on_step is not None:
@@ -768,12 +773,13 @@ def chi2_critical_001(dof: int) -> float:
     return dof * (1 - 2 / (9 * dof) + z * (2 / (9 * dof)) ** 0.5) ** 3
 
 
-@pytest.mark.parametrize("graph_max_bs", [None, 2048], ids=["eager-draws", "graph-draws"])
-def test_sampled_walk_is_lossless_in_a_mixed_batch(monkeypatch, graph_max_bs):
-    """Temperature 0.7 rows (N = 4) are served by the lossless target-only walk: the first two sampled tokens after
-    the anchor follow the target's own two-step distribution (chi-square, seeded). top_k = 1 rows in the same batch
-    equal the greedy decode token for token. Each step's walk equals flashtree.tree.verify_sampled on the same draws
-    with the per-row settings taken from sglang's sampling info (greedy rows at temperature 0)."""
+def sampled_two_steps(monkeypatch, graph_max_bs, policy: str = "vote", wrong_walk=None):
+    """Two tree steps of a mixed batch: temperature 0.7 rows (N = 4) served by the target-only walk, top_k = 1 rows
+    (run() checks them against the greedy decode). Each step's walk equals flashtree.tree.verify_sampled on the same
+    draws with the per-row settings taken from sglang's sampling info (greedy rows at temperature 0). Returns
+    (chi-square of the sampled rows' first two tokens against the target's exact two-step distribution, its
+    p = 0.001 critical value, tokens outside the target's support, the first tokens drawn, the target's greedy token
+    there). wrong_walk: a deliberately wrong walk in place of the real one (the negative control)."""
     import flashtree.patches.decode as decode
     from flashtree.tree import verify_sampled
 
@@ -800,11 +806,11 @@ def test_sampled_walk_is_lossless_in_a_mixed_batch(monkeypatch, graph_max_bs):
         replayed.append(True)
         return result, plan
 
-    monkeypatch.setattr(decode, "walk", walk)
+    monkeypatch.setattr(decode, "walk", wrong_walk or walk)
     accepts, state, generated, _world = run(n=4, steps=2, prompts=[prompt] * bs, sampling_info=sampling_info,
-                                            graph_max_bs=graph_max_bs)
-    assert state.draw_paths == {expected_draw_path(graph_max_bs, bs): state.steps}
-    assert len(replayed) == state.steps == 2
+                                            graph_max_bs=graph_max_bs, policy=policy)
+    assert state.draw_paths == {expected_draw_path(graph_max_bs, bs): state.steps} and state.steps == 2
+    assert wrong_walk is not None or len(replayed) == state.steps
     sampled_rows = [b for b in range(bs) if not greedy[b]]
     assert sum(v for d, v in accepts.items() if d >= 2) > 0, "no sampled step accepted two drafts"
 
@@ -822,12 +828,46 @@ def test_sampled_walk_is_lossless_in_a_mixed_batch(monkeypatch, graph_max_bs):
                 cells.append((t1, t2))
                 expected.append(float(p1[t1] * p2[t2]))
     counts = Counter((generated[b][1], generated[b][2]) for b in sampled_rows)
-    assert set(counts) <= set(cells), f"tokens outside the target's support: {set(counts) - set(cells)}"
     n = len(sampled_rows)
     stat = sum((counts.get(c, 0) - n * e) ** 2 / (n * e) for c, e in zip(cells, expected))
-    assert stat < chi2_critical_001(len(cells) - 1), f"chi-square {stat:.1f} over {len(cells)} cells, counts {counts}"
+    outside = set(counts) - set(cells)
+    return stat, chi2_critical_001(len(cells) - 1), outside, {t1 for (t1, _t2) in counts}, target_next(ctx)
+
+
+@pytest.mark.parametrize("graph_max_bs", [None, 2048], ids=["eager-draws", "graph-draws"])
+def test_sampled_walk_is_lossless_in_a_mixed_batch(monkeypatch, graph_max_bs):
+    """The first two sampled tokens after the anchor follow the target's own two-step distribution (chi-square,
+    seeded; sampled_two_steps), greedy rows of the same batch the greedy decode."""
+    stat, critical, outside, firsts, top = sampled_two_steps(monkeypatch, graph_max_bs)
+    assert not outside, f"tokens outside the target's support: {outside}"
+    assert stat < critical, f"chi-square {stat:.1f} above {critical:.1f}"
     # And the walk did not just copy the draft: tokens the draft never favours (offset 11) were sampled too.
-    assert any(t1 == (target_next(ctx) + 11) % V for (t1, _t2) in counts)
+    assert (top + 11) % V in firsts
+
+
+@pytest.mark.parametrize("policy,graph_max_bs", [("prob", None), ("prob", 2048), ("best-first", None)])
+def test_sampled_walk_is_lossless_under_each_policy(monkeypatch, policy, graph_max_bs):
+    """prob's and best-first's trees, sampled: the same chi-square as trie-vote's (the target-only walk is exact for
+    any tree the policy keeps; best-first's tail grows the eager trees, test_policies_commit_...)."""
+    stat, critical, outside, _firsts, _top = sampled_two_steps(monkeypatch, graph_max_bs, policy)
+    assert not outside and stat < critical, f"chi-square {stat:.1f} above {critical:.1f}, outside {outside}"
+
+
+@pytest.mark.parametrize("policy", ["prob"])
+def test_sampled_chi_square_fails_a_walk_that_favours_the_tree(monkeypatch, policy):
+    """The negative control: a walk that accepts the root's first child whenever the target's own draw there
+    would not (its draw replaced by the child's token, as a verifier biased to the draft would) fails the test."""
+    import flashtree.patches.decode as decode
+
+    real_walk = decode.walk
+
+    def biased(state, tree, logits, info, *commit_args):
+        logits = logits.clone().view(tree.batch_size, tree.width, -1)
+        logits[torch.arange(tree.batch_size), 0, tree.tokens[:, 0]] += 3.0  # the root favours node 1's token
+        return real_walk(state, tree, logits.view(-1, logits.shape[-1]), info, *commit_args)
+
+    stat, critical, outside, _firsts, _top = sampled_two_steps(monkeypatch, None, policy, wrong_walk=biased)
+    assert outside or stat > critical, f"the biased walk passed: chi-square {stat:.1f} <= {critical:.1f}"
 
 
 def test_n1_sampled_batches_keep_dspark_chain_sampling():
@@ -1106,7 +1146,8 @@ def test_warmup_covers_every_tree_shape_a_batch_takes(monkeypatch):
 
     used = []
     build, encode = decode.build_tree, decode.verify_inputs
-    monkeypatch.setattr(decode, "build_tree", lambda c, width, policy: used.append([c.shape[1], width]) or build(c, width, policy))
+    monkeypatch.setattr(decode, "build_tree", lambda c, width, policy, scores: used.append([c.shape[1], width])
+                        or build(c, width, policy, scores))
     monkeypatch.setattr(decode, "verify_inputs", lambda tree, *a: used[-1].append(tree.width) or encode(tree, *a))
     prompts = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9], [2, 7, 1, 8]]
     listed = set()
@@ -1120,7 +1161,8 @@ def test_warmup_covers_every_tree_shape_a_batch_takes(monkeypatch):
     assert len(listed) >= 3  # the budget gives several shapes over 1-4 requests
 
     calls = []
-    monkeypatch.setattr(warmup, "build_tree", lambda c, w, policy: calls.append((c.shape[1], w)) or build_vote_tree_triton(c, w))
+    monkeypatch.setattr(warmup, "build_tree", lambda c, w, policy, scores: calls.append((c.shape[1], w))
+                        or build_vote_tree_triton(c, w))
     monkeypatch.setattr(warmup, "verify_inputs", verify_inputs_triton)
     monkeypatch.setattr(warmup, "walk_and_commit", lambda tree, targets, table, rows, starts: walk_and_commit_triton(
         tree, targets, req_to_token=table, rows=rows, starts=starts)[:2])
@@ -1247,3 +1289,105 @@ def test_a_failed_draft_rows_capture_stops_the_server():
                                          rf"FLASHTREE_DRAFT_ROWS \(DSPARK's {GAMMA} rows and graphs\)"):
         draft_rows.capture(state, worker)
     assert dmr.capture_tail_hooks is dspark_hooks and path.runner is None
+
+
+# ---- FLASHTREE_TREE_POLICY: prob and best-first on the server step ----------------------------------------------
+@pytest.mark.parametrize("policy,graph_max_bs,fused", [
+    ("prob", None, False), ("prob", 8, False), ("prob", 8, True), ("best-first", None, False), ("best-first", 8, True)])
+def test_policies_commit_the_sequential_greedy_decode(monkeypatch, policy, graph_max_bs, fused):
+    """Each policy's tree step commits exactly the sequential greedy decode (run() checks every commit), accepting
+    deep. prob builds from the candidates and their log q (candidate 0, the greedy block, the most probable at each
+    first position); best-first draws nothing, fills the width, and grows the same trees in the draft graph's tail
+    as eagerly (no noise: the steps, all greedy, are the same)."""
+    import flashtree.patches.decode as decode
+
+    trees, real_pad = [], decode.pad_tree
+
+    def pad_tree(tree, w, n):
+        trees.append((tree.tokens.clone(), tree.parents.clone(), tree.valid.clone()))
+        return real_pad(tree, w, n)
+
+    built, real_build = [], decode.build_tree
+
+    def spy_build(candidates, width, policy=None, scores=None):
+        built.append((candidates.clone(), None if scores.logp is None else scores.logp.clone()))
+        return real_build(candidates, width, policy=policy, scores=scores)
+
+    monkeypatch.setattr(decode, "pad_tree", pad_tree)
+    monkeypatch.setattr(decode, "build_tree", spy_build)
+    accepts, state, _generated, _world = run(n=4, steps=24, graph_max_bs=graph_max_bs, policy=policy, fused=fused)
+    assert state.draw_paths == {expected_draw_path(graph_max_bs, BS): state.steps} and state.steps > 0
+    assert sum(v for d, v in accepts.items() if d >= 2) > 0, sorted(accepts.items())
+    if policy == "prob":
+        assert len(built) == state.steps
+        for candidates, logp in built:
+            assert logp.shape == candidates.shape and (logp <= 0).all() and (logp > -40).all()
+            assert (logp[:, :, 0] <= logp[:, :1, 0]).all()
+        return
+    assert built == [] and len(trees) == state.steps  # no candidates: the tree grew from the head
+    assert all(v.all() for _t, _p, v in trees), "a best-first tree of W - 1 nodes fills the width"
+    if graph_max_bs is not None:
+        graph_trees = list(trees)
+        trees.clear()
+        run(n=4, steps=24, policy=policy)
+        assert len(trees) == len(graph_trees)
+        assert all(all(torch.equal(a, b) for a, b in zip(x, y)) for x, y in zip(trees, graph_trees))
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_eager_draws_keep_log_q_for_prob(fused):
+    """The eager draws with FLASHTREE_TREE_POLICY=prob return each drawn token's log q at temperature 1 under the
+    head (a real bigram bias here), through the head's torch steps and through the fused Markov draws."""
+    import flashtree.patches.decode as decode
+    from flashtree.patches.state import TreePlan, TreeRun
+    from flashtree.sampler.markov import new_state
+    from flashtree.sampler.reference import sample_rows
+
+    head = real_markov_head()
+    torch.nn.init.normal_(head.markov_w2.weight, std=0.5)
+    bs, n = 3, 5
+    base = torch.randn(bs, GAMMA, V) * 2
+    anchor = torch.randint(0, V, (bs,))
+    toggles = TreeToggles(tree_n=n, draft_temperature=1.0, tree_policy="prob")
+    plan = TreePlan(adapter=adapters.select_adapter(), toggles=toggles, gamma=GAMMA, depth=GAMMA, width=W,
+                    page_size=1, tree_width=W, policy="prob", sampler=sample_rows, forward_rows=GAMMA)
+    state = TreeRun(plan=plan, generator=torch.Generator().manual_seed(1), noise=new_state(1, "cpu") if fused else None)
+    worker = types.SimpleNamespace(_proposer=types.SimpleNamespace(draft_model=types.SimpleNamespace(markov_head=head)))
+    cands, logp = decode.draw_candidates(state, worker, base, anchor, None, n, with_logp=True)
+    prev, want = anchor.repeat_interleave(n), []
+    for j in range(GAMMA):
+        logits = base[:, j].repeat_interleave(n, dim=0) + head.markov_w2(head.markov_w1(prev))
+        prev = cands.view(bs * n, GAMMA)[:, j]
+        want.append(logits.log_softmax(-1).gather(1, prev.view(-1, 1)).view(-1))
+    torch.testing.assert_close(logp, torch.stack(want, dim=1).view(bs, n, GAMMA), rtol=0, atol=1e-5)
+    assert (cands[:, 1:] != cands[:, :1]).any()
+
+
+def test_policies_a_draft_cannot_feed_stop_the_server_at_start():
+    """One message at worker start: prob / best-first with a FlashMap draft (noise draws, no probabilities),
+    best-first with a Markov head other than sglang's vanilla one (here its gated head)."""
+    from sglang.srt.models.dspark import GatedMarkovHead
+
+    from flashtree.patches.toggles import ToggleError
+
+    def worker(draft_model):
+        return types.SimpleNamespace(verify_num_draft_tokens=W, device="cpu",
+                                     model_runner=types.SimpleNamespace(page_size=1),
+                                     _proposer=types.SimpleNamespace(draft_model=draft_model))
+
+    adapter = adapters.select_adapter()
+    flashmap = types.SimpleNamespace(flashmap=True, markov_head=real_markov_head())
+    for policy in ("prob", "best-first"):
+        with pytest.raises(ToggleError) as exc:
+            create_state(adapter, TreeToggles(tree_n=4, tree_policy=policy), worker(flashmap))
+        assert str(exc.value) == (
+            f"flashtree: FLASHTREE_TREE_POLICY={policy} reads the draft's Markov-head probabilities, and this "
+            "server's draft is a FlashMap draft (its candidates are noise draws, with no probabilities); use "
+            "FLASHTREE_TREE_POLICY=vote")
+    gated = types.SimpleNamespace(markov_head=GatedMarkovHead(vocab_size=V, markov_rank=4, hidden_size=8))
+    with pytest.raises(ToggleError, match="^flashtree: FLASHTREE_TREE_POLICY=best-first grows its tree from sglang's "
+                                          r"vanilla Markov head .* this draft's head is GatedMarkovHead"):
+        create_state(adapter, TreeToggles(tree_n=4, tree_policy="best-first"), worker(gated))
+    assert create_state(adapter, TreeToggles(tree_n=4, tree_policy="prob"), worker(gated)).grown is None
+    plain = types.SimpleNamespace(markov_head=real_markov_head())
+    assert create_state(adapter, TreeToggles(tree_n=4, tree_policy="best-first"), worker(plain)).grown is not None

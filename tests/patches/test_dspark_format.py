@@ -11,6 +11,8 @@ import os
 import pytest
 import torch
 
+import sglang_cpu
+
 from flashtree.dspark import DSparkConfig, DSparkDraftModel, read_tensors, save_checkpoint
 from flashtree.dspark.model import rope_cos_sin
 
@@ -36,10 +38,8 @@ def loaded(tmp_path_factory):
     """(flashtree model, checkpoint tensors, sglang model loaded from the checkpoint by sglang's loader)."""
     from transformers import AutoConfig
 
-    import sglang.srt.layers.rotary_embedding.base as rope_base
     from sglang.srt.model_loader.weight_utils import filter_duplicate_safetensors_files, safetensors_weights_iterator
     from sglang.srt.models.dspark import DSparkDraftModel as SglangDSpark
-    from sglang.srt.runtime_context import get_parallel
 
     folder = str(tmp_path_factory.mktemp("dspark"))
     ours = flashtree_checkpoint(folder)
@@ -53,29 +53,9 @@ def loaded(tmp_path_factory):
             seen.append(name)
             yield name, tensor
 
-    import sys
-    import types
-
-    from sglang.srt import runtime_context
-
-    patched = [(rope_base, "_is_cpu", rope_base._is_cpu)]
-    rope_base._is_cpu = True  # CPU RoPE: the CUDA/vllm kernels are absent here
-    if hasattr(runtime_context, "get_exec"):
-        try:
-            runtime_context.get_exec().deterministic
-        except ValueError:  # 0.5.17's layers read the (unpublished) server exec config at construction
-            det = types.SimpleNamespace(rl_on_policy_target=None)
-            stand_in = lambda: types.SimpleNamespace(deterministic=det)  # noqa: E731
-            for mod in [m for n, m in sys.modules.items() if n.startswith("sglang.") and hasattr(m, "get_exec")]:
-                patched.append((mod, "get_exec", mod.get_exec))
-                mod.get_exec = stand_in
-    try:
-        with get_parallel().override(tp_size=1, tp_rank=0):
-            theirs = SglangDSpark(config)
-            theirs.load_weights(weights())
-    finally:
-        for mod, name, value in patched:
-            setattr(mod, name, value)
+    with sglang_cpu.cpu_model_construction():
+        theirs = SglangDSpark(config)
+        theirs.load_weights(weights())
     return ours, read_tensors(folder), theirs, seen, config
 
 

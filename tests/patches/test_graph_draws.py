@@ -670,3 +670,70 @@ def test_dspark_steps_propose_eagerly_with_lean_tails(limit):
     if limit:  # a chain step above the limit
         assert fwd(worker, batch(3, dp=False), None) == "dspark-result" and seen[-1] == attached
         assert worker._flashtree.fallbacks == {"dp-attention": 3, "batch-size": 1}
+
+
+
+def head_log_q(h, base, anchor, cands):
+    """log q (temperature 1) of each candidate token under the vanilla head, recomputed step by step: (bs, N, K)."""
+    bs, n, k = cands.shape
+    prev = anchor.repeat_interleave(n)
+    out = []
+    for j in range(k):
+        logits = base[:, j].repeat_interleave(n, dim=0) + h.markov_w2(h.markov_w1(prev))
+        tok = cands.view(bs * n, k)[:, j]
+        out.append(logits.float().log_softmax(-1).gather(1, tok.view(-1, 1)).view(-1))
+        prev = tok
+    return torch.stack(out, dim=1).view(bs, n, k)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_prob_tail_keeps_each_draws_log_q(fused):
+    """FLASHTREE_TREE_POLICY=prob: the tail also keeps each drawn token's log q at temperature 1 under the head (the
+    head's own step logits), next to the candidates, for the rows its batch drew: through the head's torch steps and
+    through the fused Markov draws."""
+    h = head()
+    adapter = adapters.select_adapter()
+    stock = stock_sampler(TinyDraft(h, V), gamma=K, max_bs=4)
+    draws = graph_draws.GraphDraws(adapter=adapter, n=5, depth=K, max_bs=4, vocab=V, temperature=1.0, device="cpu",
+                                   policy="prob", fused=adapter.vanilla_markov_weights(h) if fused else None)
+    ours = graph_draws.wrap(stock, draws)
+    torch.manual_seed(2)
+    bs = 3
+    base, anchor = torch.randn(bs, K, V) * 2, torch.randint(0, V, (bs,))
+    ours.stage_sampling_params(bs=bs, sampling_info=None)
+    ours(*tail_args(ours, base, anchor))
+    cands, logp = draws.read(bs), draws.logp[:bs]
+    assert logp.dtype == torch.float32 and (cands[:, 1:] != cands[:, :1]).any()
+    torch.testing.assert_close(logp, head_log_q(h, base, anchor, cands), rtol=0, atol=1e-5)
+
+
+def test_best_first_tail_grows_the_registered_builders_tree():
+    """FLASHTREE_TREE_POLICY=best-first: the tail draws nothing and grows the registered best-first builder's tree
+    over the head's conditionals (recomputed here from the head's weights, as the engine's DSPARK drafter gives
+    them); the step's narrower trees (a budget) are its first nodes, which equal the builder's at that width."""
+    from flashtree.patches import policy_draws
+    from flashtree.tree import DraftScores, build_tree
+
+    h = head()
+    adapter = adapters.select_adapter()
+    stock = stock_sampler(TinyDraft(h, V), gamma=K, max_bs=4)
+    width = 7
+    draws = graph_draws.GraphDraws(adapter=adapter, n=1, depth=K, max_bs=4, vocab=V, temperature=1.0, device="cpu",
+                                   policy="best-first", grown=adapter.vanilla_markov_weights(h), tree_width=width)
+    ours = graph_draws.wrap(stock, draws)
+    bs = 3
+    torch.manual_seed(4)
+    base, anchor = torch.randn(bs, K, V) * 2, torch.randint(0, V, (bs,))
+    ours.stage_sampling_params(bs=bs, sampling_info=None)
+    ours(*tail_args(ours, base, anchor))
+
+    def step_logprobs(rows, pos, prev):
+        return (base[rows, pos.clamp(max=K - 1)] + h.markov_w2(h.markov_w1(prev))).float().log_softmax(-1)
+
+    scores = DraftScores(anchor=anchor, step_logprobs=step_logprobs)
+    for w in (width, 4, 2):
+        want = build_tree(torch.zeros((bs, 1, K), dtype=torch.long), w, policy="best-first", scores=scores)
+        got = policy_draws.first_nodes(draws.read_tree(bs), w)
+        for name in ("tokens", "parents", "depth", "valid"):
+            assert torch.equal(getattr(got, name), getattr(want, name)), (w, name)
+    assert (draws.read_tree(bs).depth > 1).any()  # the tree branches and deepens

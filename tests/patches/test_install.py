@@ -190,7 +190,8 @@ def test_tree_max_bs_installs_the_same_patches_and_routes_big_batches_to_dspark(
     patches.register()
     assert diff(before, snapshot()) == tree_keys(sglang_release)
     trees = []
-    monkeypatch.setattr(decode, "tree_step", lambda state, worker, batch, on_publish, *rest: trees.append(len(batch.seq_lens)))
+    monkeypatch.setattr(decode, "tree_step", lambda state, worker, batch, on_publish, shape=None, **kw: trees.append(
+        len(batch.seq_lens)))
     # the target backend's verify-mask buffer, which verify graphs captured for trees read
     buffer = torch.zeros(1000, dtype=torch.uint8)
     backend = types.SimpleNamespace(verify_mask=types.SimpleNamespace(buffer=buffer))
@@ -429,7 +430,8 @@ def test_simulated_chain_draws_dspark_lengths_from_the_table(monkeypatch, sglang
     from flashtree.planner.accept_table import AcceptTable
 
     table = tmp_path / "accept.json"
-    AcceptTable({(1, 8): (1, 0, 0, 3), (8, 8): (0, 1)}).save(table)
+    # DSPARK's window below is 32 tokens: its chain takes the recorded chain (N = 1, W = 8), not the 32-token tree
+    AcceptTable({(1, 8): (1, 0, 0, 3), (8, 8): (0, 1), (16, 32): (0, 0, 0, 0, 0, 1)}).save(table)
     toggles = TreeToggles(simulate_acc=str(table))
     executor = owner("sglang.srt.speculative.dspark_components.dspark_verify:TargetVerifyExecutor")
     before = dict(vars(executor))
@@ -446,7 +448,7 @@ def test_simulated_chain_draws_dspark_lengths_from_the_table(monkeypatch, sglang
     monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", "1")
     try:
         assert "TargetVerifyExecutor._simulated_correct_len" in patches.install(toggles)
-        verify = types.SimpleNamespace(gamma=7)
+        verify = types.SimpleNamespace(gamma=31)
         drawn = executor._simulated_correct_len(verify, bs=4000, dtype=torch.int32, device=torch.device("cpu"))
         assert drawn.dtype == torch.int32 and drawn.shape == (4000,) and set(drawn.tolist()) == {0, 3}
         assert 0.7 < float((drawn == 3).float().mean()) < 0.8

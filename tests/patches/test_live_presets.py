@@ -1,6 +1,7 @@
 """The 8B presets' dummy-weight configs (flashtree/configs/live/model/*-dummy.yaml, written by flashtree/live/dummy.py) as
 sglang reads them: its HF config loader for the target and its DSPARK draft-config parser (block, Markov head, target
-layers against the target's layer count)."""
+layers against the target's layer count), and the KV bytes per token the presets' memory check (flashtree/live/memory.py)
+counts against sglang's own sizing of a DSPARK server's pool."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from flashtree.live import memory
 from flashtree.live.dummy import DummyShapes, write
 
 MODELS = Path(__file__).resolve().parents[2] / "flashtree" / "configs" / "live" / "model"
@@ -38,3 +40,13 @@ def test_sglang_parses_the_dummy_configs(tmp_path, preset, layers, vocab):
     assert parsed.resolve_gamma() == 7 and parsed.require_markov() and parsed.markov_rank == 256
     assert parsed.mask_token_id == vocab - 1
     assert all(0 <= i <= layers - 2 for i in parsed.target_layer_ids)
+
+
+@pytest.mark.parametrize("preset", ["qwen3-8b-dummy", "llama31-8b-dummy"])
+def test_kv_bytes_per_token_as_sglang_sizes_a_dspark_pool(preset):
+    from sglang.srt.speculative.dflash_utils import scale_kv_cell_size_per_token_for_dflash
+
+    s = shapes(preset)
+    target = memory.kv_bytes_per_token(s, speculative=False)
+    assert memory.kv_bytes_per_token(s, speculative=True) == scale_kv_cell_size_per_token_for_dflash(
+        target_cell_size_per_token=target, target_num_layers=s.num_hidden_layers, draft_num_layers=s.draft_layers)

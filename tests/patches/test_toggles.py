@@ -211,13 +211,14 @@ def test_tree_policy():
     t = read_toggles({"FLASHTREE_TREE_N": "4", "FLASHTREE_TREE_POLICY": "vote"})
     assert t.tree_policy == "vote" and "tree_policy=vote" in t.describe()
     assert {"prob", "best-first"} <= set(policy_names())
-    for bad in ("widest", "prob", "best-first"):  # unknown, or reading draft scores the server's draws do not compute
-        with pytest.raises(ToggleError) as exc:
-            read_toggles({"FLASHTREE_TREE_N": "4", "FLASHTREE_TREE_POLICY": bad})
-        assert str(exc.value) == (
-            f"flashtree: FLASHTREE_TREE_POLICY='{bad}' is invalid; allowed: one of the tree policies the server step "
-            "can build (those that read no draft scores): vote"
-        )
+    for name in ("prob", "best-first"):  # the policies that read the draft's probabilities serve too
+        assert read_toggles({"FLASHTREE_TREE_N": "4", "FLASHTREE_TREE_POLICY": name}).tree_policy == name
+    with pytest.raises(ToggleError) as exc:
+        read_toggles({"FLASHTREE_TREE_N": "4", "FLASHTREE_TREE_POLICY": "widest"})
+    assert str(exc.value) == (
+        "flashtree: FLASHTREE_TREE_POLICY='widest' is invalid; allowed: one of the registered tree policies: "
+        f"{', '.join(policy_names())}"
+    )
     with pytest.raises(ToggleError, match="FLASHTREE_TREE_POLICY is set but FLASHTREE_TREE_N is unset"):
         read_toggles({"FLASHTREE_TREE_POLICY": "vote"})
 
@@ -227,7 +228,7 @@ def test_tree_policy_reads_the_registry(monkeypatch):
 
     monkeypatch.setitem(policies.POLICIES, "widest", policies.POLICIES["vote"])
     assert read_toggles({"FLASHTREE_TREE_N": "4", "FLASHTREE_TREE_POLICY": "widest"}).tree_policy == "widest"
-    assert "vote, widest" in toggles.markdown_table()
+    assert "vote, prob, best-first, widest" in toggles.markdown_table()
 
 
 def test_readme_toggle_table_is_the_declaration():
@@ -272,7 +273,8 @@ def test_bad_toggle_stops_sglang_plugin_loader():
     out = _run(prep + code, FLASHTREE_TREE_N="lots", SGLANG_PLUGINS="flashtree")
     assert out.returncode != 0
     assert "SERVER CAME UP" not in out.stdout
-    assert "FLASHTREE_TREE_N='lots' is invalid; allowed: an integer from 0 to 256" in out.stderr
+    assert ("FLASHTREE_TREE_N='lots' is invalid; allowed: 'auto' (the planner picks each decode batch's tree or "
+            "DSPARK's chain) or an integer from 0 to 256") in out.stderr
 
 
 def test_sglang_plugin_loader_installs_tree_path():

@@ -72,3 +72,12 @@ def test_the_command_writes_a_table(tmp_path, capsys):
             parse_shapes(bad)
     with pytest.raises(SystemExit):
         main([RECORDING, "--shapes", "64x64", "--out", str(out)])  # the recording holds 32 candidates
+
+
+def test_dspark_chain_in_a_wide_window_takes_the_recorded_chain():
+    """A shape lookup prefers the width, so a chain in a 32-token window would draw a 32-token tree's lengths; the
+    chain's width is the nearest recorded chain's instead (the table's own width when it records no chain)."""
+    table = AcceptTable({(1, 8): (1, 3), (8, 32): (0, 0, 1)})
+    assert table.nearest(1, 32) == (8, 32)
+    assert table.chain_width(32) == 8 and table.tau(1, table.chain_width(32)) == 1.75
+    assert AcceptTable({(8, 32): (0, 1)}).chain_width(16) == 16

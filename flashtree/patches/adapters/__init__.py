@@ -73,3 +73,8 @@ def select_adapter() -> SglangAdapter:
     closest = min(report, key=lambda r: len(report[r]))
     detail = "; ".join(report[closest][:4])
     raise UnsupportedRelease(f"{head} (closest: {closest}, which differs in: {detail})")
+
+
+def dflash_adapter(adapter: SglangAdapter):
+    """The DFLASH family of `adapter`'s release (its module's `DFlash`); its `mismatches()` say why it cannot serve."""
+    return importlib.import_module(adapter_module(adapter.release)).DFlash()

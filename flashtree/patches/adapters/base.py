@@ -30,10 +30,17 @@ REQ = "sglang.srt.managers.schedule_batch:Req"
 SAMPLER = "sglang.srt.layers.sampler"
 SPEC_UTILS = "sglang.srt.speculative.spec_utils"
 LOGPROBS = "sglang.srt.layers.logprob_processor"
+DSPARK_CONFIG = "sglang.srt.speculative.dspark_components.dspark_config"
 
 
 class SglangAdapter:
     release = "?"
+    algorithm = "DSPARK"  # the speculative algorithm whose worker these primitives drive (adapters/dflash.py: DFLASH)
+    worker_name = "DSparkWorkerV2"
+    # the DraftScores fields this worker's tree step can give the score-reading tree policies (policy_draws.py): the
+    # Markov head's log q recorded by the draws, its conditionals for best-first; DFLASH: its marginals (dflash.py)
+    draft_scores: tuple = ("logp", "anchor", "step_logprobs")
+    logp_from_draws = True  # log q comes with the draws (False: `candidate_logp` computes it after them)
     run_forward_extra: dict = {}  # release-specific keyword arguments of DraftBlockProposer._run_forward
     # Probes that must all pass for this adapter to be chosen.
     probes: tuple = ()
@@ -112,6 +119,32 @@ class SglangAdapter:
         """Why the tree path cannot serve this worker on this release (None = it can)."""
         return None
 
+    # ---- FLASHTREE_TREE_N=auto (planning.py) -----------------------------------------------------------------
+    def draft_block_size(self, worker) -> int | None:
+        """The block length in the draft checkpoint's config (what it was trained on; sglang's gamma is larger under
+        --speculative-dspark-block-size), None where the worker has no draft config or it names none."""
+        runner = getattr(worker, "draft_model_runner", None)
+        hf_config = getattr(getattr(runner, "model_config", None), "hf_config", None)
+        if hf_config is None:
+            return None
+        block = resolve(f"{DSPARK_CONFIG}:parse_dspark_draft_config")(draft_hf_config=hf_config).gamma
+        return None if block is None else int(block)
+
+    def graph_replays(self, runner) -> dict[int, Callable[[], None]]:
+        """A decode graph runner's captured graphs by batch size -> replay them as captured (inputs as last staged);
+        {} where the runner keeps them another way. 0.5.17-0.5.23: its backend's `_graphs`, torch CUDA graphs keyed
+        by ShapeKey (size: requests, for the capture sizes of plain decode graphs; ragged verify graphs are keyed by
+        tokens, so a runner in that mode gives none)."""
+        if getattr(runner, "ragged_verify_mode", False):
+            return {}
+        sizes = {int(b) for b in getattr(runner, "capture_bs", None) or ()}
+        replays: dict[int, Callable[[], None]] = {}
+        for key, graph in (getattr(getattr(runner, "backend", None), "_graphs", None) or {}).items():
+            plain = getattr(key, "stream_idx", None) is None and getattr(key, "variant_label", None) in (None, "nolora")
+            if plain and int(key.size) in sizes:
+                replays.setdefault(int(key.size), graph.replay)
+        return replays
+
     # ---- the tree step's primitives --------------------------------------------------------------------------
     def alloc_window_extra(self, batch, draft_input) -> dict:
         """Release-specific keyword arguments of `alloc_verify_window`."""
@@ -159,6 +192,11 @@ class SglangAdapter:
             base, _tap = proposer.draft_model.compute_base_logits(fwd.raw_hidden)
         k = proposer.gamma
         return DraftOut(anchor, base.view(bs, k, -1), fwd.draft_hidden_3d, None)
+
+    def candidate_logp(self, draft: DraftOut, candidates: torch.Tensor) -> torch.Tensor | None:
+        """(bs, N, K) log q of the candidates' tokens, where "logp" is in `draft_scores` (None: not computed; policies
+        that need it are refused at worker start)."""
+        return None
 
     def draft_model(self, worker):
         return worker._proposer.draft_model

@@ -9,6 +9,7 @@ stream), no `TritonAttnBackend.use_verify_shared_kv`.
 from __future__ import annotations
 
 from .base import CHAIN_ERA_PROBES, COMMON_PROBES, REQ, SCHEDULER, TRITON, SglangAdapter
+from .dflash import DFLASH_MODULE, DFLASH_PROBES, DFLASH_WORKER, DFlashFamily
 from .probe import Has, Lacks, Sig
 
 
@@ -46,3 +47,14 @@ class Adapter(SglangAdapter):
         # 0.5.17's barrier falls back to waiting on the whole forward stream unless a fast-path event is published.
         # flashtree publishes none, so the coarse barrier covers the tree step's req_to_token reads and writes.
         return None
+
+
+class DFlash(DFlashFamily, Adapter):
+    """0.5.17's DFlashWorkerV2: the target's input embeddings embed the block; no DP/TP draft context."""
+
+    probes = DFLASH_PROBES + (
+        Sig(f"{DFLASH_WORKER}.forward_batch_generation", ("self", "batch", "on_publish", "grammar_barrier")),
+        Has("sglang.srt.speculative.spec_utils:_sample_simulated_acc_len"),
+        Has(f"{DFLASH_MODULE}:DFlashDraftInputV2", ("reserved_seq_lens_cpu",)),
+    )
+    simulated_len_fn = "sglang.srt.speculative.spec_utils:_sample_simulated_acc_len"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from .base import COMMON_PROBES, DRAFT, LIVE_LENS_PROBES, PLANNER, TRITON, WORKER, SglangAdapter
+from .dflash import DFlashUnsupported
 from .probe import Has, Sig
 
 
@@ -74,3 +75,9 @@ class Adapter(SglangAdapter):
         if width > 1:
             found.append(f"--attn-dp-size {width}")
         return found
+
+
+class DFlash(DFlashUnsupported, Adapter):
+    reason = ("sglang 0.5.23's DFlashWorkerV2 routes every KV write through KV-location plans (virtual ids, "
+              "`_draft_write_ids`) and syncs its draft across TP ranks itself; flashtree's DFLASH tree step adapts "
+              "0.5.17's and 0.5.20's worker only")

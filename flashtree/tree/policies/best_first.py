@@ -22,7 +22,7 @@ def best_first(candidates: torch.Tensor, width: int, scores) -> VoteTree:
     device = candidates.device
     keep = width - 1
     rows = torch.arange(bs, device=device)
-    neg = torch.tensor(float("-inf"), device=device)
+    neg = torch.full((), float("-inf"), device=device)  # a fill, not a host copy: capturable in a CUDA graph
     size = keep * (keep + 1)  # the root's children, then each kept node's
     f_score = torch.full((bs, size), float("-inf"), device=device)
     f_token = torch.zeros(bs, size, dtype=torch.long, device=device)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..build import build_scored_tree
+from ..dispatch import build_scored_tree  # the Triton kernel on CUDA, the torch reference elsewhere
 from ..types import VoteTree
 from .registry import register_policy
 

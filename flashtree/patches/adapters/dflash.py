@@ -1,0 +1,237 @@
+"""The DFLASH family of the tree step's primitives: sglang's `DFlashWorkerV2` (`--speculative-algorithm DFLASH`).
+
+A DFLASH draft has no Markov head and no LM head of its own: one draft forward over the block [anchor, mask, ...,
+mask] (DFLASH's `block_size` = the verify window W) gives each of the W - 1 draft positions a hidden state, the
+target's LM head turns them into logits, and the positions are independent given the context. The tree step's N
+candidates are N draws from those per-position distributions (candidate 0 the argmax block: DFLASH's own chain).
+
+A leaf like the release adapters: `DFlashFamily` overrides what differs from DSPARK's worker; each release module
+combines it with its own adapter (`class DFlash(DFlashFamily, Adapter)`), so release-specific answers (host lengths,
+the req_to_token barrier) stay the release's. The DFLASH worker is one monolithic `forward_batch_generation`, so the
+draft forward and the verify are rebuilt here from the worker's own parts (its buffers, mask token, draft model
+runner, target worker), following sglang 0.5.17's / 0.5.20's decode branch.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ..step_types import DraftOut, Verified, Window
+from .base import DFLASH_UTILS, SglangAdapter
+from .probe import Has, Sig, resolve
+
+DFLASH_MODULE = "sglang.srt.speculative.dflash_worker_v2"
+DFLASH_WORKER = f"{DFLASH_MODULE}:DFlashWorkerV2"
+FORWARD_BATCH = "sglang.srt.model_executor.forward_batch_info"
+
+# What the DFLASH family calls on every release it adapts (each release adds its own).
+DFLASH_PROBES = (
+    Sig(f"{DFLASH_WORKER}.__init__", ("self", "server_args"), prefix=True),
+    Has(f"{DFLASH_WORKER}.init_cuda_graphs"),
+    Has(f"{DFLASH_WORKER}._ensure_draft_block_buffers", ("bs",)),
+    Has(f"{DFLASH_WORKER}._append_target_hidden_to_draft_kv_by_loc",
+        ("target_hidden", "cache_loc", "positions", "cache_loc_2d", "commit_lens")),
+    Has(f"{DFLASH_MODULE}:SIMULATE_ACC_LEN"),
+    Has(f"{DFLASH_MODULE}:apply_dflash_simulated_acceptance",  # FLASHTREE_SIMULATE_ACC on DFLASH's chain steps
+        ("candidates", "target_predict", "accept_len", "commit_lens", "bonus", "out_tokens", "simulate_acc_token_mode")),
+    Has("sglang.srt.speculative.draft_worker_common:make_draft_input_v2", ("bonus_tokens", "new_seq_lens")),
+    Has("sglang.srt.speculative.dflash_info:DFlashVerifyInput.prepare_for_verify", ("batch", "target_worker")),
+    Has("sglang.srt.speculative.dflash_info:DFlashVerifyInput", ("draft_token", "positions", "draft_token_num", "custom_mask", "capture_hidden_mode")),
+    Has(f"{FORWARD_BATCH}:ForwardBatch", ("forward_mode", "input_embeds", "spec_algorithm", "spec_info", "seq_lens_cpu")),
+    Has(f"{DFLASH_UTILS}:apply_dflash_verify_logits_adjustments", ("next_token_logits", "sampling_info", "draft_token_num")),
+    Has("sglang.srt.speculative.spec_info:SpeculativeAlgorithm.DFLASH"),
+)
+
+
+class DFlashFamily(SglangAdapter):
+    algorithm = "DFLASH"
+    worker_name = "DFlashWorkerV2"
+    draft_scores = ("logp",)  # the positions' marginals: `prob` ranks trie nodes by their product
+    logp_from_draws = False
+    graph_draws_off = "DFLASH's draft graph tail is its own greedy head; the N draws run after the forward"
+    flashmap_noise_draws = False  # over the release adapter's (0.5.20: FlashMap drafts are DSPARK's)
+    draft_rows_release = False  # ditto (0.5.17: DSPARK's proposer)
+
+    # ---- worker checks ---------------------------------------------------------------------------------------
+    def gamma(self, worker) -> int:
+        return int(worker.block_size) - 1
+
+    def simulate_acc_len(self, worker) -> float:
+        return float(getattr(resolve(DFLASH_MODULE), "SIMULATE_ACC_LEN", -1.0))
+
+    simulated_len_fn = "sglang.srt.speculative.spec_utils:sample_simulated_acc_len"
+
+    def simulated_correct_len(self, simulate_acc_len: float, gamma: int) -> int:
+        # DFLASH's verify draws a commit length in [1, block_size] once per step by SGLANG_SIMULATE_ACC_METHOD.
+        method = resolve(f"{DFLASH_MODULE}:SIMULATE_ACC_METHOD")
+        return int(resolve(self.simulated_len_fn)(simulate_acc_len, method, gamma + 1)) - 1
+
+    def unsupported_worker(self, worker) -> str | None:
+        if getattr(worker, "use_compact_draft_cache", False):
+            return "the DFLASH draft keeps a sliding-window (compact) draft cache; the tree commit needs the full one"
+        if getattr(worker, "_need_mamba_verify_commit", False):
+            return "the DFLASH target has recurrent (mamba) state, which a tree verify cannot commit along a path"
+        for attr, what in (("selector", "a candidate-selector draft"), ("lilicorr", "a LiLiCorr draft")):
+            if getattr(worker, attr, None) is not None:
+                return f"the DFLASH draft is {what}, which proposes its own block"
+        if getattr(worker, "_is_domino", False):
+            return "the DFLASH draft is a Domino draft (a recurrent projector over the block)"
+        if not torch.is_floating_point(getattr(self.lm_head(worker), "weight", torch.empty(0, dtype=torch.int8))):
+            return "the target's LM head has no floating-point weight (quantized), which the N draws read"
+        if self.parallelism(worker):
+            return "the DFLASH tree step reads the target's LM head unsharded (single GPU only)"
+        return None
+
+    def draft_model(self, worker):
+        return worker.draft_model
+
+    # ---- the tree step's primitives --------------------------------------------------------------------------
+    def alloc_window(self, worker, batch, bs: int, draft_input) -> Window:
+        # DFLASH's window: req_to_token[req, seq_len : seq_len + W] (spec-v2 over-allocated it ahead).
+        positions = batch.seq_lens.view(-1, 1).to(torch.int64) + worker._block_pos_offsets.view(1, -1)
+        table = self.req_to_token(worker)
+        loc = table[batch.req_pool_indices.view(-1, 1).to(torch.int64), positions].to(torch.int64)
+        return Window(positions, loc.reshape(-1), loc, None)
+
+    def noise_embeddings(self, worker, block_ids: torch.Tensor) -> torch.Tensor:
+        """The block's input embeddings as DFLASH embeds it (0.5.17: the target's input embeddings)."""
+        return worker.target_worker.model_runner.model.get_input_embeddings()(block_ids)
+
+    def draft_batch_extra(self, bs: int, block: int, device) -> dict:
+        """Release-specific keyword arguments of the draft forward's ForwardBatch."""
+        return {}
+
+    def draft_context(self, worker):
+        """Around the draft forward (0.5.20: DFLASH's draft TP context)."""
+        return torch.inference_mode()
+
+    def draft_host_lens(self, worker, batch, draft_input, block: int, bs: int):
+        """(seq_lens_cpu, sum): DFLASH's host bound for the draft forward, committed prefix + one block."""
+        out = worker._draft_seq_lens_cpu_buf[:bs]
+        if batch.seq_lens_cpu is not None:
+            out.copy_(batch.seq_lens_cpu)
+            out.add_(block)
+        elif self.reserved_lens(draft_input)[0] is not None:
+            lens, total = self.reserved_lens(draft_input)
+            out.copy_(lens)
+            return out, int(total)
+        else:
+            out.copy_(batch.seq_lens.to("cpu", dtype=out.dtype))
+        return out, int(out.sum())
+
+    def draft_forward(self, worker, batch, draft_input, window: Window, bs: int, proposer=None, sampler=None,
+                      graph_candidates: Callable | None = None) -> DraftOut:
+        """One DFLASH draft forward over [anchor, mask x K] -> base logits (bs, K, V) through the target's LM head
+        (its graph replays when DFLASH captured one: the captured tail, DFLASH's greedy head, still runs)."""
+        fb_mod = resolve(FORWARD_BATCH)
+        block = int(worker.block_size)
+        worker._ensure_draft_block_buffers(bs)
+        ids = worker._draft_block_ids_buf[:bs]
+        ids.fill_(int(worker._mask_token_id))
+        anchor = draft_input.bonus_tokens.view(-1)
+        ids[:, 0].copy_(anchor)
+        embeds = self.noise_embeddings(worker, ids)
+        seq_lens_cpu, seq_lens_sum = self.draft_host_lens(worker, batch, draft_input, block, bs)
+        forward_batch = fb_mod.ForwardBatch(
+            forward_mode=fb_mod.ForwardMode.TARGET_VERIFY,
+            batch_size=bs,
+            input_ids=ids.flatten(),
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=batch.seq_lens,
+            out_cache_loc=window.cache_loc,
+            seq_lens_sum=seq_lens_sum,
+            seq_lens_cpu=seq_lens_cpu,
+            positions=window.positions_2d.reshape(-1),
+            input_embeds=embeds.view(-1, embeds.shape[-1]),
+            spec_algorithm=resolve("sglang.srt.speculative.spec_info:SpeculativeAlgorithm").DFLASH,
+            spec_info=worker._draft_block_spec_info,
+            capture_hidden_mode=fb_mod.CaptureHiddenMode.NULL,
+            **self.draft_batch_extra(bs, block, ids.device),
+        )
+        with self.draft_context(worker):
+            out = worker.draft_model_runner.forward(forward_batch)
+        hidden = out.logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("flashtree: the DFLASH draft forward returned no hidden states")
+        hidden = hidden.view(bs, block, -1)[:, 1:]
+        return DraftOut(anchor.clone(), self.lm_logits(worker, hidden), None, None)
+
+    def lm_head(self, worker):
+        return worker.target_worker.model_runner.model.lm_head
+
+    def lm_logits(self, worker, hidden: torch.Tensor) -> torch.Tensor:
+        """The target LM head's logits over its own (unpadded) vocabulary rows, as DFLASH's greedy head reads them."""
+        head = self.lm_head(worker)
+        weight = head.weight
+        shard = getattr(head, "shard_indices", None)
+        rows = int(shard.num_org_elements) if shard is not None else int(weight.shape[0])
+        return torch.matmul(hidden.to(weight.dtype), weight[:rows].T)
+
+    def sample_blocks(self, worker, base_logits, anchor, draft_hidden, n: int, sampler: Callable,
+                      fused: Callable | None = None) -> torch.Tensor:
+        """N draws per position, all positions in one sampler call: rows ordered (request, position, candidate), so
+        the sampler's "candidate 0 greedy" rows are each position's argmax (DFLASH's chain block)."""
+        bs, k, v = base_logits.shape
+        rows = base_logits.repeat_interleave(n, dim=1).reshape(bs * k * n, v)
+        return sampler(rows).view(bs, k, n).transpose(1, 2).contiguous()
+
+    def candidate_logp(self, draft: DraftOut, candidates: torch.Tensor) -> torch.Tensor:
+        """(bs, N, K) log q of each candidate token under its position's marginal (positions are independent)."""
+        k = candidates.shape[2]
+        logq = torch.log_softmax(draft.base_logits[:, :k].float(), dim=-1)  # (bs, K, V)
+        logq = logq.unsqueeze(1).expand(-1, candidates.shape[1], -1, -1)
+        return logq.gather(3, candidates.unsqueeze(-1)).squeeze(-1)
+
+    def target_verify(self, worker, batch, draft_input, window: Window, ids_2d, positions_2d, custom_mask) -> Verified:
+        """DFLASH's verify (its DFlashVerifyInput, prepared and run on the target worker) under the tree mask."""
+        capture = resolve(f"{FORWARD_BATCH}:CaptureHiddenMode")
+        w = ids_2d.shape[1]
+        verify_input = self.verify_input_cls()(
+            draft_token=ids_2d.reshape(-1),
+            positions=positions_2d.reshape(-1),
+            draft_token_num=w,
+            custom_mask=custom_mask,
+            capture_hidden_mode=capture.FULL,
+        )
+        batch.out_cache_loc = window.cache_loc
+        cpu_backup, sum_backup = batch.seq_lens_cpu, batch.seq_lens_sum
+        if cpu_backup is not None:
+            batch.seq_lens_cpu = cpu_backup + w
+            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        elif self.reserved_lens(draft_input)[0] is not None:
+            batch.seq_lens_cpu, reserved_sum = self.reserved_lens(draft_input)
+            batch.seq_lens_sum = int(reserved_sum)
+        target = worker.target_worker
+        forward_batch, _ = verify_input.prepare_for_verify(batch, target)
+        batch.seq_lens_cpu, batch.seq_lens_sum = cpu_backup, sum_backup
+        result = target.forward_batch_generation(batch=None, forward_batch=forward_batch, is_verify=True,
+                                                 skip_attn_backend_init=True)
+        out = result.logits_output
+        if batch.sampling_info is not None:
+            adjust = resolve(f"{DFLASH_UTILS}:apply_dflash_verify_logits_adjustments")
+            adjust(next_token_logits=out.next_token_logits, sampling_info=batch.sampling_info, draft_token_num=w)
+        return Verified(out, out.next_token_logits, out.hidden_states, bool(result.can_run_cuda_graph))
+
+    def inject_committed(self, worker, batch, hidden, cache_loc_2d, positions_2d, commit_lens) -> None:
+        worker._append_target_hidden_to_draft_kv_by_loc(
+            target_hidden=hidden,
+            cache_loc=cache_loc_2d.reshape(-1),
+            cache_loc_2d=cache_loc_2d,
+            positions=positions_2d.reshape(-1),
+            commit_lens=commit_lens,
+        )
+
+    def make_next_draft_input(self, bonus, new_seq_lens):
+        make = resolve("sglang.srt.speculative.draft_worker_common:make_draft_input_v2")
+        return make(bonus_tokens=bonus, new_seq_lens=new_seq_lens)
+
+
+class DFlashUnsupported(DFlashFamily):
+    """A release whose DFlashWorkerV2 the tree step does not adapt: its worker start is refused with `reason`."""
+
+    reason = ""
+
+    def mismatches(self) -> list[str]:
+        return [self.reason]

@@ -1,0 +1,341 @@
+"""FLASHTREE_TREE_N=auto on the server: `flashtree.planner` (the planner the engine and the replay run) fed by the
+server, choosing per decode batch between trees and DSPARK's own chain step.
+
+- Worker start (`resolve_toggles`, `from_plan`): the tree depth is the draft checkpoint's block size (capped at
+  DSPARK's gamma; FLASHTREE_TREE_DEPTH overrides it); on sglang 0.5.17 the tree steps' draft forward runs that many
+  rows (as FLASHTREE_DRAFT_ROWS=depth; set it to choose another). The menu: DSPARK's chain over its window W
+  (--speculative-num-draft-tokens) and trees of N in {1, 4, 8, 16, 32, 64} (N <= width) at widths {depth + 1, 16,
+  32, 64} up to that window, and the window itself (FLASHTREE_TREE_WIDTH lowers the largest). Every tree step draws
+  the menu's largest N; a narrower shape's tree is built from the first N of them, so one step can credit every
+  shape (`flashtree.planner.acceptance`).
+- init_cuda_graphs (startup.py), after the verify graphs at every menu width (verify_widths.py) and the kernels'
+  warm-up: `measure` fills the cost table, each shape's step time at each captured batch size, and logs it once.
+  On a GPU `StepProbe` times the parts of a step that differ between shapes, back to back, with CUDA events: the
+  draft graph (the tree steps' or DSPARK's), the tree kernels at (bs, N, W) and the target verify graph at W;
+  the parts every step shares (sglang's scheduling, the window, the draft-context injection) are left out.
+- Per decode batch `choose(bs)`: host numbers only (the batch size, the table, the estimates). Every `time_every`-th
+  decision also times its whole step (CUDA events, read when done); after `retime_after` timed steps of a shape at
+  a table size their mean replaces the start-up entry, so what the probe leaves out (host work, long contexts)
+  reaches the table for the shapes the planner serves.
+- Every `credit_every["tree"]`-th tree step the credits of every shape (each shape's committed tokens on the step's
+  candidates; under simulated acceptance only the step's own shape: its drawn lengths) and every
+  `credit_every["chain"]`-th chain step its committed lengths are copied to the host without a wait; a later decision applies them once the copy is done (an
+  event query, never a synchronisation).
+- Every `log_every` decisions a summary: steps per batch size and shape, and the current estimates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import replace
+from typing import Callable
+
+import torch
+
+from flashtree.planner import AcceptanceModel, CostTable, Planner, Shape, counterfactual_commits, default_shapes
+from flashtree.planner.acceptance import prior_tau
+
+from .toggles import ToggleError, TreeToggles
+
+logger = logging.getLogger("flashtree.patches")
+
+# Tree / chain steps per credited step: a tree step's credit builds every menu shape's tree (about 70 launches each,
+# ~1 ms of host time for a wide menu), so it runs rarely; a chain step's is one copy.
+CREDIT_EVERY = {"tree": 64, "chain": 8}
+TIME_EVERY = 8  # decisions per timed step (never a credited one: its credit would be in its time)
+RETIME_AFTER = 4  # timed steps of a (shape, batch size) whose mean replaces the start-up estimate
+LOG_EVERY = 2000  # decisions per summary line
+REPEATS = 5  # timed runs per (shape, batch size) at start, after an untimed one; the fastest counts
+
+
+def resolve_toggles(adapter, toggles: TreeToggles, worker, gamma: int) -> TreeToggles:
+    """The toggles a planned worker runs with: depth from the draft's block size, the draft rows (0.5.17: the depth),
+    N = the menu's largest (what every tree step draws)."""
+    block = adapter.draft_block_size(worker)
+    depth = toggles.tree_depth or min(block or gamma, gamma)
+    rows = toggles.draft_rows
+    if not rows and adapter.draft_rows_release and depth < gamma:
+        adapter.check_draft_rows(depth)
+        rows = depth
+    n = max(s.n for s in _trees(toggles.tree_width or gamma + 1, depth, 0))
+    logger.info("flashtree: FLASHTREE_TREE_N=auto: tree depth %d (%s), draft rows %d of gamma %d, %d draws per tree "
+                "step", depth, "FLASHTREE_TREE_DEPTH" if toggles.tree_depth else
+                f"the draft checkpoint's block size {block}" if block else "no block size in the draft config: gamma",
+                rows or gamma, gamma, n)
+    return replace(toggles, tree_n=n, tree_depth=depth, draft_rows=rows)
+
+
+def _trees(max_width: int, depth: int, rows: int) -> list[Shape]:
+    return [Shape(s.n, s.width, rows) for s in default_shapes(max_width, depth) if not s.is_chain]
+
+
+def menu(plan) -> list[Shape]:
+    """DSPARK's chain over its window, then the trees (module docstring)."""
+    rows = plan.forward_rows if plan.forward_rows < plan.gamma else 0
+    return [Shape(0, plan.width)] + _trees(plan.tree_width, plan.depth, rows)
+
+
+def from_plan(plan, simulate, device) -> "ServerPlanner":
+    """The worker's planner; with FLASHTREE_SIMULATE_ACC its prior is the table's τ per shape (what the steps will
+    draw), else flashtree.planner's PRIOR_TAU."""
+    table = getattr(simulate, "table", None)
+    prior = prior_tau
+    if table is not None:
+        def prior(shape: Shape) -> float:
+            return table.tau(1, table.chain_width(shape.width)) if shape.is_chain else table.tau(shape.n, shape.width)
+    planner = ServerPlanner(menu(plan), prior=prior, simulated=simulate is not None, policy=plan.policy,
+                            cuda=torch.device(device).type == "cuda")
+    logger.info("flashtree: FLASHTREE_TREE_N=auto: menu %s; prior tokens per step %s", planner.labels(),
+                {s.label(): round(prior(s), 3) for s in planner.shapes})
+    return planner
+
+
+class _HostCopy:
+    """(shapes, credits (S, bs)) copied to host memory without a wait; `ready()` asks the event, never waits."""
+
+    def __init__(self, shapes: list[Shape], credits: torch.Tensor):
+        self.shapes, self.event = shapes, None
+        if credits.is_cuda:
+            host = torch.empty(credits.shape, dtype=credits.dtype, pin_memory=True)
+            host.copy_(credits, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+            credits = host
+        self.credits = credits
+
+    def ready(self) -> bool:
+        return self.event is None or self.event.query()
+
+
+class _StepTime:
+    """One step's time: CUDA events around it (read once `ready()`, never waited for), or the wall clock."""
+
+    def __init__(self, key: tuple[Shape, int], cuda: bool):
+        self.key, self.cuda = key, cuda
+        if cuda:
+            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.start.record()
+        else:
+            self.start, self.end = time.perf_counter(), None
+
+    def stop(self) -> None:
+        if self.cuda:
+            self.end.record()
+        else:
+            self.end = time.perf_counter() - self.start
+
+    def ready(self) -> bool:
+        return not self.cuda or self.end.query()
+
+    def seconds(self) -> float:
+        return self.start.elapsed_time(self.end) / 1e3 if self.cuda else self.end
+
+
+class ServerPlanner:
+    """flashtree.planner's Planner with the server's feeds: the cost table filled at start, credits from the steps."""
+
+    def __init__(self, shapes: list[Shape], *, prior: Callable[[Shape], float] = prior_tau, simulated: bool = False,
+                 policy: str = "vote", credit_every: dict | None = None, time_every: int = TIME_EVERY,
+                 log_every: int = LOG_EVERY, retime_after: int = RETIME_AFTER, cuda: bool = False):
+        self.planner = Planner(CostTable(), AcceptanceModel(shapes, prior=prior))
+        self.simulated, self.policy, self.log_every = simulated, policy, log_every
+        self.credit_every, self.time_every = dict(credit_every or CREDIT_EVERY), time_every
+        self._credit_now = False  # whether the step in `timing` is a credited one
+        self.decisions = 0
+        self.credited = 0  # steps whose credits were applied
+        self._steps = {"tree": 0, "chain": 0}
+        self._pending: list[_HostCopy] = []
+        self._best: dict[int, Shape] = {}  # bs -> the choice under the current estimates
+        self.retime_after, self.cuda = retime_after, cuda
+        self._times: list[_StepTime] = []  # timed steps not yet read
+        self._timed: dict[tuple[Shape, int], list] = {}  # (shape, size) -> [seconds, steps] of the timed steps
+
+    @property
+    def shapes(self) -> list[Shape]:
+        return self.planner.acceptance.shapes
+
+    @property
+    def trees(self) -> list[Shape]:
+        return [s for s in self.shapes if not s.is_chain]
+
+    @property
+    def chain(self) -> Shape:
+        return next(s for s in self.shapes if s.is_chain)
+
+    def labels(self) -> list[str]:
+        return [s.label() for s in self.shapes]
+
+    def widths(self) -> list[int]:
+        return sorted({s.width for s in self.trees})
+
+    # ---- the choice ------------------------------------------------------------------------------------------
+    def choose(self, bs: int) -> Shape:
+        """The shape for a batch of bs requests: recomputed only after new credits (the step stays cheap on the host)."""
+        self._apply_ready()
+        shape = self._best.get(bs)
+        if shape is None:
+            shape = self._best[bs] = self.planner.choose(bs).shape
+        else:
+            self.planner.chosen[(bs, shape.label())] += 1
+        self.decisions += 1
+        if self.log_every and self.decisions % self.log_every == 0:
+            self.log_summary()
+        return shape
+
+    @contextlib.contextmanager
+    def timing(self, shape: Shape, bs: int):
+        """Around a planned step: whether it is credited (`after_tree_step` / `after_chain_step`), and, every
+        `time_every`-th decision unless credited, its time (the whole decode step: what the start-up table leaves out
+        is in it); once `retime_after` steps of a (shape, table size) are timed, their mean replaces the table's
+        entry (0: never)."""
+        kind = "chain" if shape.is_chain else "tree"
+        self._steps[kind] += 1
+        self._credit_now = self._steps[kind] % self.credit_every[kind] == 0
+        size = self.planner.costs.size_for(shape, bs)
+        if self._credit_now or not self.retime_after or self.decisions % self.time_every or size is None:
+            yield
+            return
+        timed = _StepTime((shape, size), self.cuda)
+        yield
+        timed.stop()
+        self._times.append(timed)
+
+    # ---- the feeds -------------------------------------------------------------------------------------------
+    def after_tree_step(self, shape: Shape, candidates: torch.Tensor, tokens: torch.Tensor,
+                        commit_len: torch.Tensor) -> None:
+        """A tree step of `shape` over `candidates` (bs, N_drawn, K) committed `tokens` (bs, K + 1; -1 past each
+        row's end), `commit_len` (bs,) of them."""
+        if not self._credit_now:
+            return
+        if self.simulated:  # drawn lengths say nothing of other shapes
+            self._defer({shape: commit_len})
+        else:
+            self._defer(counterfactual_commits(candidates, tokens, self.shapes, self.policy))
+
+    def after_chain_step(self, commit_lens: torch.Tensor) -> None:
+        """DSPARK's chain step committed `commit_lens` (bs,) tokens per request (its accept_lens)."""
+        if self._credit_now:
+            self._defer({self.chain: commit_lens})
+
+    def _defer(self, credits: dict[Shape, torch.Tensor]) -> None:
+        shapes = list(credits)
+        self._pending.append(_HostCopy(shapes, torch.stack([credits[s].to(torch.long) for s in shapes])))
+
+    def _apply_ready(self) -> None:
+        while self._pending and self._pending[0].ready():
+            done = self._pending.pop(0)
+            self.planner.acceptance.update(dict(zip(done.shapes, done.credits)))
+            self.credited += 1
+            self._best.clear()
+        while self._times and self._times[0].ready():
+            done = self._times.pop(0)
+            acc = self._timed.setdefault(done.key, [0.0, 0])
+            acc[0] += done.seconds()
+            acc[1] += 1
+            if acc[1] >= self.retime_after:
+                self.planner.costs.seconds[done.key] = acc[0] / acc[1]
+                self._best.clear()
+
+    # ---- the cost table --------------------------------------------------------------------------------------
+    def measure(self, sizes, time_step: Callable[[Shape, int], float | None]) -> CostTable:
+        """Fill the cost table: `time_step(shape, bs)` seconds (None: that shape cannot be timed at bs) for every
+        shape at every size; logged once."""
+        costs = self.planner.costs
+        for bs in sorted({int(b) for b in sizes}):
+            for shape in self.shapes:
+                seconds = time_step(shape, bs)
+                if seconds is not None:
+                    costs.add(shape, bs, seconds)
+        self._best.clear()
+        if not costs.seconds:
+            raise ToggleError(
+                "flashtree: FLASHTREE_TREE_N=auto could not time any step shape at server start (it replays the "
+                "captured draft and verify CUDA graphs: none were captured, e.g. --disable-cuda-graph); allowed: an "
+                "integer FLASHTREE_TREE_N from 1 to 256, or a server with CUDA graphs"
+            )
+        by_bs: dict[int, list[str]] = {}
+        for row in costs.rows():
+            by_bs.setdefault(row["bs"], []).append(f"{row['shape']} {row['ms']:.3f}")
+        logger.info("flashtree: FLASHTREE_TREE_N=auto cost table (ms per step at each captured batch size): %s",
+                    "; ".join(f"bs {bs}: {', '.join(r)}" for bs, r in sorted(by_bs.items())))
+        return costs
+
+    def log_summary(self) -> None:
+        chosen = ", ".join(f"bs {r['bs']} {r['shape']} x{r['steps']}" for r in self.planner.summary())
+        taus = ", ".join(f"{s.label()} {self.planner.acceptance.tau(s):.2f}" for s in self.shapes)
+        timed = ", ".join(f"{s.label()} at bs {size} {acc[0] / acc[1] * 1e3:.3f}"
+                          for (s, size), acc in sorted(self._timed.items()) if acc[1] >= self.retime_after)
+        logger.info("flashtree planner: %d decode batches (%d credited steps); chosen: %s; tokens per step now: %s; "
+                    "ms per step as served: %s", self.decisions, self.credited, chosen, taus, timed or "none yet")
+
+
+# ---- timing at server start --------------------------------------------------------------------------------------
+class StepProbe:
+    """`time_step(shape, bs)` on a server with CUDA graphs: the shape's draft graph replay (the tree steps' draft rows,
+    or DSPARK's own for the chain), for trees the tree kernels at (bs, N, W) on dummy inputs (warmup.dummy_step), and
+    the target's verify graph replay at the shape's verify width, run back to back; the fastest of `repeats` after an
+    untimed run, CUDA events (wall clock on CPU). Graphs replay with the inputs they were captured with, at server
+    start, before any request: their KV writes land in the slots capture staged."""
+
+    def __init__(self, run, worker, repeats: int = REPEATS):
+        from .warmup import dummy_step
+
+        self.run, self.repeats, self.dummy_step = run, repeats, dummy_step
+        adapter, plan = run.plan.adapter, run.plan
+        target = getattr(worker.model_runner, "decode_cuda_graph_runner", None)
+        self.verify = {plan.width: adapter.graph_replays(target)}
+        self.verify.update({w: adapter.graph_replays(r) for w, r in run.verify_runners.items()})
+        dmr = getattr(worker, "draft_model_runner", None)
+        self.dspark_draft = adapter.graph_replays(getattr(dmr, "decode_cuda_graph_runner", None))
+        rows = run.draft_rows
+        self.tree_draft = self.dspark_draft if rows is None else adapter.graph_replays(rows.runner)
+        self.device = torch.device(getattr(worker, "device", "cpu"))
+        self.table = adapter.req_to_token(worker) if plan.page_size == 1 else None
+
+    def parts(self, shape: Shape, bs: int) -> list[Callable[[], object]] | None:
+        """What a step of `shape` over bs requests runs that its timing covers (None: a graph it needs is missing)."""
+        plan = self.run.plan
+        if shape.is_chain:
+            parts = [self.dspark_draft.get(bs), self.verify[plan.width].get(bs)]
+        else:
+            tree_w, w = plan.fit_width(shape.width, self.run.verify_runners)
+            step = (lambda: self.dummy_step(plan, self.device, self.table, bs, shape.n, tree_w, w))
+            parts = [self.tree_draft.get(bs), step, self.verify.get(w, {}).get(bs)]
+        return None if any(p is None for p in parts) else parts
+
+    def __call__(self, shape: Shape, bs: int) -> float | None:
+        parts = self.parts(shape, bs)
+        if parts is None:
+            return None
+        best = float("inf")
+        for timed in [False] + [True] * self.repeats:
+            seconds = _elapsed(parts, self.device)
+            if timed:
+                best = min(best, seconds)
+        return best
+
+
+def _elapsed(parts, device: torch.device) -> float:
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        for part in parts:
+            part()
+        return time.perf_counter() - t0
+    torch.cuda.synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for part in parts:
+        part()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def measure(run, worker, time_step: Callable[[Shape, int], float | None] | None = None, sizes=None) -> CostTable:
+    """The cost table at server start: every menu shape at every captured batch size (the target's verify graphs')."""
+    if sizes is None:
+        runner = getattr(worker.model_runner, "decode_cuda_graph_runner", None)
+        sizes = getattr(runner, "capture_bs", None) or ()
+    return run.planner.measure(sizes, time_step or StepProbe(run, worker))

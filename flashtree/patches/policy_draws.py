@@ -1,0 +1,117 @@
+"""What the server's tree policies need of the draft beyond the N candidate blocks (FLASHTREE_TREE_POLICY).
+
+- `vote` reads the candidates alone.
+- `prob` ranks the candidates' trie by path probability, so it needs each drawn token's log q at temperature 1 under
+  the draft's Markov head, (bs, N, K) float32. The draws record it as they go: the fused Markov draws return it
+  (`markov_draws(..., return_logp=True)`); the head's own torch steps (any Markov head) run through a step sampler
+  that also keeps log_softmax(step logits)[token] of each step, the head's own logits.
+- `best-first` draws nothing: its tree grows from the head's conditionals, W - 1 rounds of one (bs, V) step each. The
+  server runs the registered torch builder (`flashtree.tree.policies.best_first`) itself over a vanilla head's step
+  logits base[b, pos] + w2 @ w1[prev] (rounded as the draws round them), so it builds the same tree as the engine for
+  the same logits; the builder has fixed shapes and no host reads, so it also runs in the draft graph's tail
+  (graph_draws.py). Other heads (gated, RNN, TP-sharded) are refused at worker start.
+
+Every policy's tree keeps the tree contract, so the greedy and sampled walks stay exact whatever it keeps.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from flashtree.tree import DraftScores, build_tree, get_policy
+from flashtree.tree.types import VoteTree
+
+from .toggles import ToggleError
+
+GROWN = "best-first"  # the policy that grows its tree from the head instead of the candidates
+
+
+def needs_logp(policy: str) -> bool:
+    return "logp" in get_policy(policy).needs_scores
+
+
+def grows(policy: str) -> bool:
+    return "step_logprobs" in get_policy(policy).needs_scores
+
+
+def check(adapter, toggles, worker) -> tuple | None:
+    """At worker start: refuse a policy this worker's draft cannot feed (ToggleError, a SystemExit). Returns what
+    best-first grows its trees from, the vanilla head's (w1, w2); None for the other policies."""
+    from . import flashmap_draft
+
+    policy = toggles.tree_policy
+    if not get_policy(policy).needs_scores:
+        return None
+    model = adapter.draft_model(worker)
+    if flashmap_draft.is_flashmap_draft(model):
+        raise ToggleError(
+            f"flashtree: FLASHTREE_TREE_POLICY={policy} reads the draft's Markov-head probabilities, and this server's "
+            "draft is a FlashMap draft (its candidates are noise draws, with no probabilities); use "
+            "FLASHTREE_TREE_POLICY=vote")
+    if not grows(policy):
+        return None
+    weights = adapter.vanilla_markov_weights(getattr(model, "markov_head", None))
+    if weights is None:
+        raise ToggleError(
+            f"flashtree: FLASHTREE_TREE_POLICY={policy} grows its tree from sglang's vanilla Markov head (step bias "
+            f"w2 @ w1[prev]), and this draft's head is {type(getattr(model, 'markov_head', None)).__name__} (gated, "
+            "RNN, TP-sharded or subclassed heads are not supported); use FLASHTREE_TREE_POLICY=prob or vote")
+    return weights
+
+
+def recording_logp(sampler: Callable[[torch.Tensor], torch.Tensor]):
+    """`sampler(step_logits) -> tokens` that also keeps each step's log q (temperature 1) of its tokens; returns
+    (that sampler, taken(bs, n) -> (bs, N, K) float32 of the steps so far, which it then forgets)."""
+    steps: list[torch.Tensor] = []
+
+    def sample(step_logits: torch.Tensor) -> torch.Tensor:
+        tokens = sampler(step_logits)
+        steps.append(step_logits.float().log_softmax(dim=-1).gather(1, tokens.view(-1, 1)).view(-1))
+        return tokens
+
+    def taken(bs: int, n: int) -> torch.Tensor:
+        logp = torch.stack(steps, dim=1).view(bs, n, -1)
+        steps.clear()
+        return logp
+
+    return sample, taken
+
+
+def vanilla_step_logprobs(base_logits: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor):
+    """`DraftScores.step_logprobs` of a vanilla Markov head over one step's base logits (bs, K, V): log q of the next
+    token after a node, its logits summed as the draws sum them (the bias in the weights' dtype)."""
+    k = base_logits.shape[1]
+
+    def step_logprobs(rows: torch.Tensor, pos: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        logits = base_logits[rows, pos.clamp(max=k - 1)] + F.linear(F.embedding(prev, w1), w2)
+        return logits.float().log_softmax(dim=-1)
+
+    return step_logprobs
+
+
+def grow(base_logits: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, width: int) -> VoteTree:
+    """The best-first tree of `width` tokens (root included) over base logits (bs, K, V) and a vanilla head."""
+    bs, k, _v = base_logits.shape
+    shape = torch.zeros((bs, 1, k), dtype=torch.int64, device=base_logits.device)  # the builder reads (N, K) only
+    scores = DraftScores(anchor=anchor.long(), step_logprobs=vanilla_step_logprobs(base_logits, w1, w2))
+    return build_tree(shape, width, policy=GROWN, scores=scores)
+
+
+def first_nodes(tree: VoteTree, width: int) -> VoteTree:
+    """The tree's first width - 1 nodes: best-first lists nodes in the order it adds them, so these are exactly the
+    best-first tree of `width` (its first picks never depend on how many follow: a node's m-th child is picked only
+    after its m - 1 better siblings)."""
+    m = width - 1
+    return VoteTree(tokens=tree.tokens[:, :m], parents=tree.parents[:, :m], depth=tree.depth[:, :m],
+                    votes=tree.votes[:, :m], valid=tree.valid[:, :m], first_candidate=tree.first_candidate[:, :m],
+                    k=tree.k)
+
+
+def dummy_scores(bs: int, n: int, k: int, device) -> DraftScores:
+    """Scores of the right shapes for any policy (the kernels' warm-up)."""
+    return DraftScores(logp=torch.zeros((bs, n, k), device=device), anchor=torch.zeros(bs, dtype=torch.int64,
+                       device=device), step_logprobs=lambda rows, pos, prev: torch.zeros((rows.shape[0], 2),
+                                                                                        device=device))

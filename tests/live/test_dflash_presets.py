@@ -1,0 +1,61 @@
+"""The DFLASH live presets: SmolLM2's DFLASH drafter and the 8B-shaped dummy DFLASH draft compose into DFLASH server
+commands (no DSPARK block flag, wider windows through --speculative-num-draft-tokens alone), the prob policy reaches
+the environment, and the dummy writer's draft config is DFlashDraftModel's."""
+
+from __future__ import annotations
+
+import json
+
+from flashtree.dspark.dflash_format import load_dflash_config
+from flashtree.live.commands import phase_instances
+from flashtree.live.config import to_live_config
+from flashtree.live.dummy import write
+
+from .helpers import compose
+
+
+def spec_args(argv: tuple) -> dict:
+    i = argv.index("--speculative-algorithm")
+    return {"algorithm": argv[i + 1], "window": argv[argv.index("--speculative-num-draft-tokens") + 1],
+            "dspark_block": "--speculative-dspark-block-size" in argv,
+            "draft": argv[argv.index("--speculative-draft-model-path") + 1]}
+
+
+def test_dflash_smollm2_preset_chain_against_trees():
+    cfg = to_live_config(compose("+preset=dflash-smollm2"))
+    plan = phase_instances(cfg)
+    assert list(plan) == ["identity", "speed"] and cfg.phases.speed.concurrencies == [1, 8, 32]
+    speed = {i.server: i for i in plan["speed"]}
+    assert list(speed) == ["chain", "tree32-w32", "tree32-w32-prob"]
+    for inst in speed.values():
+        assert spec_args(inst.argv)["algorithm"] == "DFLASH" and not spec_args(inst.argv)["dspark_block"]
+        assert spec_args(inst.argv)["draft"] == "/tmp/ft-dflash-draft"
+    assert spec_args(speed["chain"].argv)["window"] == "9" and "FLASHTREE_TREE_N" not in speed["chain"].env
+    assert spec_args(speed["tree32-w32"].argv)["window"] == "32"
+    assert speed["tree32-w32-prob"].env["FLASHTREE_TREE_POLICY"] == "prob"
+    assert speed["tree32-w32"].env["FLASHTREE_TREE_DEPTH"] == "8"
+    assert [i.server for i in plan["identity"]] == ["plain", "chain-exact", "tree32-w32-exact"]
+    assert "--speculative-algorithm" not in plan["identity"][0].argv
+    prob8 = phase_instances(to_live_config(compose("+preset=dflash-smollm2", "run=[speed]",
+                                                   "phases.speed.servers=[tree8-prob]")))["speed"][0]
+    assert prob8.env["FLASHTREE_TREE_POLICY"] == "prob" and spec_args(prob8.argv)["window"] == "9"
+
+
+def test_qwen3_8b_dummy_dflash_preset_writes_a_dflash_draft(tmp_path):
+    cfg = to_live_config(compose("+preset=qwen3-8b-dummy-dflash", f"live.work_dir={tmp_path}"))
+    speed = phase_instances(cfg)["speed"]
+    assert [i.server for i in speed] == ["chain-simtab", "tree8-simtab", "tree16-w16-simtab"]
+    assert [spec_args(i.argv)["window"] for i in speed] == ["16", "16", "16"]
+    assert all(spec_args(i.argv)["algorithm"] == "DFLASH" for i in speed)
+    envs = {i.server: i.env for i in speed}
+    assert all(env["FLASHTREE_SIMULATE_ACC"].endswith("smollm2-dspark-gsm8k.json") for env in envs.values())
+    assert "FLASHTREE_TREE_N" not in envs["chain-simtab"] and envs["tree8-simtab"]["FLASHTREE_TREE_N"] == "8"
+    acc1 = phase_instances(to_live_config(compose(
+        "+preset=qwen3-8b-dummy-dflash", "phases.speed.servers=[chain-sim-acc1,tree8-sim-acc1,tree32-w32-sim-acc1]")))
+    assert [spec_args(i.argv)["window"] for i in acc1["speed"]] == ["16", "16", "32"]
+    _target, draft = write(cfg.model.dummy, cfg.model.target, cfg.model.draft, cfg.model.draft_block_size,
+                           cfg.model.algorithm)
+    raw = json.loads(draft.read_text())
+    assert raw["architectures"] == ["DFlashDraftModel"] and "markov_rank" not in raw
+    assert raw["block_size"] == raw["dflash_config"]["block_size"] == 16 and raw["num_hidden_layers"] == 5
+    assert load_dflash_config(draft.parent).block_size == cfg.model.draft_block_size == 15

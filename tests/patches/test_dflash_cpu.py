@@ -1,0 +1,379 @@
+"""The tree step on sglang's DFLASH worker, on CPU: a real `DFlashWorkerV2` object (its own block buffers, mask
+token, draft-KV writer `_append_target_hidden_to_draft_kv_by_loc` with its validation and prefix-valid commit), the
+DFLASH family's real primitives (window, ForwardBatch of the draft forward, target LM head, N draws per position,
+DFLASH's DFlashVerifyInput carrying the tree mask), flashtree's walk and commit; stand-ins only for the model forwards
+(the stand-in target and draft of test_decode_cpu) and the KV pools."""
+
+from __future__ import annotations
+
+import types
+from collections import Counter
+
+import pytest
+import torch
+
+import sglang_cpu
+from test_decode_cpu import MAX_LEN, V, StandIns, chi2_critical_001, reference, standin_base_logits, target_logits
+
+from flashtree.patches import adapters, dflash_step
+from flashtree.patches.adapters.dflash import DFLASH_WORKER
+from flashtree.patches.adapters.probe import resolve
+from flashtree.patches.decode import create_state
+from flashtree.patches.toggles import ToggleError, TreeToggles
+
+W = 6  # DFLASH's block_size: the anchor and K = 5 mask positions (test_decode_cpu's window)
+K = W - 1
+MASK = V - 1
+ADAPTED = ("0.5.17", "0.5.20")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tree_kernels():
+    sglang_cpu.force_triton_tree_kernels()
+
+
+@pytest.fixture(autouse=True)
+def _one_gpu_server():
+    """What a one-GPU server publishes before its workers run (0.5.20's DFLASH decode reads the MoE EP width)."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+    except ImportError:  # 0.5.17 publishes none
+        yield
+        return
+    with get_parallel().override(moe_ep_size=1):
+        yield
+
+
+@pytest.fixture(scope="module")
+def family(sglang_release):
+    real = adapters.dflash_adapter(adapters.select_adapter())
+    if sglang_release not in ADAPTED:
+        pytest.skip(f"sglang {sglang_release}'s DFLASH worker is refused (test_refused_release)")
+    assert real.mismatches() == []
+    from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+
+    class PreparedVerify(DFlashVerifyInput):
+        """DFLASH's verify input; prepare_for_verify hands the stand-in target what ForwardBatch.init_new would read."""
+
+        def prepare_for_verify(self, batch, target_worker):
+            return types.SimpleNamespace(verify=self, out_cache_loc=batch.out_cache_loc, seq_lens=batch.seq_lens,
+                                         seq_lens_cpu=batch.seq_lens_cpu, req_pool_indices=batch.req_pool_indices), False
+
+    class Family(type(real)):
+        def verify_input_cls(self):
+            return PreparedVerify
+
+    return Family()
+
+
+def dflash_worker(world: StandIns, bs: int, page_size: int = 1):
+    """A DFlashWorkerV2 as its __init__ leaves it for a plain DFLASH draft on one GPU (object.__new__: the real class
+    and methods, the attributes its decode reads), over the stand-in models."""
+    from sglang.srt.speculative.draft_worker_common import make_draft_block_spec_info
+
+    head = torch.nn.Linear(V, V, bias=False)
+    embed = torch.nn.Embedding(V, V)
+    with torch.no_grad():
+        head.weight.copy_(torch.eye(V))  # the draft's hidden states are its logits
+        embed.weight.copy_(torch.eye(V))
+    target_model = types.SimpleNamespace(lm_head=head, get_input_embeddings=lambda: embed)
+    target_runner = types.SimpleNamespace(
+        model=target_model, device="cpu", page_size=page_size, token_to_kv_pool=world,
+        req_to_token_pool=types.SimpleNamespace(req_to_token=world.req_to_token),
+        attn_backend=types.SimpleNamespace(verify_mask=types.SimpleNamespace(buffer=world.verify_mask)))
+    attn = types.SimpleNamespace(kv_proj_only=lambda h: (h, h), apply_k_norm=lambda k: k,
+                                 apply_k_rope=lambda pos, k: k, num_kv_heads=1, head_dim=2,
+                                 attn=types.SimpleNamespace(k_scale=None, v_scale=None))
+    worker = object.__new__(resolve(DFLASH_WORKER))
+    worker.__dict__.update(
+        block_size=W, device="cpu", page_size=page_size, _mask_token_id=MASK, _block_pos_offsets=torch.arange(W),
+        _draft_block_spec_info=make_draft_block_spec_info(draft_token_num=W, device="cpu"),
+        _draft_block_ids_buf=None, use_compact_draft_cache=False, _need_mamba_verify_commit=False,
+        _use_fused_kv_materialize=False, _fused_kv_helper=None, selector=None, lilicorr=None, _is_domino=False,
+        _full_embed_gpu=None, _noise_embed_scale=1.0, draft_tp_context=lambda group: torch.enable_grad(),
+        server_args=types.SimpleNamespace(tp_size=1, pp_size=1, enable_dp_attention=False),
+        model_runner=target_runner,
+        _target_worker=types.SimpleNamespace(model_runner=target_runner,
+                                             forward_batch_generation=lambda **kw: target_forward(world, **kw)),
+        draft_model=types.SimpleNamespace(project_target_hidden=lambda h: h, layers=[types.SimpleNamespace(self_attn=attn)],
+                                          prepare_context_hidden_for_kv=lambda layer, h: h),
+        draft_model_runner=types.SimpleNamespace(forward=lambda fb: draft_forward(world, fb), tp_group=None,
+                                                 token_to_kv_pool=DraftPool(world)),
+    )
+    return worker
+
+
+class DraftPool:
+    """The draft KV pool's prefix-valid writer: per request, the first commit_lens[b] columns of cache_loc_2d."""
+
+    def __init__(self, world):
+        self.world = world
+
+    def set_kv_buffer_prefix_valid(self, layer, cache_loc_2d, commit_lens, k, v, k_scale, v_scale):
+        bs, w = cache_loc_2d.shape
+        k = k.view(bs, w, -1)
+        for b in range(bs):
+            c = int(commit_lens[b])
+            self.world.draft_kv[cache_loc_2d[b, :c]] = k[b, :c]
+
+
+def draft_forward(world, fb):
+    """The stand-in DFLASH draft: [anchor, mask x K] in, each position's logits (independent marginals around the
+    target's greedy block) out as hidden states; checks the ForwardBatch DFLASH's draft model runner gets."""
+    bs = fb.batch_size
+    ids = fb.input_ids.view(bs, W)
+    assert fb.forward_mode.is_target_verify() and fb.spec_algorithm.is_dflash()
+    assert (ids[:, 1:] == MASK).all() and torch.equal(fb.input_embeds.argmax(-1), fb.input_ids)
+    assert torch.equal(fb.positions.view(bs, W), fb.seq_lens.view(-1, 1) + torch.arange(W))
+    assert torch.equal(fb.out_cache_loc.view(bs, W), world.req_to_token[fb.req_pool_indices.view(-1, 1),
+                                                                         fb.positions.view(bs, W)])
+    assert fb.seq_lens_sum == int(fb.seq_lens_cpu.sum()) and torch.equal(fb.seq_lens_cpu, fb.seq_lens + W)
+    hidden = torch.zeros(bs, W, V)
+    hidden[:, 1:] = standin_base_logits(world, fb, ids[:, 0], bs, K)
+    return types.SimpleNamespace(logits_output=types.SimpleNamespace(hidden_states=hidden.view(bs * W, V)),
+                                 can_run_graph=False)
+
+
+def target_forward(world, *, batch, forward_batch, is_verify, skip_attn_backend_init):
+    """The stand-in target's verify under DFlashVerifyInput's FULL_MASK tree mask; writes KV at every window slot."""
+    assert batch is None and is_verify and skip_attn_backend_init
+    vi, fb = forward_batch.verify, forward_batch
+    w = vi.draft_token_num
+    ids, positions = vi.draft_token.view(-1, w), vi.positions.view(-1, w)
+    bs = ids.shape[0]
+    assert torch.equal(fb.seq_lens_cpu, fb.seq_lens + w), "the host lengths cover the verify block"
+    world.kv[fb.out_cache_loc, 0] = positions.reshape(-1)
+    world.kv[fb.out_cache_loc, 1] = ids.reshape(-1)
+    mask, offset = vi.custom_mask.bool(), 0
+    logits = torch.full((bs, w, V), -30.0)
+    for b in range(bs):
+        L = int(fb.seq_lens[b])
+        rows = mask[offset: offset + w * (L + w)].view(w, L + w)
+        offset += w * (L + w)
+        assert rows[:, :L].all()
+        prefix = world.context(world.request(fb, b), L)
+        for i in range(w):
+            seen = rows[i, L:].nonzero().flatten()
+            assert positions[b, i] == L + len(seen) - 1
+            logits[b, i] = target_logits(prefix + ids[b, seen].tolist())
+    hidden = torch.stack([positions.reshape(-1).float(), ids.reshape(-1).float()], dim=1)
+    out = types.SimpleNamespace(next_token_logits=logits.view(bs * w, V), hidden_states=hidden, customized_info=None)
+    return types.SimpleNamespace(logits_output=out, can_run_cuda_graph=False)
+
+
+def run(family, n: int, steps: int, prompts=None, sampling_info=None, policy: str = "vote", page_size: int = 1):
+    """`steps` tree steps through flashtree's DFlashWorkerV2.forward_batch_generation; greedy rows are checked
+    token for token against the sequential greedy decode, every row's req_to_token / target KV / draft KV layout."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
+
+    prompts = prompts or [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9]]
+    bs = len(prompts)
+    refs = [reference(p, MAX_LEN - len(p) - 2 * W) for p in prompts]
+    world = StandIns(prompts, refs, page_size)
+    worker = dflash_worker(world, bs, page_size)
+    table = world.req_to_token.clone()
+    toggles = TreeToggles(tree_n=n, seed=5, tree_policy=policy)
+    worker._flashtree = create_state(family, toggles, worker)
+    step = dflash_step.make_forward_batch_generation(resolve(DFLASH_WORKER).forward_batch_generation, family, toggles)
+    greedy_rows = [True] * bs if sampling_info is None else (sampling_info.top_ks <= 1).tolist()
+    seq_lens = torch.tensor([len(p) for p in prompts])
+    bonus = torch.tensor([r[len(p)] for r, p in zip(refs, prompts)])
+    generated = [[int(b)] for b in bonus]
+    draft_input = make_draft_input_v2(bonus_tokens=bonus, new_seq_lens=seq_lens)
+    accepts = Counter()
+    for _ in range(steps):
+        batch = types.SimpleNamespace(
+            seq_lens=seq_lens.clone(), seq_lens_cpu=seq_lens.clone(), seq_lens_sum=int(seq_lens.sum()),
+            req_pool_indices=world.rows.clone(), forward_mode=ForwardMode.DECODE, is_extend_in_batch=False,
+            sampling_info=sampling_info, spec_info=draft_input, has_grammar=False, return_logprob=False,
+            out_cache_loc=None)
+        res = step(worker, batch, None)
+        commit = res.accept_lens.to(torch.int64)
+        out = res.next_token_ids.view(bs, W)
+        assert torch.equal(res.new_seq_lens, seq_lens + commit) and res.speculative_num_draft_tokens == W
+        for b in range(bs):
+            L, c = int(seq_lens[b]), int(commit[b])
+            ctx = world.context(b, L + c)
+            assert ctx == prompts[b] + generated[b] + out[b, : c - 1].tolist()
+            if greedy_rows[b]:
+                assert out[b, :c].tolist() == refs[b][L + 1: L + 1 + c]
+            slots = world.req_to_token[world.rows[b], L: L + c]  # the draft context: the committed path only
+            assert world.draft_kv[slots, 0].tolist() == list(range(L, L + c))
+            assert world.draft_kv[slots, 1].tolist() == ctx[L: L + c]
+            generated[b].extend(out[b, :c].tolist())
+            accepts[c - 1] += 1
+        if page_size > 1:  # the copy commit: the table stays, the accepted KV moved
+            assert torch.equal(world.req_to_token, table) and world.moves > 0
+        seq_lens, draft_input = res.new_seq_lens, res.next_draft_input
+    return accepts, worker._flashtree, generated
+
+
+@pytest.mark.parametrize("policy", ["vote", "prob"])
+def test_dflash_tree_matches_sequential_greedy_decode(family, policy):
+    accepts, state, _gen = run(family, n=4, steps=10, policy=policy)
+    assert state.steps == 10 and state.draw_paths == {"eager": 10}
+    assert max(accepts) >= 2 and 0 in accepts, f"the steps must accept deep and reject: {accepts}"
+
+
+def test_dflash_paged_kv_commit_copies_accepted_kv(family):
+    accepts, _state, _gen = run(family, n=4, steps=6, page_size=4)
+    assert max(accepts) >= 2
+
+
+def test_dflash_n1_equals_dflash_chain_accept(family, monkeypatch):
+    """N = 1: the tree is DFLASH's own chain (candidate 0 = each position's argmax), and each step commits what
+    DFLASH's chain accept (dflash_utils.compute_dflash_correct_drafts_and_bonus) commits."""
+    import flashtree.patches.decode as decode
+    from sglang.srt.speculative.dflash_utils import compute_dflash_correct_drafts_and_bonus
+
+    real_walk, checked = decode.walk, []
+
+    def walk(state, tree, logits, sampling_info, *commit_args):
+        result, plan = real_walk(state, tree, logits, sampling_info, *commit_args)
+        bs = tree.batch_size
+        assert torch.equal(tree.parents, torch.arange(W - 1).expand(bs, W - 1)), "N = 1 must give the chain"
+        chain = torch.cat([torch.zeros(bs, 1, dtype=torch.int64), tree.tokens], dim=1)
+        accept, bonus = compute_dflash_correct_drafts_and_bonus(
+            candidates=chain, target_predict=logits.view(bs, W, V).argmax(-1))
+        assert accept.tolist() == result.accept_len.tolist() and bonus.tolist() == result.bonus.tolist()
+        checked.append(bs)
+        return result, plan
+
+    monkeypatch.setattr(decode, "walk", walk)
+    accepts, state, _gen = run(family, n=1, steps=8)
+    assert len(checked) == state.steps == 8 and max(accepts) >= 1
+
+
+def test_dflash_draws_candidate_zero_is_the_argmax_block(family):
+    logits = torch.randn(2, K, V)
+    from flashtree.sampler.reference import sample_rows
+    from flashtree.sampler import candidate_rows
+
+    def sampler(rows):
+        _inv, greedy = candidate_rows(rows.shape[0] // 3, 3, 0.8, rows.device)
+        return sample_rows(rows, torch.where(greedy, 0.0, 0.8), generator=torch.Generator().manual_seed(0))
+
+    drawn = family.sample_blocks(None, logits, None, None, 3, sampler)
+    assert drawn.shape == (2, 3, K) and torch.equal(drawn[:, 0], logits.argmax(-1))
+    logp = family.candidate_logp(types.SimpleNamespace(base_logits=logits), drawn)
+    assert torch.allclose(logp, logits.log_softmax(-1).gather(2, drawn.transpose(1, 2)).transpose(1, 2))
+
+
+SAMPLED_T = 0.7
+
+
+class SamplingInfo(types.SimpleNamespace):
+    """sglang's SamplingBatchInfo as DFLASH's verify adjustments and flashtree's walk read it (no penalties, bias or
+    logit processors: admission refuses those)."""
+
+    def __init__(self, bs: int, temperature: float):
+        super().__init__(is_all_greedy=False, temperatures=torch.full((bs, 1), temperature),
+                         top_ks=torch.full((bs,), 1 << 30, dtype=torch.int32), top_ps=torch.ones(bs),
+                         has_custom_logit_processor=False)
+
+    def __len__(self) -> int:
+        return self.top_ks.shape[0]
+
+
+def first_sampled_tokens(family, monkeypatch, wrong_temperature: float | None):
+    """The first token after the anchor on 1200 sampled rows of one prompt (N = 4, one step); with
+    `wrong_temperature` the walk samples the target at that temperature instead of the request's (the negative
+    control)."""
+    import flashtree.patches.decode as decode
+
+    bs = 1200
+    info = SamplingInfo(bs, SAMPLED_T)
+    if wrong_temperature is not None:
+        real_walk = decode.walk
+        wrong = SamplingInfo(bs, wrong_temperature)
+        monkeypatch.setattr(decode, "walk", lambda state, tree, logits, _info, *a: real_walk(state, tree, logits,
+                                                                                            wrong, *a))
+    prompt = [4, 4, 2, 7]
+    _acc, _state, generated = run(family, n=4, steps=1, prompts=[prompt] * bs, sampling_info=info)
+    return prompt + [generated[0][0]], Counter(g[1] for g in generated)
+
+
+def chi_square(ctx, counts) -> tuple[float, float]:
+    p = (target_logits(ctx) / SAMPLED_T).softmax(-1)
+    cells = [t for t in range(V) if p[t] > 1e-6]
+    assert set(counts) <= set(cells), "a token outside the target's support"
+    n = sum(counts.values())
+    stat = sum((counts.get(t, 0) - n * float(p[t])) ** 2 / (n * float(p[t])) for t in cells)
+    return stat, chi2_critical_001(max(len(cells) - 1, 3))
+
+
+def test_dflash_sampled_walk_is_lossless_and_a_wrong_one_is_caught(family, monkeypatch):
+    ctx, counts = first_sampled_tokens(family, monkeypatch, None)
+    stat, critical = chi_square(ctx, counts)
+    assert stat < critical, f"chi-square {stat:.1f} >= {critical:.1f}: {counts}"
+    ctx, counts = first_sampled_tokens(family, monkeypatch, 1.0)
+    stat, critical = chi_square(ctx, counts)
+    assert stat > critical, f"the wrong-temperature walk passed (chi-square {stat:.1f}): the test cannot fail"
+
+
+def test_prob_policy_is_refused_on_dspark_workers():
+    from flashtree.patches import checks
+
+    dspark = adapters.select_adapter()
+    worker = types.SimpleNamespace(verify_num_draft_tokens=W)
+    with pytest.raises(ToggleError, match="FLASHTREE_TREE_POLICY=prob .* DSPARK's tree step"):
+        checks.at_worker_start(dspark, TreeToggles(tree_n=4, tree_policy="prob"), worker)
+
+
+def test_dflash_install_patches_or_refuses(sglang_release, monkeypatch):
+    """With FLASHTREE_TREE_N the plugin replaces DFlashWorkerV2's __init__, init_cuda_graphs and
+    forward_batch_generation on the adapted releases and restores them; elsewhere the worker start is refused with
+    the reason. Without toggles DFLASH is untouched."""
+    import flashtree.patches as patches
+
+    cls = resolve(DFLASH_WORKER)
+    before = {name: cls.__dict__[name] for name in ("__init__", "init_cuda_graphs", "forward_batch_generation")}
+    patches.install()
+    assert all(cls.__dict__[name] is fn for name, fn in before.items()), "no toggles: DFLASH must stay untouched"
+    monkeypatch.setenv("FLASHTREE_TREE_N", "4")
+    patches.install()
+    changed = {name for name, fn in before.items() if cls.__dict__[name] is not fn}
+    if sglang_release in ADAPTED:
+        assert changed == set(before)
+    else:
+        assert changed == {"__init__"}
+        with pytest.raises(ToggleError, match=f"sglang {sglang_release}'s DFlashWorkerV2 is not one"):
+            cls(types.SimpleNamespace())
+    patches.uninstall()
+    assert all(cls.__dict__[name] is fn for name, fn in before.items())
+
+
+def test_dflash_chain_steps_draw_simulated_lengths_from_the_table(family, tmp_path, monkeypatch):
+    """FLASHTREE_SIMULATE_ACC on DFLASH's own chain: per request a length from the table's chain row (N = 1), the
+    tokens laid out as DFLASH's own forced acceptance lays out that length (its real function, one row at a time)."""
+    from sglang.srt.speculative import dflash_utils
+
+    from flashtree.patches import simulate
+    from flashtree.planner.accept_table import AcceptTable
+
+    table = AcceptTable({(1, W): (1, 0, 0, 3)})
+    ours = simulate.make_dflash_chain_acceptance(table, "t.json", seed=3)
+    bs = 64
+    candidates = torch.randint(0, V, (bs, W))
+    predict = torch.randint(0, V, (bs, W))
+
+    def buffers():
+        return (torch.zeros(bs, dtype=torch.int32), torch.zeros(bs, dtype=torch.int32),
+                torch.zeros(bs, dtype=torch.int64), torch.zeros(bs, W, dtype=torch.int64))
+
+    accept, commit, bonus, out = buffers()
+    ours(candidates=candidates, target_predict=predict, accept_len=accept, commit_lens=commit, bonus=bonus,
+         out_tokens=out, simulate_acc_len=1.0, simulate_acc_method="match-expected",
+         simulate_acc_token_mode="real-draft-token")
+    counts = Counter(accept.tolist())
+    assert set(counts) == {0, 3} and counts[3] > counts[0] > 0 and torch.equal(commit, accept + 1)
+    draw = "sample_simulated_acc_len" if hasattr(dflash_utils, "sample_simulated_acc_len") else "_sample_simulated_acc_len"
+    for b in range(bs):
+        monkeypatch.setattr(dflash_utils, draw, lambda *a, n=int(commit[b]): n)
+        a2, c2, b2, o2 = (t[:1].clone() for t in buffers())
+        dflash_utils.apply_dflash_simulated_acceptance(
+            candidates=candidates[b:b + 1], target_predict=predict[b:b + 1], accept_len=a2, commit_lens=c2, bonus=b2,
+            out_tokens=o2, simulate_acc_len=1.0, simulate_acc_method="x", simulate_acc_token_mode="real-draft-token")
+        assert (a2.item(), c2.item(), b2.item()) == (accept[b].item(), commit[b].item(), bonus[b].item())
+        assert torch.equal(o2[0], out[b])
