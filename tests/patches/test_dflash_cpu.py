@@ -312,13 +312,18 @@ def test_dflash_sampled_walk_is_lossless_and_a_wrong_one_is_caught(family, monke
     assert stat > critical, f"the wrong-temperature walk passed (chi-square {stat:.1f}): the test cannot fail"
 
 
-def test_prob_policy_is_refused_on_dspark_workers():
+def test_each_worker_refuses_the_policies_its_draft_cannot_score():
+    """A DFLASH draft has marginals but no Markov head: best-first (grown from the head's conditionals) is refused at
+    worker start, naming what this worker's step serves; a DSPARK worker's step scores every registered policy."""
     from flashtree.patches import checks
 
     dspark = adapters.select_adapter()
+    dflash = adapters.dflash_adapter(dspark)
     worker = types.SimpleNamespace(verify_num_draft_tokens=W)
-    with pytest.raises(ToggleError, match="FLASHTREE_TREE_POLICY=prob .* DSPARK's tree step"):
-        checks.at_worker_start(dspark, TreeToggles(tree_n=4, tree_policy="prob"), worker)
+    with pytest.raises(ToggleError, match="FLASHTREE_TREE_POLICY=best-first .* DFLASH's tree step does not compute; "
+                                          "allowed here: vote, prob$"):
+        checks.at_worker_start(dflash, TreeToggles(tree_n=4, tree_policy="best-first"), worker)
+    assert {"logp", "anchor", "step_logprobs"} <= set(dspark.draft_scores)
 
 
 def test_dflash_install_patches_or_refuses(sglang_release, monkeypatch):
