@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from flashtree.experiments.config import ConfigError
-from flashtree.live import grammar, identity, memory, sampled, speed
+from flashtree.live import features, grammar, identity, memory, sampled, speed
 from flashtree.live.commands import Instance, all_instances, phase_instances, shell_line
 from flashtree.live.config import LiveConfig, to_live_config
 from flashtree.live.prompts import Prompts, load
@@ -36,6 +36,8 @@ def describe(cfg: LiveConfig, plan: dict[str, list[Instance]]) -> str:
         what = (f"concurrencies {list(p.concurrencies)}, {p.rounds} round(s), client {p.backend}"
                 if phase in ("speed", "stage") else f"{p.prompts} prompts x {p.max_new_tokens} tokens"
                 if phase == "identity" else f"regex {p.regex!r}" if phase == "grammar"
+                else f"{len(features.requests(p.logit_bias, 1, p.skip))} feature requests x {p.max_new_tokens} tokens"
+                if phase == "features"
                 else f"{p.samples} draws x {p.tokens} tokens at T {p.temperature}")
         lines.append(f"  {phase}: {', '.join(i.name for i in instances)}; {what}")
         if phase in ("speed", "stage") and p.backend == "bench_serving":
@@ -108,9 +110,13 @@ class Run:
 
     def grammar(self, instances) -> dict:
         p = self.cfg.phases.grammar
+        return grammar.run_grammar(self.ports(instances), self.prompts.ids, p.regex, p.max_new_tokens, p.timeout_s)
+
+    def features(self, instances) -> dict:
+        p = self.cfg.phases.features
         tree = {i.name: self.cfg.servers[i.server].tree_n is not None for i in instances}
-        return grammar.run_grammar(self.ports(instances), tree, self.prompts.ids, p.regex, p.max_new_tokens,
-                                   p.timeout_s)
+        return features.run_features(self.ports(instances), tree, dict(p.logit_bias), p.max_new_tokens, p.logprob_tol,
+                                     list(p.may_refuse), p.timeout_s, list(p.skip))
 
     def speed(self, instances, phase: str = "speed") -> dict:
         from tqdm import tqdm

@@ -15,9 +15,12 @@ from omegaconf import MISSING
 from flashtree.experiments.config import LoggerConfig, WandbConfig, _check, to_run_config
 from flashtree.live.dummy import ARCHITECTURES, DummyShapes
 
-PHASES = ("identity", "stage", "speed", "sampled", "grammar")
+PHASES = ("identity", "stage", "speed", "sampled", "grammar", "features")
 SPEED_BACKENDS = ("bench_serving", "ids")
 PROMPT_SOURCES = ("gsm8k", "random", "file")
+# The features phase's requests (flashtree/live/features.py builds them)
+FEATURE_REQUESTS = ("plain", "json_schema", "tool_required", "regex", "frequency_penalty", "presence_penalty",
+                    "repetition_penalty", "logit_bias", "min_p", "logprobs")
 
 
 @dataclass
@@ -170,11 +173,35 @@ class SampledPhase(Phase):
 
 @dataclass
 class GrammarPhase(Phase):
-    """A regex-constrained request to each server: the tree path refuses it (and keeps serving), the others serve it."""
+    """A regex-constrained greedy request to each server: served with the first server's output (and still serving)."""
 
     precision: str = "fp32"
     regex: str = "(ab)+"
     max_new_tokens: int = 8
+
+
+@dataclass
+class FeaturesPhase(Phase):
+    """Greedy chat requests with sampling features (JSON schema, required tool call, regex, penalties, logit_bias,
+    min_p, logprobs) through /v1/chat/completions: each server's answers equal to the first's (no speculation)."""
+
+    precision: str = "fp32"
+    max_new_tokens: int = 64
+    logit_bias: dict[str, float] = field(default_factory=lambda: {"13": -100.0, "11": 5.0})  # token id -> bias
+    logprob_tol: float = 1e-3  # largest |logprob difference| allowed against the reference
+    # requests a tree server may refuse with flashtree's message (logprobs: sglang 0.5.17's DSPARK worker refuses them)
+    may_refuse: list[str] = field(default_factory=lambda: ["logprobs"])
+    # requests not sent, e.g. [json_schema, tool_required, regex] where xgrammar's native library is missing (the H200
+    # bundle drops it)
+    skip: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _check(self.max_new_tokens >= 1, "features.max_new_tokens", self.max_new_tokens, "must be >= 1")
+        _check(self.logprob_tol >= 0, "features.logprob_tol", self.logprob_tol, "must be >= 0")
+        for key in ("may_refuse", "skip"):
+            unknown = [x for x in getattr(self, key) if x not in FEATURE_REQUESTS]
+            _check(not unknown, f"features.{key}", list(getattr(self, key)),
+                   f"use names from {', '.join(FEATURE_REQUESTS)}")
 
 
 @dataclass
@@ -184,6 +211,7 @@ class PhasesConfig:
     speed: SpeedPhase = field(default_factory=SpeedPhase)
     sampled: SampledPhase = field(default_factory=SampledPhase)
     grammar: GrammarPhase = field(default_factory=GrammarPhase)
+    features: FeaturesPhase = field(default_factory=FeaturesPhase)
 
 
 @dataclass
@@ -223,12 +251,14 @@ class LiveConfig:
                        f"no server named {s!r} (defined: {', '.join(sorted(self.servers))})")
             _check(phase.precision in self.model.precisions, f"{key}.precision", phase.precision,
                    f"model {self.model.name} has precisions {', '.join(self.model.precisions)}")
-            if phase_name in ("identity", "sampled"):
+            if phase_name in ("identity", "sampled", "features", "grammar"):
                 _check(len(phase.servers) >= 2, f"{key}.servers", list(phase.servers),
                        "needs the reference (first) and at least one server to compare")
         if self.model.dummy is not None:
             _check(self.prompts.source == "random", "prompts.source", self.prompts.source,
                    "a dummy-weight model has no tokenizer: use random token ids")
+            _check("features" not in self.run, "run", list(self.run),
+                   "the features phase sends chat requests, which a dummy-weight server (no tokenizer) cannot serve")
             for phase_name in ("speed", "stage"):
                 if phase_name in self.run:
                     _check(getattr(self.phases, phase_name).backend == "ids", f"phases.{phase_name}.backend",

@@ -1,5 +1,5 @@
-"""Grammar-constrained requests: a server on flashtree's tree path refuses them with flashtree's message and keeps
-serving; a server without it (no speculation, DSPARK's chain) serves them."""
+"""Grammar-constrained requests: every server serves a regex request, greedy, with the first server's (no
+speculation) output token for token, and keeps serving after it."""
 
 from __future__ import annotations
 
@@ -8,22 +8,23 @@ import json
 from flashtree.live.http_json import generate, post
 
 
-def check(port: int, tree: bool, prompts: list, regex: str, max_new_tokens: int, timeout_s: float = 300.0) -> dict:
-    status, js = post(port, "/generate", {"input_ids": prompts[0], "sampling_params":
+def answer(port: int, prompt: list, regex: str, max_new_tokens: int, timeout_s: float) -> dict:
+    status, js = post(port, "/generate", {"input_ids": prompt, "sampling_params":
                                           {"max_new_tokens": max_new_tokens, "temperature": 0.0, "regex": regex}},
                       timeout=timeout_s)
-    text = js if isinstance(js, str) else json.dumps(js)
-    if not tree:
-        ok = status == 200 and isinstance(js, dict) and bool(js.get("output_ids"))
-        return {"status": "pass" if ok else "fail", "expected": "served", "http": status, "response": text[:300]}
-    after = generate(port, prompts[1 % len(prompts)], {"max_new_tokens": max_new_tokens, "temperature": 0.0},
-                     timeout=timeout_s)
-    ok = status != 200 and "flashtree" in text and bool(after.get("output_ids"))
-    return {"status": "pass" if ok else "fail", "expected": "refused by flashtree, still serving", "http": status,
-            "response": text[:300], "serving_after": bool(after.get("output_ids"))}
+    ids = js.get("output_ids") if status == 200 and isinstance(js, dict) else None
+    return {"http": status, "output_ids": ids, "response": (js if isinstance(js, str) else json.dumps(js))[:300]}
 
 
-def run_grammar(ports: dict[str, int], tree: dict[str, bool], prompts: list, regex: str, max_new_tokens: int,
-                timeout_s: float = 300.0) -> dict:
-    return {"regex": regex, "servers": {name: check(port, tree[name], prompts, regex, max_new_tokens, timeout_s)
-                                        for name, port in ports.items()}}
+def run_grammar(ports: dict[str, int], prompts: list, regex: str, max_new_tokens: int, timeout_s: float = 300.0) -> dict:
+    names = list(ports)
+    got = {n: answer(p, prompts[0], regex, max_new_tokens, timeout_s) for n, p in ports.items()}
+    ref = got[names[0]]["output_ids"]
+    servers = {}
+    for n, a in got.items():
+        after = generate(ports[n], prompts[1 % len(prompts)], {"max_new_tokens": max_new_tokens, "temperature": 0.0},
+                         timeout=timeout_s)
+        ok = bool(a["output_ids"]) and a["output_ids"] == ref and bool(after.get("output_ids"))
+        servers[n] = {"status": "pass" if ok else "fail", "expected": f"served, as {names[0]}", **a,
+                      "serving_after": bool(after.get("output_ids"))}
+    return {"regex": regex, "reference": names[0], "servers": servers}

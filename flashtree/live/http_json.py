@@ -12,8 +12,16 @@ from flashtree.live.commands import HOST
 
 def post(port: int, path: str, body: dict, timeout: float = 300.0):
     """-> (HTTP status, parsed JSON or text)."""
-    req = urllib.request.Request(f"http://{HOST}:{port}{path}", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    return _call(urllib.request.Request(f"http://{HOST}:{port}{path}", data=json.dumps(body).encode(),
+                                        headers={"Content-Type": "application/json"}), timeout)
+
+
+def get(port: int, path: str, timeout: float = 300.0):
+    """-> (HTTP status, parsed JSON or text)."""
+    return _call(urllib.request.Request(f"http://{HOST}:{port}{path}"), timeout)
+
+
+def _call(req: urllib.request.Request, timeout: float):
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             raw, status = r.read().decode(), r.status

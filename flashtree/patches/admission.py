@@ -13,26 +13,14 @@ from .toggles import TOGGLES, TREE_N, TreeToggles
 PREFIX = "flashtree"
 
 
-def unsupported_reason(req, toggles: TreeToggles) -> str | None:
-    """Why the tree path cannot serve `req` (None = it can)."""
-    sp = req.sampling_params
-    grammar = [name for name in ("json_schema", "regex", "ebnf", "structural_tag") if getattr(sp, name, None) is not None]
-    if grammar or getattr(req, "grammar", None) is not None:
-        what = f"grammar-constrained generation ({', '.join(grammar) or 'a server-side grammar'})"
-    elif getattr(req, "return_logprob", False):
-        what = "return_logprob"
+def unsupported_reason(req, toggles: TreeToggles, serves_logprobs: bool = True) -> str | None:
+    """Why the tree path cannot serve `req` (None = it can). Grammars, penalties, logit_bias, min_p and custom logit
+    processors are served (decode.py, node_logits.py), return_logprob where the release's DSPARK worker lets it
+    through (logprobs.py)."""
+    if getattr(req, "return_logprob", False) and not serves_logprobs:
+        what = "return_logprob on this sglang release (its DSPARK worker refuses it; sglang 0.5.20 and 0.5.23 serve it)"
     elif getattr(req, "return_hidden_states", False):
         what = "return_hidden_states"
-    elif getattr(req, "custom_logit_processor", None) is not None:
-        what = "a custom logit processor"
-    elif getattr(sp, "logit_bias", None):
-        what = "logit_bias"
-    elif (getattr(sp, "frequency_penalty", 0.0) or 0.0) != 0.0 or (getattr(sp, "presence_penalty", 0.0) or 0.0) != 0.0 or (
-        getattr(sp, "repetition_penalty", 1.0) or 1.0
-    ) != 1.0:
-        what = "frequency/presence/repetition penalties"
-    elif (getattr(sp, "min_p", 0.0) or 0.0) > 0.0:
-        what = "min_p sampling"
     else:
         return None
     return (
@@ -41,11 +29,11 @@ def unsupported_reason(req, toggles: TreeToggles) -> str | None:
     )
 
 
-def make_add_request_to_queue(original, toggles: TreeToggles):
+def make_add_request_to_queue(original, toggles: TreeToggles, serves_logprobs: bool = True):
     def _add_request_to_queue(self, req, is_retracted: bool = False):
         # Retracted requests were admitted before; already-finished ones carry their own error.
         if not is_retracted and getattr(req, "to_finish", None) is None and getattr(req, "finished_reason", None) is None:
-            reason = unsupported_reason(req, toggles)
+            reason = unsupported_reason(req, toggles, serves_logprobs)
             if reason is not None:
                 req.set_finish_with_abort(reason)
         return original(self, req, is_retracted)

@@ -1,7 +1,8 @@
 """Every worker-dependent refusal of the tree path, one function per point of a server's start, each raising
 ToggleError (a SystemExit) with one message that names the setting and what to do.
 
-`at_worker_start`: DSparkWorkerV2.__init__ (the window, depth, draft rows, parallelism, the release's own limits).
+`at_worker_start`: DSparkWorkerV2.__init__ (the window, depth, draft rows, parallelism, the target's attention
+backend, the release's own limits).
 `at_init_cuda_graphs`: the first point at which sglang has allocated the KV pools (the paged-KV copy commit).
 `flashmap_draft` / `flashmap_keeps_n`: a FlashMap draft at worker start (flashmap_draft.py asks).
 Toggle values that need no worker are checked in toggles.py, release hooks in plan.py.
@@ -12,7 +13,36 @@ from __future__ import annotations
 from .toggles import ToggleError, TreeToggles
 
 
+# The target attention backends whose verify takes the tree's FULL_MASK (sglang's --attention-backend names).
+VERIFY_BACKENDS = ("triton", "flashinfer")
+
+
+def verify_backend(adapter, worker) -> None:
+    """The target verifies the tree under its custom mask on Triton and FlashInfer only; sglang's other backends
+    verify DSPARK's chain causally (or key their tree path on EAGLE's top-k), so they are refused, as is leaving the
+    choice to sglang (--attention-backend unset). FlashInfer only on the releases whose verify input hands it the
+    tree mask and the window's slots as flashtree's tests check them (adapter.flashinfer_verify)."""
+    backends = VERIFY_BACKENDS if adapter.flashinfer_verify else ("triton",)
+    args = getattr(worker, "server_args", None)
+    if args is None:  # no server context (a worker built outside sglang's launcher)
+        return
+    flags = {"--attention-backend": getattr(args, "attention_backend", None)}
+    for flag in ("--prefill-attention-backend", "--decode-attention-backend"):
+        value = getattr(args, flag[2:].replace("-", "_"), None)
+        if value is not None:
+            flags[flag] = value
+    bad = {flag: value for flag, value in flags.items() if value not in backends}
+    if bad:
+        got = ", ".join(f"{flag} {value if value is not None else 'unset (sglang picks)'}" for flag, value in bad.items())
+        raise ToggleError(
+            f"flashtree: FLASHTREE_TREE_N is set but this server runs {got}; the tree verify supports "
+            f"--attention-backend {' or '.join(backends)} on sglang {adapter.release}: start with "
+            f"{'one of them' if len(backends) > 1 else 'it'} or unset FLASHTREE_TREE_N"
+        )
+
+
 def at_worker_start(adapter, toggles: TreeToggles, worker) -> None:
+    verify_backend(adapter, worker)
     parallel = adapter.parallelism(worker)
     refused = [p for p in parallel if not (toggles.tp and p.startswith("--tp-size"))]  # FLASHTREE_TP: tp_sync.py
     if refused:

@@ -32,9 +32,15 @@ the TP group's first rank's, and the ranks compare their commits every 64 steps 
 
 Batches the step does not take go to DSPARK's own decode unchanged: idle batches (DSPARK's idle result), DP-attention
 coordination, sampled batches when N = 1 (DSPARK's chain rejection sampling uses the draft's probabilities and
-accepts more than the target-only walk can with one candidate), and batches above FLASHTREE_TREE_MAX_BS requests.
+accepts more than the target-only walk can with one candidate), and batches above FLASHTREE_TREE_MAX_BS requests;
+the last two stay on the tree step when a request has penalties or min_p (node_logits.py: per-node exact there).
 Under FLASHTREE_TREE_N=auto the planner (planning.py) picks each remaining batch's shape: a tree of the first N of the
-step's candidates at its width, or DSPARK's own decode ("planned-chain").
+step's candidates at its width, or DSPARK's own decode ("planned-chain"); batches with penalties or min_p skip it
+(the default tree). Penalties, logit_bias and custom logit processors adjust each node's verify logits before the
+walk (node_logits.py); grammar requests mask every node's row by the grammar state of its own root-to-node path
+(sglang's GrammarTree and build_grammar_vocab_mask, its DFS with accept / rollback), and sglang's result processor
+advances each request's grammar over the committed tokens as after DSPARK's steps; return_logprob batches get the
+committed path's logprobs from the adjusted rows (logprobs.py).
 """
 
 from __future__ import annotations
@@ -46,10 +52,11 @@ import torch
 from flashtree.sampler import candidate_rows
 from flashtree.sampler.markov import markov_draws, new_state
 from flashtree.tree import DraftScores, build_tree, chain_tree, pad_tree, sampled_draws, verify_inputs, walk_and_commit
+from flashtree.tree.encode import child_links
 from flashtree.tree.simulate import simulated_walk_and_commit
 from flashtree.tree.types import VoteTree
 
-from . import checks, flashmap_draft, graph_draws, planning, policy_draws, simulate
+from . import checks, flashmap_draft, graph_draws, logprobs, node_logits, planning, policy_draws, simulate
 from .draft_rows import DraftRows, drafting
 from .stage_times import NoTimer, StageTimer
 from .tp_sync import TpSync
@@ -133,18 +140,19 @@ def make_forward_decode(original, adapter, toggles: TreeToggles):
                 "must load before the worker is constructed"
             )
         reason = skip_reason(run.plan, batch, args, kwargs)
-        if reason is None and run.planner is not None:  # FLASHTREE_TREE_N=auto
+        barrier = args[0] if args else kwargs.get("grammar_barrier")
+        if reason is None and run.planner is not None and not node_logits.batch_needs_tree(batch):  # TREE_N=auto
             bs = len(batch.seq_lens)
             shape = run.planner.choose(bs)
             with run.planner.timing(shape, bs):
                 if not shape.is_chain:
-                    return tree_step(run, self, batch, on_publish, shape)
+                    return tree_step(run, self, batch, on_publish, shape, grammar_barrier=barrier)
                 result = dspark_step(run, original, self, batch, on_publish, "planned-chain", args, kwargs)
                 run.planner.after_chain_step(result.accept_lens)
                 return result
         if reason is not None:
             return dspark_step(run, original, self, batch, on_publish, reason, args, kwargs)
-        return tree_step(run, self, batch, on_publish)
+        return tree_step(run, self, batch, on_publish, grammar_barrier=barrier)
 
     return _forward_decode
 
@@ -160,7 +168,7 @@ def dspark_step(run: TreeRun, original, worker, batch, on_publish, reason: str, 
 
 
 # Fallbacks whose DSPARK chain step runs a target verify of W tokens per request.
-CHAIN_VERIFY_FALLBACKS = ("batch-size", "sampled-n1", "refused-features", "planned-chain")
+CHAIN_VERIFY_FALLBACKS = ("batch-size", "sampled-n1", "planned-chain")
 
 
 def stage_chain_mask(run: TreeRun, worker, batch) -> None:
@@ -202,17 +210,16 @@ def skip_reason(plan: TreePlan, batch, args, kwargs) -> str | None:
         return "idle"
     if kwargs.get("coordination_plan") is not None or (len(args) > 1 and args[1] is not None):
         return "dp-attention"
-    if getattr(batch, "has_grammar", False) or getattr(batch, "return_logprob", False):
-        return "refused-features"  # admission refuses these; a batch that still has them keeps DSPARK's own path
+    per_node = node_logits.batch_needs_tree(batch)  # DSPARK's chain would apply the root's penalty state
     limit = plan.toggles.tree_max_bs
-    if limit and len(batch.seq_lens) > limit:
+    if limit and len(batch.seq_lens) > limit and not per_node:
         # FLASHTREE_TREE_MAX_BS: DSPARK's chain step is cheaper here. Both steps leave req_to_token (accepted slots
         # first), the KV and the next draft input (bonus, new seq_lens) in the same sequential layout, so requests
         # move between them from one step to the next.
         return "batch-size"
     info = batch.sampling_info
     all_greedy = info is None or info.is_all_greedy
-    if not all_greedy and plan.toggles.tree_n == 1:
+    if not all_greedy and plan.toggles.tree_n == 1 and not per_node:
         return "sampled-n1"
     return None
 
@@ -297,12 +304,15 @@ def walk(run: TreeRun, tree: VoteTree, logits: torch.Tensor, sampling_info, req_
     top_k = torch.where(greedy, 0, sampling_info.top_ks.view(-1).to(torch.long))
     top_k = torch.where(top_k >= logits.shape[-1], 0, top_k)
     top_p = sampling_info.top_ps.view(-1).float()
+    if getattr(sampling_info, "need_min_p_sampling", False):
+        logits = node_logits.min_p_filtered(logits, temperature, sampling_info.min_ps.view(-1))
     draws = run.tp.from_first(sampled_draws(tree, logits, temperature, run.generator, top_k, top_p))
     return walk_and_commit(tree, draws, req_to_token, rows, starts)
 
 
-def tree_step(run: TreeRun, worker, batch, on_publish, shape=None):
-    """One tree step; `shape`: the planner's choice (FLASHTREE_TREE_N=auto), a tree of its first N candidates."""
+def tree_step(run: TreeRun, worker, batch, on_publish, shape=None, grammar_barrier=None):
+    """One tree step; `shape`: the planner's choice (FLASHTREE_TREE_N=auto), a tree of its first N candidates;
+    `grammar_barrier`: DSPARK's (advances the previous step's grammars before this step's masks are built)."""
     plan = run.plan
     adapter = plan.adapter
     draft_input = batch.spec_info
@@ -342,10 +352,18 @@ def tree_step(run: TreeRun, worker, batch, on_publish, shape=None):
     inputs = verify_inputs(tree, anchor, prefix, mask_prefix_bound(plan, worker, batch), candidates)
     if policy_draws.grows(plan.policy):
         inputs.stats[:, :2] = 0  # best-first draws no candidates
+    grammar = None
+    if getattr(batch, "has_grammar", False):  # each node's mask from its own path's grammar state, built on the host
+        grammar = adapter.grammar_tree(*child_links(tree), inputs.ids.view(bs, w))
     timer.mark("build")
     with verifying_with(worker, run.verify_runners.get(w)):
         verified = adapter.target_verify(worker, batch, draft_input, window, inputs.ids, inputs.positions.view(bs, w),
                                          inputs.mask)
+    logits, penalties = node_logits.adjust(run, worker, batch, tree, inputs.ids.view(bs, w), verified.logits)
+    if grammar is not None:
+        mask = adapter.grammar_mask(batch, grammar, logits.device, grammar_barrier)
+        if mask is not None:
+            mask.apply(logits)  # the bonus row too: the walk commits grammar-valid tokens only
     timer.mark("verify")
 
     # Page size 1: the walk also permutes the window in req_to_token so the accepted path's slots come first (no KV
@@ -357,9 +375,10 @@ def tree_step(run: TreeRun, worker, batch, on_publish, shape=None):
         result, commit = simulated_walk_and_commit(tree, verified.logits.view(bs, w, -1).argmax(dim=-1), accept,
                                                    req_to_token, batch.req_pool_indices, prefix)
     else:
-        result, commit = walk(run, tree, verified.logits, batch.sampling_info, req_to_token, batch.req_pool_indices,
-                              prefix)
+        result, commit = walk(run, tree, logits, batch.sampling_info, req_to_token, batch.req_pool_indices, prefix)
     commit_lens = result.commit_len.to(torch.int32)
+    if penalties is not None:
+        run.counts.commit(batch.req_pool_indices, result.tokens, commit_lens)
     timer.mark("walk")
 
     if plan.page_size == 1:
@@ -382,6 +401,8 @@ def tree_step(run: TreeRun, worker, batch, on_publish, shape=None):
 
     logits_output = verified.logits_output
     logits_output.hidden_states = None
+    if getattr(batch, "return_logprob", False):
+        logprobs.write(adapter, logits_output, batch, logits.view(bs, w, -1), result.path, result.tokens)
     inputs.stats[:, 3] = result.accept_len
     stats = DeferredRows(torch.cat([inputs.stats, run.row_tail(bs, w)], dim=1))
     info = dict(getattr(logits_output, "customized_info", None) or {})

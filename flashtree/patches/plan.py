@@ -67,12 +67,13 @@ def _tree_patches(adapter: SglangAdapter, toggles: TreeToggles) -> list[Patch]:
         Patch(worker_cls, "_forward_decode", lambda orig: decode.make_forward_decode(orig, adapter, toggles),
               "DSparkWorkerV2._forward_decode"),
         Patch(resolve(SCHEDULER), "_add_request_to_queue",
-              lambda orig: admission.make_add_request_to_queue(orig, toggles), "Scheduler._add_request_to_queue"),
+              lambda orig: admission.make_add_request_to_queue(orig, toggles, adapter.serves_logprobs),
+              "Scheduler._add_request_to_queue"),
         Patch(resolve(RESULTS), "_maybe_collect_customized_info", decode.make_collect_stats,
               "SchedulerBatchResultProcessor._maybe_collect_customized_info"),
-        # Verify graphs on these backends are captured without a mask buffer; a tree needs one.
+        # Verify graphs on these backends are captured without a mask buffer; a tree needs one (checks.VERIFY_BACKENDS).
         Patch(importlib.import_module(DFLASH_UTILS), "_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS",
-              lambda orig: _TaggableFrozenSet(orig - {"TritonAttnBackend"}),
+              lambda orig: _TaggableFrozenSet(orig - {"TritonAttnBackend", "FlashInferAttnBackend"}),
               "dflash_utils._DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS"),
     ] + dflash_step.patches(adapter, toggles)  # the same tree step on DFLASH's worker (or its refusal)
 

@@ -9,6 +9,7 @@ from typing import Callable, Iterable
 
 import torch
 
+from .node_logits import CommittedCounts
 from .toggles import TreeToggles
 from .tp_sync import TpSync
 
@@ -78,6 +79,7 @@ class TreeRun:
     tp: TpSync = field(default_factory=lambda: TpSync(None))  # rank 0's draws for every TP rank (TP 1: nothing)
     planner: object | None = None  # FLASHTREE_TREE_N=auto: the per-batch choice (planning.ServerPlanner)
     grown: tuple | None = None  # FLASHTREE_TREE_POLICY=best-first: the vanilla head's (w1, w2) (policy_draws.py)
+    counts: CommittedCounts = field(default_factory=CommittedCounts)  # penalties' committed tokens (node_logits.py)
 
     def row_tail(self, bs: int, width: int) -> torch.Tensor:
         """(bs, 2) int32 [verify width, simulated] of a step's statistics rows: fixed per shape, built once."""

@@ -2,9 +2,12 @@
 
 usage: python fake_server.py MODE [--start-delay S] [--host H] --port PORT
 MODE: plain | tree | broken (greedy outputs differ at token 4) | die (prints a line and exits 3 at once)
-Greedy output = a function of the prompt; sampled output = draws from a fixed per-position distribution; `tree` adds
-flashtree statistics to meta_info and refuses regex requests the way flashtree's admission does (HTTP 400).
+Greedy output = a function of the prompt (regex requests too); sampled output = draws from a fixed per-position
+distribution; `tree` adds flashtree statistics to meta_info.
 /health answers only after --start-delay seconds (a server still starting); GET /stats counts POST /generate calls.
+POST /v1/chat/completions answers greedy chat requests as a function of the body (a JSON object for a schema, a tool
+call for tool_choice required, logprobs when asked); `tree` refuses logprobs with flashtree's message (sglang 0.5.17),
+`broken` answers frequency_penalty requests differently (a tree applying the root's penalty state).
 """
 
 from __future__ import annotations
@@ -62,14 +65,36 @@ class H(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == "/health":
             return self._send(200 if time.monotonic() - T0 >= args.start_delay else 503, {})
+        if self.path == "/v1/models":
+            return self._send(200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
         self._send(200, served) if self.path == "/stats" else self._send(404, {})
+
+    def chat(self, body):
+        if MODE == "tree" and body.get("logprobs"):
+            return self._send(400, {"object": "error", "message": "flashtree: this server runs flashtree tree speculative decoding (FLASHTREE_TREE_N=8), which cannot serve return_logprob on this sglang release (its DSPARK worker refuses it; sglang 0.5.20 and 0.5.23 serve it)."})
+        seed = sum(map(ord, json.dumps({k: v for k, v in body.items() if k != "model"}, sort_keys=True)))
+        if MODE == "broken" and body.get("frequency_penalty"):
+            seed += 1
+        message = {"role": "assistant", "content": f"answer {seed % 997}", "tool_calls": None}
+        if body.get("response_format"):
+            message["content"] = json.dumps({"name": "Ann", "age": seed % 90})
+        if body.get("tool_choice") == "required":
+            message["content"] = None
+            message["tool_calls"] = [{"id": "c0", "type": "function", "function": {
+                "name": "get_weather", "arguments": json.dumps({"city": "Paris", "unit": "celsius"})}}]
+        logprobs = None
+        if body.get("logprobs"):
+            logprobs = {"content": [{"token": t, "logprob": -0.5 * i, "top_logprobs": [
+                {"token": t, "logprob": -0.5 * i}, {"token": "x", "logprob": -3.0 - i}]} for i, t in enumerate(["an", "swer"])]}
+        self._send(200, {"id": "c", "object": "chat.completion", "choices": [
+            {"index": 0, "message": message, "finish_reason": "length", "logprobs": logprobs}]})
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/v1/chat/completions":
+            return self.chat(body)
         served["generate"] += 1
         sp = body.get("sampling_params", {})
-        if MODE == "tree" and isinstance(sp, dict) and sp.get("regex"):
-            return self._send(400, {"error": {"message": "flashtree: this server runs flashtree tree speculative decoding (FLASHTREE_TREE_N=8), which cannot serve grammar-constrained generation (regex)."}})
         ids = body["input_ids"]
         if ids and isinstance(ids[0], list):
             sps = sp if isinstance(sp, list) else [sp] * len(ids)

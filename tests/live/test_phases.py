@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from flashtree.live import app, speed
+from flashtree.live.features import run_features, schema_errors
 from flashtree.live.grammar import run_grammar
 from flashtree.live.commands import Instance
 from flashtree.live.config import to_live_config
@@ -87,13 +88,46 @@ def test_sampled_against_stand_ins(ports):
     assert dead["servers"]["gone"] == {"status": "not-run"} and "gone" in dead["errors"]
 
 
-def test_grammar_refused_by_the_tree_path_only(ports):
-    tree = {"plain": False, "tree": True, "broken": True}  # `broken` serves the regex: a tree server must not
-    res = run_grammar(ports, tree, PROMPTS, "(ab)+", 8)["servers"]
+def test_grammar_served_with_the_reference_output(ports):
+    res = run_grammar(ports, PROMPTS, "(ab)+", 8)["servers"]
     assert res["plain"]["status"] == "pass" and res["plain"]["http"] == 200
-    assert res["tree"]["status"] == "pass" and res["tree"]["http"] == 400 and res["tree"]["serving_after"]
-    assert "flashtree" in res["tree"]["response"] and res["broken"]["status"] == "fail"
-    assert run_grammar({"tree": ports["tree"]}, {"tree": False}, PROMPTS, "(ab)+", 8)["servers"]["tree"]["status"] == "fail"
+    assert res["tree"]["status"] == "pass" and res["tree"]["serving_after"]
+    assert res["broken"]["status"] == "fail" and res["broken"]["http"] == 200  # served, but not the reference's output
+
+
+def test_features_against_stand_ins(ports):
+    """Each feature request against the reference: the tree stand-in refuses logprobs with flashtree's message (as on
+    sglang 0.5.17: allowed) and equals it elsewhere; `broken` differs on frequency_penalty; the reference's JSON
+    answers are valid."""
+    tree = {"plain": False, "tree": True, "broken": False}
+    res = run_features(ports, tree, {"13": -100.0}, 8, 1e-3, may_refuse=["logprobs"])
+    assert res["model"] == "fake-model" and res["reference"] == "plain"
+    checks = res["reference_checks"]
+    assert all(c["served"] and not c["schema_errors"] for c in checks.values())
+    assert checks["frequency_penalty"]["differs_from_plain"] and not checks["plain"]["differs_from_plain"]
+    rows = res["servers"]["tree"]["requests"]
+    assert res["servers"]["tree"]["status"] == "pass" and rows["serving_after"]["status"] == "pass"
+    assert {k for k, r in rows.items() if r["status"] == "refused"} == {"logprobs"}
+    assert rows["json_schema"]["equal"] and rows["tool_required"]["equal"] and rows["min_p"]["equal"]
+    broken = res["servers"]["broken"]
+    assert broken["status"] == "fail" and res["failed"] == ["broken:frequency_penalty"]
+    assert broken["requests"]["logprobs"]["max_logprob_gap"] == 0.0
+    assert broken["requests"]["frequency_penalty"]["reference"] != broken["requests"]["frequency_penalty"]["got"]
+    strict = run_features({"plain": ports["plain"], "tree": ports["tree"]}, {"plain": False, "tree": True}, {}, 8, 1e-3)
+    assert strict["failed"] == ["tree:logprobs"]  # a refusal outside may_refuse fails
+    lean = run_features(ports, tree, {}, 8, 1e-3, skip=["json_schema", "tool_required", "regex", "logprobs"])
+    assert set(lean["requests"]) == {"plain", "frequency_penalty", "presence_penalty", "repetition_penalty",
+                                     "logit_bias", "min_p"} and lean["failed"] == ["broken:frequency_penalty"]
+
+
+def test_features_schema_checks():
+    assert schema_errors("json_schema", {"content": '{"name": "Ann", "age": 3}'}) == []
+    assert schema_errors("json_schema", {"content": '{"name": "Ann"}'})  # age missing
+    assert schema_errors("json_schema", {"content": "not json"})
+    assert schema_errors("tool_required", {"tool_calls": []})  # no call at all
+    call = {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "kelvin"}'}
+    assert schema_errors("tool_required", {"tool_calls": [call]})
+    assert schema_errors("plain", {"content": "anything"}) == []
 
 
 def test_ids_client_rate_time_and_tau_per_level(ports):

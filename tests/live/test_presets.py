@@ -282,3 +282,15 @@ def test_the_auto_presets_put_the_planner_beside_the_chain_and_the_fixed_trees()
     assert big.phases.speed.concurrencies == [1, 8, 32, 64]
     env = instance(big, "auto-simtab", "bf16", "speed", {}).env
     assert env["FLASHTREE_TREE_N"] == "auto" and env["FLASHTREE_SIMULATE_ACC"].endswith("smollm2-dspark-gsm8k.json")
+
+
+def test_features_preset_and_its_keys():
+    from flashtree.experiments.config import ConfigError
+
+    cfg = to_live_config(compose("+preset=features", "phases.features.skip=[regex]"))
+    plan = phase_instances(cfg)
+    assert list(plan) == ["features"] and [i.name for i in plan["features"]] == [
+        "fp32-plain", "fp32-tree8-w16", "fp32-tree8-w16-exact"]
+    assert "9 feature requests x 64 tokens" in app.describe(cfg, plan)  # the regex one skipped
+    with pytest.raises(ConfigError, match="features.may_refuse"):
+        to_live_config(compose("+preset=features", "phases.features.may_refuse=[grammar]"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import flashtree.patches as patches
+from flashtree.patches import adapters
 from flashtree.patches.toggles import TreeToggles
 
 
@@ -51,19 +52,18 @@ def test_unsupported_request_gets_flashtree_error_others_unaffected():
     patches.install(TreeToggles(tree_n=8))
     sched = make_scheduler()
     reqs = batch()
-    arrive(sched, reqs)
-    assert [r.rid for r in sched.waiting_queue] == ["greedy", "json", "sampled", "regex"]
-    by = {r.rid: r for r in reqs}
-    for rid in ("json", "regex"):
-        err = by[rid].to_finish.to_json()
-        assert err["type"] == "abort" and err["status_code"] == 400
-        assert err["message"].startswith("flashtree: this server runs flashtree tree speculative decoding (FLASHTREE_TREE_N=8)")
-        assert "grammar-constrained generation" in err["message"] and "Send the request without it" in err["message"]
-        assert by[rid].grammar is None
-    for rid in ("greedy", "sampled"):
-        assert by[rid].to_finish is None and by[rid].finished_reason is None
-        assert list(by[rid].origin_input_ids) == [5, 6, 7]  # sglang's abort would have shrunk it
-    assert by["sampled"].sampling_params.temperature == 0.7
+    hidden = make_req("hidden")
+    hidden.return_hidden_states = True
+    arrive(sched, reqs + [hidden])
+    assert [r.rid for r in sched.waiting_queue] == ["greedy", "json", "sampled", "regex", "hidden"]
+    err = hidden.to_finish.to_json()
+    assert err["type"] == "abort" and err["status_code"] == 400
+    assert err["message"].startswith("flashtree: this server runs flashtree tree speculative decoding (FLASHTREE_TREE_N=8)")
+    assert "cannot serve return_hidden_states" in err["message"] and "Send the request without it" in err["message"]
+    for req in reqs:  # grammar requests too: the tree step masks every node by its path's grammar state
+        assert req.to_finish is None and req.finished_reason is None
+        assert list(req.origin_input_ids) == [5, 6, 7]  # sglang's abort would have shrunk it
+    assert reqs[2].sampling_params.temperature == 0.7
 
 
 @pytest.mark.usefixtures("tp_rank0")
@@ -72,15 +72,24 @@ def test_other_refusals_and_retracted_requests():
     sched = make_scheduler()
     logprob = make_req("lp")
     logprob.return_logprob = True
-    penalty = make_req("pen", frequency_penalty=0.5)
-    arrive(sched, [logprob, penalty])
-    assert "cannot serve return_logprob" in logprob.to_finish.message
-    assert "frequency/presence/repetition penalties" in penalty.to_finish.message
+    hidden = make_req("hidden")
+    hidden.return_hidden_states = True
+    served = [make_req("freq", frequency_penalty=0.5), make_req("pres", presence_penalty=0.3),
+              make_req("rep", repetition_penalty=1.2), make_req("bias", logit_bias={"3": -5.0}),
+              make_req("minp", temperature=0.8, min_p=0.1)]
+    arrive(sched, [logprob, hidden] + served)
+    if adapters.select_adapter().serves_logprobs:
+        assert logprob.to_finish is None
+    else:  # 0.5.17's DSPARK worker raises on return_logprob batches
+        assert "cannot serve return_logprob on this sglang release" in logprob.to_finish.message
+    assert "cannot serve return_hidden_states" in hidden.to_finish.message
+    assert all(r.to_finish is None for r in served), [r.to_finish.message for r in served if r.to_finish]
     from sglang.srt.managers.scheduler import Scheduler
 
-    retracted = make_req("retracted", json_schema='{"type": "object"}')
+    retracted = make_req("retracted")
+    retracted.return_hidden_states = True
     Scheduler._add_request_to_queue(sched, retracted, is_retracted=True)
-    assert retracted.to_finish is None  # admitted before (its grammar path); retraction does not re-judge it
+    assert retracted.to_finish is None  # admitted before; retraction does not re-judge it
 
 
 @pytest.mark.usefixtures("tp_rank0")
@@ -96,7 +105,8 @@ def test_same_request_served_with_toggles_off():
 def test_sglang_own_abort_is_left_alone():
     patches.install(TreeToggles(tree_n=8))
     sched = make_scheduler()
-    req = make_req("bad", json_schema='{"type": "object"}')
+    req = make_req("bad")
+    req.return_hidden_states = True
     req.set_finish_with_abort("sglang: prompt too long")
     arrive(sched, [req])
     assert req.to_finish.message == "sglang: prompt too long"

@@ -21,7 +21,7 @@ TP_OPT_IN = "; for --tp-size, FLASHTREE_TP=1 opts in to the tree path's tensor-p
 def server_args(**kwargs):
     from sglang.srt.server_args import ServerArgs
 
-    return ServerArgs(model_path="dummy", **kwargs)
+    return ServerArgs(model_path="dummy", **{"attention_backend": "triton", **kwargs})  # the tree verify's backend
 
 
 def start_worker(args, **toggles):

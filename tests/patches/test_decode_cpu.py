@@ -298,7 +298,7 @@ def tree_kernels():
 def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1, on_step=None, stage_times: int = 0,
         graph_max_bs: int | None = None, depth: int = 0, budget: int = 0, width: int = 0, capture_bs=None,
         reserve: int = 0, draft_rows: int = 0, simulate_acc_len: float = -1.0, simulate_acc: str = "",
-        policy: str = "vote", fused: bool = False):
+        policy: str = "vote", fused: bool = False, refs=None, reqs=None, batch_extra=None):
     """Decode `steps` tree steps. Greedy rows (all rows without sampling_info, else rows with top_k == 1) are checked
     token for token against the stand-in target's sequential greedy decode; every row's commit is checked for the
     req_to_token / KV layout, the draft-context injection and the step's bookkeeping. Returns (accept-length
@@ -310,14 +310,17 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
     (seq_lens + reserve on each request's draft input). draft_rows: FLASHTREE_DRAFT_ROWS (with graph_max_bs: the
     D-row draft graphs captured as after init_cuda_graphs). simulate_acc_len / simulate_acc: SGLANG_SIMULATE_ACC_LEN as
     DSPARK read it / FLASHTREE_SIMULATE_ACC (then no row is checked against the greedy decode, only the layout).
-    policy: FLASHTREE_TREE_POLICY. fused: FLASHTREE_FUSED_SAMPLER (the fused Markov draws' CPU reference)."""
+    policy: FLASHTREE_TREE_POLICY. fused: FLASHTREE_FUSED_SAMPLER (the fused Markov draws' CPU reference).
+    refs: each request's expected sequence (prompt, then the greedy decode) when it is not the stand-in target's plain
+    greedy decode (sampling features); reqs: sglang Req objects for the batch (their req_pool_idx and first output
+    token are set here); batch_extra: more ScheduleBatch fields of every step's batch (return_logprob, ...)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.dspark_components.dspark_draft import make_next_draft_input
 
     real = adapters.select_adapter()
     prompts = prompts or [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9]]
     bs = len(prompts)
-    refs = [reference(p, MAX_LEN - len(p) - 2 * W) for p in prompts]
+    refs = refs or [reference(p, MAX_LEN - len(p) - 2 * W) for p in prompts]
     world = StandIns(prompts, refs, page_size)
     adapter = StandInAdapter(real, world)
     worker = types.SimpleNamespace(
@@ -359,6 +362,8 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
     seq_lens = torch.tensor([len(p) for p in prompts])
     bonus = torch.tensor([r[len(p)] for r, p in zip(refs, prompts)])
     generated = [[int(bonus[b])] for b in range(bs)]
+    for b, req in enumerate(reqs or []):
+        req.req_pool_idx, req.output_ids = int(world.rows[b]), [int(bonus[b])]
     draft_input = make_next_draft_input(bonus_tokens=bonus, new_seq_lens=seq_lens)
     initial_table = world.req_to_token.clone()
     published, accepts = [], Counter()
@@ -373,8 +378,8 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
             forward_mode=ForwardMode.DECODE,
             sampling_info=sampling_info,
             spec_info=draft_input,
-            has_grammar=False,
-            return_logprob=False,
+            reqs=reqs,
+            **{"return_logprob": False, "has_grammar": False, **(batch_extra or {})},
         )
         if reserve:
             reserved = seq_lens + reserve

@@ -91,7 +91,7 @@ def dflash_worker(world: StandIns, bs: int, page_size: int = 1):
         _draft_block_ids_buf=None, use_compact_draft_cache=False, _need_mamba_verify_commit=False,
         _use_fused_kv_materialize=False, _fused_kv_helper=None, selector=None, lilicorr=None, _is_domino=False,
         _full_embed_gpu=None, _noise_embed_scale=1.0, draft_tp_context=lambda group: torch.enable_grad(),
-        server_args=types.SimpleNamespace(tp_size=1, pp_size=1, enable_dp_attention=False),
+        server_args=types.SimpleNamespace(tp_size=1, pp_size=1, enable_dp_attention=False, attention_backend="triton"),
         model_runner=target_runner,
         _target_worker=types.SimpleNamespace(model_runner=target_runner,
                                              forward_batch_generation=lambda **kw: target_forward(world, **kw)),

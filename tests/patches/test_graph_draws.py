@@ -624,7 +624,7 @@ def test_lean_tail_draws_the_same_candidates_without_dspark_proposal(fused):
 
 @pytest.mark.parametrize("limit", [0, 2])
 def test_dspark_steps_propose_eagerly_with_lean_tails(limit):
-    """A step that goes to DSPARK's own decode over at most `lean_bs` requests (here batches with a grammar) runs with
+    """A step that goes to DSPARK's own decode over at most `lean_bs` requests (here DP-attention batches) runs with
     the sampler detached from the worker and its proposer, so DSPARK proposes from the replayed graph's hidden states
     instead of the buffers a lean tail leaves stale; it is attached again afterwards, also when the step raises. With
     FLASHTREE_TREE_MAX_BS=2 the steps above 2 requests (chain steps, replaying graphs whose tail kept DSPARK's
@@ -644,17 +644,20 @@ def test_dspark_steps_propose_eagerly_with_lean_tails(limit):
     worker._draft_sampler = worker._proposer._draft_sampler = sampler
     seen = []
 
-    def dspark_decode(self, batch, on_publish):
+    def dspark_decode(self, batch, on_publish, coordination_plan=None):
         seen.append((self._draft_sampler, self._proposer._draft_sampler))
         if batch.fail:
             raise RuntimeError("step failed")
         return "dspark-result"
 
-    fwd = decode.make_forward_decode(dspark_decode, adapter, toggles)
+    forward = decode.make_forward_decode(dspark_decode, adapter, toggles)
 
-    def batch(bs, grammar=True, fail=False):
+    def fwd(worker, batch, on_publish):
+        return forward(worker, batch, on_publish, **({"coordination_plan": object()} if batch.dp else {}))
+
+    def batch(bs, dp=True, fail=False):
         return types.SimpleNamespace(forward_mode=ForwardMode.DECODE, seq_lens=torch.zeros(bs, dtype=torch.int64),
-                                     sampling_info=None, has_grammar=grammar, return_logprob=False, fail=fail,
+                                     sampling_info=None, has_grammar=False, return_logprob=False, fail=fail, dp=dp,
                                      spec_info=None, seq_lens_sum=0)
 
     assert fwd(worker, batch(1), None) == "dspark-result"
@@ -665,8 +668,9 @@ def test_dspark_steps_propose_eagerly_with_lean_tails(limit):
     assert seen == [detached, detached, detached if not limit else attached]
     assert worker._draft_sampler is worker._proposer._draft_sampler is sampler
     if limit:  # a chain step above the limit
-        assert fwd(worker, batch(3, grammar=False), None) == "dspark-result" and seen[-1] == attached
-        assert worker._flashtree.fallbacks == {"refused-features": 3, "batch-size": 1}
+        assert fwd(worker, batch(3, dp=False), None) == "dspark-result" and seen[-1] == attached
+        assert worker._flashtree.fallbacks == {"dp-attention": 3, "batch-size": 1}
+
 
 
 def head_log_q(h, base, anchor, cands):

@@ -68,7 +68,8 @@ def test_install_replaces_exactly_the_tree_attributes_and_uninstall_restores(sgl
     for path, name in expected:
         assert installer.is_flashtree(vars(owner(path))[name])
     assert "TritonAttnBackend" not in owner(U)._DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS
-    assert "FlashInferAttnBackend" in owner(U)._DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS
+    assert "FlashInferAttnBackend" not in owner(U)._DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS
+    assert "FlashAttentionBackend" in owner(U)._DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS  # FA3: refused (checks)
     # The wrapper still knows the original.
     assert owner(W)._forward_decode.__wrapped__ is before[(W, "_forward_decode")]
 
@@ -189,7 +190,8 @@ def test_tree_max_bs_installs_the_same_patches_and_routes_big_batches_to_dspark(
     patches.register()
     assert diff(before, snapshot()) == tree_keys(sglang_release)
     trees = []
-    monkeypatch.setattr(decode, "tree_step", lambda state, worker, batch, on_publish, shape=None: trees.append(len(batch.seq_lens)))
+    monkeypatch.setattr(decode, "tree_step", lambda state, worker, batch, on_publish, shape=None, **kw: trees.append(
+        len(batch.seq_lens)))
     # the target backend's verify-mask buffer, which verify graphs captured for trees read
     buffer = torch.zeros(1000, dtype=torch.uint8)
     backend = types.SimpleNamespace(verify_mask=types.SimpleNamespace(buffer=buffer))

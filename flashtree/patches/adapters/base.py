@@ -27,6 +27,9 @@ TRITON = "sglang.srt.layers.attention.triton_backend"
 DFLASH_UTILS = "sglang.srt.speculative.dflash_utils"
 COMMON_DRAFT = "sglang.srt.speculative.draft_worker_common"
 REQ = "sglang.srt.managers.schedule_batch:Req"
+SAMPLER = "sglang.srt.layers.sampler"
+SPEC_UTILS = "sglang.srt.speculative.spec_utils"
+LOGPROBS = "sglang.srt.layers.logprob_processor"
 DSPARK_CONFIG = "sglang.srt.speculative.dspark_components.dspark_config"
 
 
@@ -349,10 +352,39 @@ class SglangAdapter:
             batch=batch, verify_input=verify_input, seq_lens_cpu_backup=cpu_backup, seq_lens_sum_backup=sum_backup
         )
         out = result.logits_output
-        if batch.sampling_info is not None:
-            adjust = resolve(f"{DFLASH_UTILS}:apply_dflash_verify_logits_adjustments")
-            adjust(next_token_logits=out.next_token_logits, sampling_info=batch.sampling_info, draft_token_num=w)
+        # Raw logits: the tree step applies the sampling adjustments per node (node_logits.py), not DSPARK's
+        # root-state broadcast.
         return Verified(out, out.next_token_logits, out.hidden_states, bool(result.can_run_cuda_graph))
+
+    def apply_custom_logit_processor(self, logits, sampling_info, rows_per_request: int) -> None:
+        """sglang's custom logit processors over (bs * rows_per_request, V) logits, in place."""
+        apply = resolve(f"{SAMPLER}:apply_custom_logit_processor")
+        apply(logits, sampling_info, num_tokens_in_batch=rows_per_request)
+
+    def grammar_tree(self, first_child, next_sibling, ids_2d):
+        """sglang's GrammarTree over the tree (EAGLE's child / sibling links, root first): its host copy starts
+        now, so build it before the target verify."""
+        return resolve(f"{SPEC_UTILS}:GrammarTree").from_device(first_child, next_sibling, ids_2d)
+
+    def grammar_mask(self, batch, tree, device, barrier):
+        """sglang's vocabulary masks of every node, from each grammar request's state along the node's own path
+        (its DFS over the tree); `barrier` first advances the previous step's grammars. None: no grammar to mask."""
+        build = resolve(f"{SPEC_UTILS}:build_grammar_vocab_mask")
+        return build(reqs=batch.reqs, tree=tree, sampling_info=batch.sampling_info, device=device, barrier=barrier)
+
+    # The DSPARK worker lets return_logprob batches reach its decode step (0.5.17's refuses them on entry).
+    serves_logprobs = True
+    # FlashInfer verifies the tree: DFlashVerifyInput.generate_attn_arg_prefill hands it the FULL_MASK and the
+    # window's slots from req_to_token (0.5.17, 0.5.20; 0.5.23's goes through a KV translation plan, not wired).
+    flashinfer_verify = True
+
+    def top_logprobs(self, logprobs, nums: list[int]):
+        """sglang's decode top-logprobs lists (values, indices) over (rows, V) logprobs, one count per row."""
+        return resolve(f"{LOGPROBS}:get_top_logprobs")(logprobs, nums, no_copy_to_cpu=True)
+
+    def token_ids_logprobs(self, logprobs, token_ids: list):
+        """sglang's decode logprobs of requested token ids (values, ids), one list (or None) per row."""
+        return resolve(f"{LOGPROBS}:get_token_ids_logprobs")(logprobs, token_ids, no_copy_to_cpu=True)
 
     def req_to_token(self, worker) -> torch.Tensor:
         return worker.model_runner.req_to_token_pool.req_to_token
@@ -442,7 +474,11 @@ COMMON_PROBES = (
     Has(f"{INJECT}:TargetHiddenKvInjector.inject_target_hidden", ("target_hidden", "cache_loc", "positions", "cache_loc_2d", "commit_lens")),
     Sig(f"{RESULTS}._maybe_collect_customized_info", ("self", "i", "req", "logits_output")),
     Has(f"{DFLASH_UTILS}:_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS"),
-    Has(f"{DFLASH_UTILS}:apply_dflash_verify_logits_adjustments", ("next_token_logits", "sampling_info", "draft_token_num")),
+    Sig(f"{SAMPLER}:apply_custom_logit_processor", ("logits", "sampling_batch_info", "num_tokens_in_batch")),
+    Has(f"{SPEC_UTILS}:GrammarTree.from_device", ("retrieve_next_token", "retrieve_next_sibling", "draft_token")),
+    Sig(f"{SPEC_UTILS}:build_grammar_vocab_mask", ("reqs", "tree", "sampling_info", "device", "barrier")),
+    Sig(f"{LOGPROBS}:get_top_logprobs", ("logprobs", "top_logprobs_nums", "no_copy_to_cpu")),
+    Sig(f"{LOGPROBS}:get_token_ids_logprobs", ("logprobs", "token_ids_logprobs", "no_copy_to_cpu")),
     Has("sglang.srt.speculative.dflash_info:DFlashVerifyInput", ("draft_token", "positions", "draft_token_num", "custom_mask", "capture_hidden_mode")),
     Has(f"{TRITON}:TritonAttnBackend.__init__", ("model_runner",)),
     Has(f"{TRITON}:TritonAttnBackend.verify_mask"),  # the buffer captured verify graphs read (stage_chain_mask)

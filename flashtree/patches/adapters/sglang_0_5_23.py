@@ -20,6 +20,7 @@ class Adapter(SglangAdapter):
     release = "0.5.23"
     run_forward_extra = {"anchor_prepared": False}  # 0.5.23 added it; False = the proposer prepares the anchor
     has_shared_kv = True
+    flashinfer_verify = False  # its verify input reads KV ids through a translation plan (not wired for FlashInfer)
     probes = COMMON_PROBES + LIVE_LENS_PROBES + (
         Sig(f"{WORKER}._forward_decode", ("self", "batch", "on_publish", "grammar_barrier", "coordination_plan")),
         Sig(f"{PLANNER}:alloc_verify_window", ("batch", "bs", "device", "verify_num_draft_tokens", "block_pos_offsets", "model_runner", "seq_lens_cpu"), prefix=True),

@@ -1,0 +1,109 @@
+"""Grammar-constrained requests on the tree step with sglang's real xgrammar backend (a regex over a 32-token raw
+vocabulary): every node's row is masked by the grammar state of its own path, so the commits equal the sequential
+greedy decode under the same grammar token for token, in a batch mixed with unconstrained requests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import sglang_cpu
+from test_decode_cpu import MAX_LEN, V, W, reference, run, target_logits
+from test_node_logits_cpu import batch_info, make_reqs, sampling_context  # noqa: F401 (an autouse fixture)
+
+N_TOKENS = MAX_LEN - 2 * W
+VOCAB = [chr(ord("a") + i) for i in range(26)] + [str(d) for d in range(5)] + ["</s>"]  # V = 32, id 31 = stop
+REGEX = "([a-m]+[0-4])+"  # a token from n-z or the stop token is never allowed
+PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9]]
+
+
+class RawTokenizer:
+    """What XGrammarGrammarBackend asks of a tokenizer: xgrammar's TokenizerInfo (and no override stop tokens)."""
+
+    def init_xgrammar(self):
+        import xgrammar
+
+        return xgrammar.TokenizerInfo(VOCAB, vocab_type=xgrammar.VocabType.RAW, vocab_size=V, stop_token_ids=[31]), None
+
+
+@pytest.fixture(scope="module")
+def grammar_backend():
+    import xgrammar
+    from sglang.srt.constrained import xgrammar_backend
+
+    sglang_cpu.force_triton_tree_kernels()
+    with pytest.MonkeyPatch.context() as mp:
+        if hasattr(xgrammar_backend, "_allocate_token_bitmask"):  # 0.5.17 pins its masks: no pinned memory on CPU
+            mp.setattr(xgrammar_backend, "_allocate_token_bitmask", lambda vocab_size, batch_size: torch.full(
+                xgrammar.get_bitmask_shape(batch_size, vocab_size), -1, dtype=xgrammar.bitmask_dtype))
+        backend = xgrammar_backend.XGrammarGrammarBackend(RawTokenizer(), vocab_size=V)
+        grammar = backend.dispatch_regex(REGEX)
+        try:
+            grammar.apply_vocab_mask(torch.zeros(1, V), grammar.allocate_vocab_mask(V, 1, "cpu"))
+        except RuntimeError:  # 0.5.17 applies masks with its CUDA / NPU kernels only: xgrammar's own CPU one here
+            mp.setattr(xgrammar_backend.XGrammarGrammar, "apply_vocab_mask",
+                       lambda self, logits, vocab_mask: xgrammar.apply_token_bitmask_inplace(logits, vocab_mask))
+        yield backend
+
+
+def masked_decode(backend, prompt, n: int) -> list[int]:
+    """The greedy decode without speculation under the regex: sglang's grammar object fills the step's mask, the
+    masked argmax is taken, the grammar accepts it."""
+    grammar = backend.dispatch_regex(REGEX)
+    seq = list(prompt)
+    mask = grammar.allocate_vocab_mask(vocab_size=V, batch_size=1, device="cpu")
+    for _ in range(n):
+        if grammar.is_terminated():
+            break
+        grammar.fill_vocab_mask(mask, 0)
+        logits = target_logits(seq).view(1, -1)
+        grammar.apply_vocab_mask(logits, grammar.move_vocab_mask(mask, "cpu"))
+        seq.append(int(logits.argmax()))
+        grammar.accept_token(seq[-1])
+    return seq
+
+
+def grammar_reqs(backend, prompts, constrained):
+    """Real greedy Req objects, the constrained ones with a compiled grammar, and their forward SamplingBatchInfo."""
+    reqs = make_reqs(prompts, [{"temperature": 0.0}] * len(prompts))
+    for req, c in zip(reqs, constrained):
+        req.grammar = backend.dispatch_regex(REGEX) if c else None
+    info, _holder = batch_info(reqs)
+    return reqs, info.copy_for_forward()
+
+
+def test_grammar_requests_commit_the_constrained_greedy_decode(grammar_backend):
+    refs = [masked_decode(grammar_backend, PROMPTS[0], N_TOKENS), masked_decode(grammar_backend, PROMPTS[1], N_TOKENS),
+            reference(PROMPTS[2], N_TOKENS)]
+    assert all(set(r[len(p):]) <= set(range(13)) | set(range(26, 31)) for r, p in zip(refs[:2], PROMPTS))
+    assert [refs[b] != reference(PROMPTS[b], N_TOKENS) for b in range(3)] == [True, True, False]
+    reqs, info = grammar_reqs(grammar_backend, PROMPTS, [True, True, False])
+    for req, ref, prompt in zip(reqs, refs, PROMPTS):
+        if req.grammar is not None:
+            req.grammar.accept_token(ref[len(prompt)])  # the prefill's token
+
+    def advance(res):  # sglang's result processor: each request's grammar over its committed tokens
+        out = res.next_token_ids.view(len(reqs), W)
+        for b, req in enumerate(reqs):
+            for tok in out[b, : int(res.accept_lens[b])].tolist():
+                if req.grammar is not None:
+                    req.grammar.accept_token(tok)
+
+    accepts, state, generated, _world = run(n=4, steps=12, prompts=PROMPTS, refs=refs, reqs=reqs, on_step=advance,
+                                            sampling_info=info, batch_extra={"has_grammar": True})
+    assert state.steps == 12 and state.fallbacks == {} and max(accepts) >= 2
+    assert all(g == r[len(p):][: len(g)] for g, r, p in zip(generated, refs, PROMPTS))
+
+
+def test_unmasked_tree_breaks_the_grammar(grammar_backend, monkeypatch):
+    """Negative control: the same run with the masks dropped commits tokens the grammar forbids."""
+    from flashtree.patches import adapters
+
+    real = adapters.select_adapter()
+    monkeypatch.setattr(type(real), "grammar_mask", lambda self, batch, tree, device, barrier: None)
+    refs = [masked_decode(grammar_backend, PROMPTS[0], N_TOKENS)]
+    reqs, info = grammar_reqs(grammar_backend, PROMPTS[:1], [True])
+    reqs[0].grammar.accept_token(refs[0][len(PROMPTS[0])])
+    with pytest.raises(AssertionError):
+        run(n=4, steps=6, prompts=PROMPTS[:1], refs=refs, reqs=reqs, sampling_info=info,
+            batch_extra={"has_grammar": True})
