@@ -58,6 +58,7 @@ from flashtree.tree.types import VoteTree
 
 from . import checks, flashmap_draft, graph_draws, logprobs, node_logits, planning, policy_draws, simulate
 from .draft_rows import DraftRows, drafting
+from .host_copy import HostCopy
 from .stage_times import NoTimer, StageTimer
 from .tp_sync import TpSync
 from .state import TreePlan, TreeRun
@@ -444,25 +445,13 @@ def make_collect_stats(original):
     return _maybe_collect_customized_info
 
 
-class DeferredRows:
+class DeferredRows(HostCopy):
     """Per-request rows copied to pinned host memory without a host wait. sglang reads `rows[i]` while collecting the
     step's customized_info, after it has waited for the step's own device-to-host copies; the event wait here is then
-    free, and a tree step never stalls the scheduler's CPU/GPU overlap for its statistics."""
-
-    def __init__(self, rows: torch.Tensor):
-        self._done = None
-        if rows.is_cuda:
-            host = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
-            host.copy_(rows, non_blocking=True)
-            self._done = torch.cuda.Event()
-            self._done.record()
-            rows = host
-        self._host = rows
+    free."""
 
     def __len__(self) -> int:
-        return self._host.shape[0]
+        return self.host.shape[0]
 
     def __getitem__(self, i: int) -> list:
-        if self._done is not None:
-            self._done.synchronize()
-        return self._host[i].tolist()
+        return self.wait()[i].tolist()

@@ -37,6 +37,7 @@ import torch
 from flashtree.planner import AcceptanceModel, CostTable, Planner, Shape, counterfactual_commits, default_shapes
 from flashtree.planner.acceptance import prior_tau
 
+from .host_copy import HostCopy
 from .toggles import ToggleError, TreeToggles
 
 logger = logging.getLogger("flashtree.patches")
@@ -92,21 +93,12 @@ def from_plan(plan, simulate, device) -> "ServerPlanner":
     return planner
 
 
-class _HostCopy:
-    """(shapes, credits (S, bs)) copied to host memory without a wait; `ready()` asks the event, never waits."""
+class _Credits(HostCopy):
+    """(shapes, credits (S, bs)) copied to host memory without a wait (applied once `ready()`)."""
 
     def __init__(self, shapes: list[Shape], credits: torch.Tensor):
-        self.shapes, self.event = shapes, None
-        if credits.is_cuda:
-            host = torch.empty(credits.shape, dtype=credits.dtype, pin_memory=True)
-            host.copy_(credits, non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record()
-            credits = host
-        self.credits = credits
-
-    def ready(self) -> bool:
-        return self.event is None or self.event.query()
+        super().__init__(credits)
+        self.shapes = shapes
 
 
 class _StepTime:
@@ -146,7 +138,7 @@ class ServerPlanner:
         self.decisions = 0
         self.credited = 0  # steps whose credits were applied
         self._steps = {"tree": 0, "chain": 0}
-        self._pending: list[_HostCopy] = []
+        self._pending: list[_Credits] = []
         self._best: dict[int, Shape] = {}  # bs -> the choice under the current estimates
         self.retime_after, self.cuda = retime_after, cuda
         self._times: list[_StepTime] = []  # timed steps not yet read
@@ -221,12 +213,12 @@ class ServerPlanner:
 
     def _defer(self, credits: dict[Shape, torch.Tensor]) -> None:
         shapes = list(credits)
-        self._pending.append(_HostCopy(shapes, torch.stack([credits[s].to(torch.long) for s in shapes])))
+        self._pending.append(_Credits(shapes, torch.stack([credits[s].to(torch.long) for s in shapes])))
 
     def _apply_ready(self) -> None:
         while self._pending and self._pending[0].ready():
             done = self._pending.pop(0)
-            self.planner.acceptance.update(dict(zip(done.shapes, done.credits)))
+            self.planner.acceptance.update(dict(zip(done.shapes, done.host)))
             self.credited += 1
             self._best.clear()
         while self._times and self._times[0].ready():
