@@ -9,13 +9,11 @@ per-position marginals (candidate 0 the argmax block, DFLASH's own chain). Every
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from ..dspark.dflash_format import load_dflash_checkpoint
 from ..dspark.model import DSparkDraftModel
-from .dspark_drafter import DSparkDrafter, check_dspark_target
+from .dspark_drafter import DSparkDrafter, draft_network
 
 
 class DFlashDrafter(DSparkDrafter):
@@ -30,21 +28,10 @@ class DFlashDrafter(DSparkDrafter):
 
 def build_dflash_drafter(target, *, path=None, model=None, dtype: torch.dtype | None = None, **options) -> DFlashDrafter:
     """A DFlashDrafter from a DFLASH checkpoint folder `path` or a DSparkDraftModel `model` with a zero Markov head."""
-    if (path is None) == (model is None):
-        raise ValueError("the dflash drafter needs exactly one of path= (a DFLASH checkpoint folder) or model=")
-    weight = target.get_output_embeddings().weight
-    dtype = dtype or weight.dtype
-    if path is not None:
-        folder = os.path.expanduser(str(path))
-        if not os.path.isdir(folder):
-            raise FileNotFoundError(
-                f"DFLASH draft checkpoint {folder!r} does not exist; train one with `python experiments/train_drafter.py "
-                "format=dflash` or convert weights with `python -m flashtree.dspark.dflash_format`"
-            )
-        from ..dspark.dflash_format import load_dflash_config
+    from ..dspark.dflash_format import load_dflash_config
 
-        check_dspark_target(load_dflash_config(folder), target)
-        model = load_dflash_checkpoint(folder, dtype=dtype, device=weight.device)
-    elif not isinstance(model, DSparkDraftModel):
-        raise TypeError(f"model must be a flashtree DSparkDraftModel, got {type(model).__name__}")
-    return DFlashDrafter(model.to(device=weight.device, dtype=dtype), target, **options)
+    model = draft_network(target, path=path, model=model, dtype=dtype, name="dflash",
+                          hint="train one with `python experiments/train_drafter.py format=dflash` or convert weights "
+                               "with `python -m flashtree.dspark.dflash_format`",
+                          load_config=load_dflash_config, load_weights=load_dflash_checkpoint)
+    return DFlashDrafter(model, target, **options)

@@ -199,28 +199,35 @@ class DSparkDrafter:
         return Proposal(candidates=blocks.contiguous(), probs=probs, scores=scores)
 
 
-def build_dspark_drafter(target, *, path=None, model=None, temperature: float = 0.0, greedy_first: bool = True,
-                         k: int | None = None, window: int | None = None, dtype: torch.dtype | None = None,
-                         return_probs: bool = False) -> DSparkDrafter:
-    """A DSparkDrafter from a checkpoint folder `path` (sglang layout) or a DSparkDraftModel `model`, on the target's
-    device and in its dtype (unless `dtype`)."""
+def draft_network(target, *, path, model, dtype, name: str, hint: str, load_config, load_weights) -> DSparkDraftModel:
+    """The draft network of a `name` drafter on the target's device and in its dtype (unless `dtype`): loaded from the
+    checkpoint folder `path` (`load_config(folder)` checked against the target before any weight is read, then
+    `load_weights(folder, dtype=, device=)`), or the DSparkDraftModel `model`; `hint` says how to make a checkpoint."""
     if (path is None) == (model is None):
-        raise ValueError("the dspark drafter needs exactly one of path= (a checkpoint folder) or model=")
+        raise ValueError(f"the {name} drafter needs exactly one of path= (a checkpoint folder) or model=")
     weight = target.get_output_embeddings().weight
     dtype = dtype or weight.dtype
     if path is not None:
         folder = os.path.expanduser(str(path))
         if not os.path.isdir(folder):
-            raise FileNotFoundError(
-                f"DSPARK draft checkpoint {folder!r} does not exist; train one with "
-                "`python experiments/train_drafter.py` or `bash scripts/train_drafter_h200.sh`"
-            )
-        from ..dspark.config import DSparkConfig
-
-        check_dspark_target(DSparkConfig.load(folder), target)  # the config first: no weights read for a misfit
-        model = load_checkpoint(folder, dtype=dtype, device=weight.device)
+            raise FileNotFoundError(f"{name.upper()} draft checkpoint {folder!r} does not exist; {hint}")
+        check_dspark_target(load_config(folder), target)  # the config first: no weights read for a misfit
+        model = load_weights(folder, dtype=dtype, device=weight.device)
     elif not isinstance(model, DSparkDraftModel):
         raise TypeError(f"model must be a flashtree DSparkDraftModel, got {type(model).__name__}")
-    model = model.to(device=weight.device, dtype=dtype)
+    return model.to(device=weight.device, dtype=dtype)
+
+
+def build_dspark_drafter(target, *, path=None, model=None, temperature: float = 0.0, greedy_first: bool = True,
+                         k: int | None = None, window: int | None = None, dtype: torch.dtype | None = None,
+                         return_probs: bool = False) -> DSparkDrafter:
+    """A DSparkDrafter from a checkpoint folder `path` (sglang layout) or a DSparkDraftModel `model`, on the target's
+    device and in its dtype (unless `dtype`)."""
+    from ..dspark.config import DSparkConfig
+
+    model = draft_network(target, path=path, model=model, dtype=dtype, name="dspark",
+                          hint="train one with `python experiments/train_drafter.py` or "
+                               "`bash scripts/train_drafter_h200.sh`",
+                          load_config=DSparkConfig.load, load_weights=load_checkpoint)
     return DSparkDrafter(model, target, temperature=temperature, greedy_first=greedy_first, k=k, window=window,
                          return_probs=return_probs)
