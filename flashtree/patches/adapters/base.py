@@ -341,13 +341,7 @@ class SglangAdapter:
         batch.out_cache_loc = window.cache_loc
         cpu_backup, sum_backup = batch.seq_lens_cpu, batch.seq_lens_sum
         if not executor._verify_backend_self_adds_seq_lens():
-            if cpu_backup is not None:
-                batch.seq_lens_cpu = cpu_backup + w
-                batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
-            elif self.reserved_lens(draft_input)[0] is not None:
-                reserved_cpu, reserved_sum = self.reserved_lens(draft_input)
-                batch.seq_lens_cpu = reserved_cpu
-                batch.seq_lens_sum = int(reserved_sum)
+            self.add_window_to_host_lens(batch, draft_input, w)
         result = executor._forward_prepared_verify(
             batch=batch, verify_input=verify_input, seq_lens_cpu_backup=cpu_backup, seq_lens_sum_backup=sum_backup
         )
@@ -355,6 +349,16 @@ class SglangAdapter:
         # Raw logits: the tree step applies the sampling adjustments per node (node_logits.py), not DSPARK's
         # root-state broadcast.
         return Verified(out, out.next_token_logits, out.hidden_states, bool(result.can_run_cuda_graph))
+
+    def add_window_to_host_lens(self, batch, draft_input, w: int) -> None:
+        """The batch's host lengths as the verify forward sees them, each with its w window tokens (the reservation's
+        bound when sglang keeps no host lengths); the caller restores the originals after the forward."""
+        if batch.seq_lens_cpu is not None:
+            batch.seq_lens_cpu = batch.seq_lens_cpu + w
+            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        elif self.reserved_lens(draft_input)[0] is not None:
+            reserved_cpu, reserved_sum = self.reserved_lens(draft_input)
+            batch.seq_lens_cpu, batch.seq_lens_sum = reserved_cpu, int(reserved_sum)
 
     def apply_custom_logit_processor(self, logits, sampling_info, rows_per_request: int) -> None:
         """sglang's custom logit processors over (bs * rows_per_request, V) logits, in place."""

@@ -197,12 +197,7 @@ class DFlashFamily(SglangAdapter):
         )
         batch.out_cache_loc = window.cache_loc
         cpu_backup, sum_backup = batch.seq_lens_cpu, batch.seq_lens_sum
-        if cpu_backup is not None:
-            batch.seq_lens_cpu = cpu_backup + w
-            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
-        elif self.reserved_lens(draft_input)[0] is not None:
-            batch.seq_lens_cpu, reserved_sum = self.reserved_lens(draft_input)
-            batch.seq_lens_sum = int(reserved_sum)
+        self.add_window_to_host_lens(batch, draft_input, w)
         target = worker.target_worker
         forward_batch, _ = verify_input.prepare_for_verify(batch, target)
         batch.seq_lens_cpu, batch.seq_lens_sum = cpu_backup, sum_backup
