@@ -1008,6 +1008,20 @@ class ChainStep:
         )
 
 
+def decode_batch(world, idx, seq, bonus, sampling_info=None):
+    """A DSPARK decode batch of the requests `idx` (lengths `seq`, next bonus tokens `bonus`) over the stand-ins."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative.dspark_components.dspark_draft import make_next_draft_input
+
+    seq_lens = torch.tensor([seq[i] for i in idx])
+    return types.SimpleNamespace(
+        seq_lens=seq_lens.clone(), seq_lens_cpu=seq_lens.clone(), seq_lens_sum=int(seq_lens.sum()),
+        req_pool_indices=world.rows[idx].clone(), forward_mode=ForwardMode.DECODE, sampling_info=sampling_info,
+        spec_info=make_next_draft_input(bonus_tokens=torch.tensor([bonus[i] for i in idx]), new_seq_lens=seq_lens),
+        has_grammar=False, return_logprob=False,
+    )
+
+
 def run_routed(limit: int, schedule: list[list[int]], steps: int, graph_max_bs: int | None = None):
     """Decode with the patched `_forward_decode` (FLASHTREE_TREE_MAX_BS = limit, N = 4) over DSPARK's stand-in chain
     step, each step on the subset of the requests `schedule` names (cycled; any order), as sglang's scheduler forms
@@ -1015,8 +1029,6 @@ def run_routed(limit: int, schedule: list[list[int]], steps: int, graph_max_bs: 
     input (its bonus token) from whichever step served it last. Every commit is checked against the stand-in target's
     sequential greedy decode and the sequential req_to_token / KV / draft-context layout. Returns (paths per step,
     accept lengths per path, tree state, chain stand-in)."""
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-    from sglang.srt.speculative.dspark_components.dspark_draft import make_next_draft_input
 
     import flashtree.patches.decode as decode
 
@@ -1048,12 +1060,7 @@ def run_routed(limit: int, schedule: list[list[int]], steps: int, graph_max_bs: 
         if max(seq) + 2 * W >= MAX_LEN - 2 * W:
             break
         seq_lens = torch.tensor([seq[i] for i in idx])
-        batch = types.SimpleNamespace(
-            seq_lens=seq_lens.clone(), seq_lens_cpu=seq_lens.clone(), seq_lens_sum=int(seq_lens.sum()),
-            req_pool_indices=world.rows[idx].clone(), forward_mode=ForwardMode.DECODE, sampling_info=None,
-            spec_info=make_next_draft_input(bonus_tokens=torch.tensor([bonus[i] for i in idx]), new_seq_lens=seq_lens),
-            has_grammar=False, return_logprob=False,
-        )
+        batch = decode_batch(world, idx, seq, bonus)
         tree_steps, published = state.steps, []
         res = forward(worker, batch, published.append)
         path = "tree" if state.steps == tree_steps + 1 else "chain"

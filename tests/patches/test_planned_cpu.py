@@ -15,7 +15,7 @@ from flashtree.patches.decode import create_state, make_forward_decode
 from flashtree.patches.toggles import AUTO_N, ToggleError, TreeToggles, read_toggles
 from flashtree.planner import Shape
 from test_decode_cpu import (MAX_LEN, W, ChainStep, StandInAdapter, StandInAttnBackend, StandIns, StandInGraphRunner,
-                             graph_sampler, real_markov_head, reference, standin_proposer, target_logits)
+                             decode_batch, graph_sampler, real_markov_head, reference, standin_proposer, target_logits)
 
 BLOCK = 3  # the stand-in draft checkpoint's block size: trees of depth 3 in DSPARK's 5-token block
 PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9]]
@@ -68,8 +68,6 @@ def decode(world, adapter, worker, state, schedule, steps, greedy=True, sampling
     with `greedy` it is also checked against the stand-in target's sequential greedy decode (with `sampling_info`:
     its top_k = 1 rows; the others commit tokens the target can sample). Returns (the shape
     label of each step, committed tokens per step and path, tree statistics rows, the chain stand-in)."""
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-    from sglang.srt.speculative.dspark_components.dspark_draft import make_next_draft_input
 
     refs = world.refs
     chain = ChainStep(adapter)
@@ -85,13 +83,7 @@ def decode(world, adapter, worker, state, schedule, steps, greedy=True, sampling
         idx = schedule[step % len(schedule)]
         if max(seq) + 2 * W >= MAX_LEN - 2 * W:
             break
-        seq_lens = torch.tensor([seq[i] for i in idx])
-        batch = types.SimpleNamespace(
-            seq_lens=seq_lens.clone(), seq_lens_cpu=seq_lens.clone(), seq_lens_sum=int(seq_lens.sum()),
-            req_pool_indices=world.rows[idx].clone(), forward_mode=ForwardMode.DECODE, sampling_info=sampling_info,
-            spec_info=make_next_draft_input(bonus_tokens=torch.tensor([bonus[i] for i in idx]), new_seq_lens=seq_lens),
-            has_grammar=False, return_logprob=False,
-        )
+        batch = decode_batch(world, idx, seq, bonus, sampling_info)
         tree_steps = state.steps
         res = forward(worker, batch, None)
         path = "tree" if state.steps == tree_steps + 1 else "chain"
