@@ -5,7 +5,9 @@ server, choosing per decode batch between trees and DSPARK's own chain step.
   DSPARK's gamma; FLASHTREE_TREE_DEPTH overrides it); on sglang 0.5.17 the tree steps' draft forward runs that many
   rows (as FLASHTREE_DRAFT_ROWS=depth; set it to choose another). The menu: DSPARK's chain over its window W
   (--speculative-num-draft-tokens) and trees of N in {1, 4, 8, 16, 32, 64} (N <= width) at widths {depth + 1, 16,
-  32, 64} up to that window, and the window itself (FLASHTREE_TREE_WIDTH lowers the largest). Every tree step draws
+  32, 64} up to that window, and the window itself (FLASHTREE_TREE_WIDTH lowers the largest), each N only at the
+  widths its N x depth + 1 nodes can fill (`default_shapes`; N = 1, the draft's greedy block, is DSPARK's chain
+  verified at depth + 1 tokens, cheaper than DSPARK's own step over a wider window). Every tree step draws
   the menu's largest N; a narrower shape's tree is built from the first N of them, so one step can credit every
   shape (`flashtree.planner.acceptance`).
 - init_cuda_graphs (startup.py), after the verify graphs at every menu width (verify_widths.py) and the kernels'
@@ -15,8 +17,10 @@ server, choosing per decode batch between trees and DSPARK's own chain step.
   the parts every step shares (sglang's scheduling, the window, the draft-context injection) are left out.
 - Per decode batch `choose(bs)`: host numbers only (the batch size, the table, the estimates). Every `time_every`-th
   decision also times its whole step (CUDA events, read when done); after `retime_after` timed steps of a shape at
-  a table size their mean replaces the start-up entry, so what the probe leaves out (host work, long contexts)
-  reaches the table for the shapes the planner serves.
+  a table size their mean replaces the start-up entry, and every other shape's entry there moves by the served
+  shapes' mean excess (`CostTable.serve`): what the probe leaves out (host work, long contexts) reaches the whole
+  table, so serving a shape never makes the ones not yet served look cheaper (else the planner walks the menu,
+  serving each shape until its own steps are timed).
 - Every `credit_every["tree"]`-th tree step the credits of every shape (each shape's committed tokens on the step's
   candidates; under simulated acceptance only the step's own shape: its drawn lengths) and every
   `credit_every["chain"]`-th chain step its committed lengths are copied to the host without a wait; a later decision applies them once the copy is done (an
@@ -181,7 +185,7 @@ class ServerPlanner:
         """Around a planned step: whether it is credited (`after_tree_step` / `after_chain_step`), and, every
         `time_every`-th decision unless credited, its time (the whole decode step: what the start-up table leaves out
         is in it); once `retime_after` steps of a (shape, table size) are timed, their mean replaces the table's
-        entry (0: never)."""
+        entry and shifts the others at that size (CostTable.serve; 0: never)."""
         kind = "chain" if shape.is_chain else "tree"
         self._steps[kind] += 1
         self._credit_now = self._steps[kind] % self.credit_every[kind] == 0
@@ -227,7 +231,7 @@ class ServerPlanner:
             acc[0] += done.seconds()
             acc[1] += 1
             if acc[1] >= self.retime_after:
-                self.planner.costs.seconds[done.key] = acc[0] / acc[1]
+                self.planner.costs.serve(*done.key, acc[0] / acc[1])
                 self._best.clear()
 
     # ---- the cost table --------------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ reaches (`python -m flashtree.engine.accept_table` writes one from a replay reco
      "shapes": [{"n": 8, "width": 8, "counts": [c0, c1, ..., cK]}, ...]}
 
 counts[i]: steps that accepted i draft tokens (i + 1 committed). A shape the table lacks takes the nearest recorded
-one (same width first, then the nearest width; the nearest N there), and the server says which at start.
+one it contains (no more candidates, no wider tree: their acceptance bounds its own from below; the same width first,
+then the nearest width, the nearest N there), else the nearest of all; the server says which at start.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ class AcceptTable:
     policy: str = "vote"
 
     def nearest(self, n: int, width: int) -> tuple[int, int]:
-        """The recorded shape that stands for (n, width)."""
-        return min(self.counts, key=lambda s: (s[1] != width, abs(s[1] - width), abs(s[0] - n), s))
+        """The recorded shape that stands for (n, width) (module docstring)."""
+        return min(self.counts, key=lambda s: (s[0] > n or s[1] > width, s[1] != width, abs(s[1] - width),
+                                               abs(s[0] - n), s))
 
     def chain_width(self, width: int) -> int:
         """The width of the recorded chain (N = 1) nearest to `width`: DSPARK's chain in a wider window than any

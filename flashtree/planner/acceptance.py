@@ -23,7 +23,7 @@ PRIOR_TAU = {"chain": 2.7, 9: 2.9, 16: 3.2, 32: 3.6, 64: 3.9}
 
 
 def prior_tau(shape: Shape) -> float:
-    if shape.is_chain:
+    if shape.is_chain or shape.n == 1:  # candidate 0 is the draft's greedy block: a tree of it is DSPARK's chain
         return PRIOR_TAU["chain"]
     widths = sorted(k for k in PRIOR_TAU if k != "chain")
     w = min(widths, key=lambda x: abs(x - shape.width))

@@ -30,8 +30,13 @@ AUTO = "auto"  # the toggle's value that turns the planner on (FLASHTREE_TREE_N=
 def default_shapes(window: int, depth: int, max_n: int = 64) -> list[Shape]:
     """The planner's menu for a server whose DSPARK window is `window` tokens (--speculative-num-draft-tokens) and
     whose draft keeps `depth` positions: the chain, and trees of N in {1, 4, 8, 16, 32, 64} candidates (at most
-    `max_n` and the width) at widths {depth + 1, 16, 32, 64} up to the window, and the window itself."""
+    `max_n` and the width) at widths {depth + 1, 16, 32, 64} up to the window, and the window itself. N candidates
+    hold at most N x depth + 1 nodes, so a tree of N is offered only at widths it can fill (and at the narrowest):
+    a wider one is the same tree with padding, verified at a higher cost (N = 1 is the draft's greedy block, DSPARK's
+    chain, at depth + 1)."""
     shapes = [Shape(0, window)]
-    for w in sorted({w for w in (depth + 1, 16, 32, 64, window) if 2 <= w <= window}):
-        shapes += [Shape(n, w) for n in (1, 4, 8, 16, 32, 64) if n <= min(w, max_n)]
+    widths = sorted({w for w in (depth + 1, 16, 32, 64, window) if 2 <= w <= window})
+    for w in widths:
+        shapes += [Shape(n, w) for n in (1, 4, 8, 16, 32, 64)
+                   if n <= min(w, max_n) and (w <= n * depth + 1 or w == widths[0])]
     return shapes

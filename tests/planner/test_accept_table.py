@@ -27,12 +27,17 @@ def test_counts_are_the_replay_s_accept_lengths_and_tau_matches(recordings):
     assert table.tau(8, 16) > table.tau(1, 8)  # trees accept more than the chain on the real drafter
 
 
-def test_the_shipped_table_loads_and_nearest_shapes_prefer_the_width():
+def test_the_shipped_table_loads_and_nearest_shapes_never_overstate():
+    """A shape the table lacks stands on a recorded one it contains (no more candidates, no wider tree), the same
+    width first: N = 1 in a 32-token tree is the chain, not the 16-candidate tree of that width."""
     table = load(SHIPPED)
     assert table.nearest(8, 16) == (8, 16)
     assert table.nearest(64, 16) == (32, 16)  # same width first
-    assert table.nearest(8, 12)[1] in (8, 16)
+    assert table.nearest(8, 12) == (8, 8)  # the narrower tree, not W = 16
+    assert table.nearest(1, 32) == (1, 8) and table.nearest(4, 32) == (4, 8) and table.nearest(8, 32) == (8, 16)
+    assert table.nearest(64, 128) == (32, 64)
     assert table.tau(1, 8) < table.tau(8, 8) < table.tau(32, 32)
+    assert AcceptTable({(8, 16): (1, 1)}).nearest(4, 8) == (8, 16)  # nothing it contains: the nearest of all
 
 
 def test_save_load_round_trip(tmp_path):
@@ -75,9 +80,9 @@ def test_the_command_writes_a_table(tmp_path, capsys):
 
 
 def test_dspark_chain_in_a_wide_window_takes_the_recorded_chain():
-    """A shape lookup prefers the width, so a chain in a 32-token window would draw a 32-token tree's lengths; the
-    chain's width is the nearest recorded chain's instead (the table's own width when it records no chain)."""
+    """DSPARK's chain in a 32-token window draws the recorded chain's lengths (the table's own width when it records
+    no chain), not those of a 32-token tree."""
     table = AcceptTable({(1, 8): (1, 3), (8, 32): (0, 0, 1)})
-    assert table.nearest(1, 32) == (8, 32)
+    assert table.nearest(1, 32) == (1, 8)
     assert table.chain_width(32) == 8 and table.tau(1, table.chain_width(32)) == 1.75
     assert AcceptTable({(8, 32): (0, 1)}).chain_width(16) == 16

@@ -71,3 +71,37 @@ def test_the_menu_fits_the_servers_window():
     assert shapes[0].is_chain and shapes[0].width == 16
     assert all(2 <= s.width <= 16 and s.n <= s.width for s in shapes)
     assert {s.width for s in shapes if not s.is_chain} == {9, 16}
+    assert Shape(1, 16) not in shapes and Shape(1, 9) in shapes  # N = 1 fills 9 nodes: at 16 the same tree, dearer
+
+
+def test_trees_come_only_at_widths_their_candidates_can_fill():
+    """N candidates of depth K hold at most N x K + 1 nodes; the narrowest width is always offered."""
+    shapes = [s for s in default_shapes(window=64, depth=7) if not s.is_chain]
+    assert all(s.width <= s.n * 7 + 1 or s.width == 8 for s in shapes)
+    assert {s.width for s in shapes if s.n == 4} == {8, 16} and {s.width for s in shapes if s.n == 1} == {8}
+    assert {s.width for s in shapes if s.n == 32} == {32, 64}
+
+
+def test_a_single_candidate_is_priced_as_the_chain():
+    """Candidate 0 is the draft's greedy block, so the tree of one candidate is DSPARK's chain: the same prior."""
+    assert prior_tau(Shape(1, 9)) == prior_tau(Shape(0, 64)) > prior_tau(Shape(4, 9)) - 1
+
+
+def test_served_times_shift_the_shapes_not_yet_served():
+    """A served mean replaces its entry; the others at that size move by the served excess of their own kind (trees
+    or chain), else of all; other sizes keep theirs. So an untimed shape never looks cheap beside a timed one."""
+    chain, a, b = Shape(0, 64), Shape(8, 9), Shape(64, 64)
+    costs = CostTable()
+    for s, t in ((chain, 2.2e-3), (a, 1.6e-3), (b, 1.7e-3)):
+        costs.add(s, 1, t)
+        costs.add(s, 8, 2 * t)
+    costs.serve(a, 1, 3.3e-3)  # the host's share of a served step: 1.7 ms
+    assert costs.time(a, 1) == 3.3e-3
+    assert costs.time(b, 1) == pytest.approx(3.4e-3) and costs.time(chain, 1) == pytest.approx(3.9e-3)
+    assert costs.time(b, 8) == 3.4e-3  # another size: its own entry
+    costs.serve(chain, 1, 2.7e-3)  # the chain's own excess (0.5 ms) now stands for the chain
+    assert costs.time(chain, 1) == 2.7e-3 and costs.time(b, 1) == pytest.approx(3.4e-3)
+    costs.serve(b, 1, 2.7e-3)
+    assert costs.time(b, 1) == 2.7e-3
+    with pytest.raises(ValueError, match="no entry"):
+        costs.serve(a, 4, 1e-3)
