@@ -60,11 +60,12 @@ assert "flashtree.patches:register" in eps
 PY
 }
 
-# live_run ARGS...: the app into $RUN_DIR (LIVE_S: its time limit, 0 = none), then its results into $OUT (phase JSON, tables, one archive of the rest).
+# live_run ARGS...: the app into $RUN_DIR (LIVE_S: its time limit, 0 = none), then its results into $OUT (phase JSON,
+# tables, one archive of the rest).
 live_run() {
   rm -rf "$RUN_DIR"
-  # LIVE_S: stop the app (SIGINT: it stops its servers) after this many seconds, so a device call's limit never
-  # takes the results with it
+  # LIVE_S: stop the app (SIGINT: it stops its servers, then writes the tables of what ran) after this many seconds,
+  # so a device call's limit never takes the results with it
   timeout --signal=INT --kill-after=30 "${LIVE_S:-0}" python3 experiments/live.py "live.out_dir=$RUN_DIR" \
     "live.work_dir=$WORK" "$@"
   local rc=$?

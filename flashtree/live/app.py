@@ -201,28 +201,33 @@ def run(cfg) -> int:
             print(f"[live] {err}", file=sys.stderr, flush=True)
             return 2
         state = Run(cfg, manager, prompts, out)
-        for k, phase in enumerate(cfg.run):
-            print(f"[live] phase {phase}", flush=True)
-            if phase == "stage":
-                result = state.speed(plan[phase], "stage")
-            else:
-                result = getattr(state, phase)(plan[phase])
-                save(out, phase, result)
-            if phase == "speed":
-                print(speed.table(result), flush=True)
-            verdicts = {n: s.get("status") for n, s in result["servers"].items() if isinstance(s, dict)}
-            state.failed += [f"{phase}:{n}" for n, v in verdicts.items() if v in ("fail", "not-run")]
-            if verdicts:
-                print(f"[live] {phase}: {verdicts}", flush=True)
-            for inst in plan[phase]:
-                if last_use[inst.name] == k:
-                    manager.stop(inst.name)
+        interrupted = False
+        try:
+            for k, phase in enumerate(cfg.run):
+                print(f"[live] phase {phase}", flush=True)
+                if phase == "stage":
+                    result = state.speed(plan[phase], "stage")
+                else:
+                    result = getattr(state, phase)(plan[phase])
+                    save(out, phase, result)
+                if phase == "speed":
+                    print(speed.table(result), flush=True)
+                verdicts = {n: s.get("status") for n, s in result["servers"].items() if isinstance(s, dict)}
+                state.failed += [f"{phase}:{n}" for n, v in verdicts.items() if v in ("fail", "not-run")]
+                if verdicts:
+                    print(f"[live] {phase}: {verdicts}", flush=True)
+                for inst in plan[phase]:
+                    if last_use[inst.name] == k:
+                        manager.stop(inst.name)
+        except KeyboardInterrupt:  # Ctrl-C, or LIVE_S's SIGINT: what ran still reaches the tables
+            interrupted = True
+            print("[live] interrupted: stopping the servers, then the tables of the requests that finished", flush=True)
     config = _plain(raw)
     presets = {i.name: i.server for insts in plan.values() for i in insts}
     steps_path, summary_path = write_tables(state.records, config, out, presets)
     stage_times(out / "logs", out / "stage_times.txt")
     print(f"[live] tables: {steps_path}, {summary_path}; not passed: {state.failed or 'none'}", flush=True)
-    return 1 if state.failed else 0
+    return 130 if interrupted else 1 if state.failed else 0
 
 
 def _plain(cfg) -> dict:

@@ -1,10 +1,11 @@
 """A stand-in for sglang's HTTP server, to check flashtree.live without a GPU.
 
-usage: python fake_server.py MODE [--start-delay S] [--host H] --port PORT
+usage: python fake_server.py MODE [--start-delay S] [--stop-delay S] [--host H] --port PORT
 MODE: plain | tree | broken (greedy outputs differ at token 4) | die (prints a line and exits 3 at once)
 Greedy output = a function of the prompt (regex requests too); sampled output = draws from a fixed per-position
 distribution; `tree` adds flashtree statistics to meta_info.
-/health answers only after --start-delay seconds (a server still starting); GET /stats counts POST /generate calls.
+/health answers only after --start-delay seconds (a server still starting); a SIGTERM exits after --stop-delay seconds
+(a server shutting down); GET /stats counts POST /generate calls.
 POST /v1/chat/completions answers greedy chat requests as a function of the body (a JSON object for a schema, a tool
 call for tool_choice required, logprobs when asked); `tree` refuses logprobs with flashtree's message (sglang 0.5.17),
 `broken` answers frequency_penalty requests differently (a tree applying the root's penalty state).
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import signal
 import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,6 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 ap = argparse.ArgumentParser()
 ap.add_argument("mode")
 ap.add_argument("--start-delay", type=float, default=0.0)
+ap.add_argument("--stop-delay", type=float, default=0.0)
 ap.add_argument("--host", default="127.0.0.1")
 ap.add_argument("--port", type=int, required=True)
 args = ap.parse_args()
@@ -31,6 +34,14 @@ if MODE == "die":
     print("RuntimeError: the stand-in was told to die while starting", flush=True)
     sys.exit(3)
 T0 = time.monotonic()
+
+
+def _stop(signum, frame):
+    time.sleep(args.stop_delay)
+    sys.exit(0)
+
+
+signal.signal(signal.SIGTERM, _stop)
 rng = random.Random(PORT)
 served = {"generate": 0}
 

@@ -259,6 +259,40 @@ def test_the_app_with_stand_in_servers(tmp_path, monkeypatch):
     assert (tmp_path / "fig" / "speed.png").stat().st_size > 10_000
 
 
+def test_an_interrupted_app_keeps_what_ran(tmp_path, monkeypatch):
+    """Ctrl-C (or LIVE_S's SIGINT) in the speed phase: the identity results, the speed rows of the servers already
+    measured and the tables of the requests that finished are written, the servers stopped, and the status is 130."""
+    cfg = to_live_config(compose(
+        "run=[identity,speed]", "phases.identity.servers=[plain,tree8]", "phases.identity.prompts=2",
+        "phases.identity.max_new_tokens=8", "phases.speed.servers=[plain,tree8]", "phases.speed.backend=ids",
+        "phases.speed.concurrencies=[1]", "phases.speed.min_requests=2", "phases.speed.max_new_tokens=8",
+        f"live.out_dir={tmp_path}", f"live.work_dir={tmp_path / 'work'}", "live.stagger_s=0",
+        "live.start_timeout_s=60"))
+    modes = {"plain": "plain", "tree8": "tree"}
+    real, real_level = app.phase_instances, app.Run.level
+
+    def stand_ins(c):
+        return {p: [Instance(i.name, i.server, i.precision, fake(i.name, modes[i.server]).argv, i.env, i.label)
+                    for i in insts] for p, insts in real(c).items()}
+
+    def level(self, phase, name, conc, rnd, left_s):
+        if name == "bf16-tree8":
+            raise KeyboardInterrupt
+        return real_level(self, phase, name, conc, rnd, left_s)
+
+    monkeypatch.setattr(app, "phase_instances", stand_ins)
+    monkeypatch.setattr(app, "prepare_models", lambda cfg, out: None)
+    monkeypatch.setattr(app, "load", lambda cfg: Prompts(PROMPTS, None, "canned"))
+    monkeypatch.setattr(app.Run, "level", level)
+    assert app.run(cfg) == 130
+    assert json.loads((tmp_path / "identity_results.json").read_text())["servers"]["fp32-tree8"]["status"] == "pass"
+    assert list(json.loads((tmp_path / "speed_results.json").read_text())["servers"]) == ["bf16-plain"]
+    from flashtree.results.collect import load_results
+
+    df = load_results(tmp_path / "runs" / "summary.parquet")
+    assert set(df["live.server"]) == {"fp32-plain", "fp32-tree8", "bf16-plain"}
+
+
 def test_prepare_models_checks_the_staged_checkpoints(tmp_path):
     from flashtree.dspark.config import DSparkConfig
     from flashtree.experiments.config import ConfigError

@@ -62,6 +62,16 @@ def test_ctrl_c_stops_every_server(tmp_path):
     assert all(gone(p) for p in procs)
 
 
+def test_servers_stop_together(tmp_path):
+    """Leaving stops every server at once: three that take 2 s each to shut down are gone in well under 6 s (a run
+    stopped at its time limit keeps its grace period for writing its tables)."""
+    with ServerManager(tmp_path) as m:
+        procs = [m.start(fake(f"s{i}", "plain", "--stop-delay", "2")).process for i in range(3)]
+        m.wait_healthy(30)
+        t = time.monotonic()
+    assert all(gone(p) for p in procs) and time.monotonic() - t < 4.5
+
+
 def test_server_environment_drops_inherited_toggles(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHTREE_TREE_N", "8")
     monkeypatch.setenv("KEEP_ME", "1")
