@@ -191,8 +191,9 @@ class FeaturesPhase(Phase):
     logprob_tol: float = 1e-3  # largest |logprob difference| allowed against the reference
     # requests a tree server may refuse with flashtree's message (logprobs: sglang 0.5.17's DSPARK worker refuses them)
     may_refuse: list[str] = field(default_factory=lambda: ["logprobs"])
-    # requests not sent, e.g. [json_schema, tool_required, regex] where xgrammar's native library is missing (the H200
-    # bundle drops it)
+    # requests not sent, e.g. [json_schema, tool_required, regex] on a server without xgrammar (the H200 bundle keeps
+    # its runtime bindings, libxgrammar_bindings.so; it drops only xgrammar/lib/libxgrammar.a, a static archive for C++
+    # builds that neither import nor grammar compilation reads)
     skip: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
