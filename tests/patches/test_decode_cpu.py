@@ -290,6 +290,15 @@ def real_markov_head():
     return head
 
 
+def standin_worker(world: StandIns, page_size: int = 1, **attrs):
+    """DSPARK's worker as the patched decode reads it: the stand-in target's KV pool and the real Markov head (plus
+    `attrs`); standin_proposer adds the draft side for graph draws."""
+    return types.SimpleNamespace(
+        verify_num_draft_tokens=W, device="cpu",
+        model_runner=types.SimpleNamespace(page_size=page_size, token_to_kv_pool=world),
+        _proposer=types.SimpleNamespace(draft_model=types.SimpleNamespace(markov_head=real_markov_head())), **attrs)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def tree_kernels():
     sglang_cpu.force_triton_tree_kernels()
@@ -323,13 +332,7 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
     refs = refs or [reference(p, MAX_LEN - len(p) - 2 * W) for p in prompts]
     world = StandIns(prompts, refs, page_size)
     adapter = StandInAdapter(real, world)
-    worker = types.SimpleNamespace(
-        verify_num_draft_tokens=W,
-        device="cpu",
-        model_runner=types.SimpleNamespace(page_size=page_size, token_to_kv_pool=world),
-        _proposer=types.SimpleNamespace(draft_model=types.SimpleNamespace(markov_head=real_markov_head())),
-        _simulate_acc_len=simulate_acc_len,
-    )
+    worker = standin_worker(world, page_size, _simulate_acc_len=simulate_acc_len)
     if reserve:  # the backend whose max_context_len caps the reserved-length bound
         worker.target_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(
             attn_backend=types.SimpleNamespace(max_context_len=MAX_LEN)))
@@ -1036,11 +1039,7 @@ def run_routed(limit: int, schedule: list[list[int]], steps: int, graph_max_bs: 
     refs = [reference(p, MAX_LEN - len(p) - 2 * W) for p in prompts]
     world = StandIns(prompts, refs)
     adapter = StandInAdapter(adapters.select_adapter(), world)
-    worker = types.SimpleNamespace(
-        verify_num_draft_tokens=W, device="cpu",
-        model_runner=types.SimpleNamespace(page_size=1, token_to_kv_pool=world),
-        _proposer=types.SimpleNamespace(draft_model=types.SimpleNamespace(markov_head=real_markov_head())),
-    )
+    worker = standin_worker(world)
     if graph_max_bs is not None:
         standin_proposer(world, worker, graph_max_bs)
     toggles = TreeToggles(tree_n=4, seed=5, tree_max_bs=limit, graph_draws=graph_max_bs is not None)

@@ -15,7 +15,7 @@ from flashtree.patches.decode import create_state, make_forward_decode
 from flashtree.patches.toggles import AUTO_N, ToggleError, TreeToggles, read_toggles
 from flashtree.planner import Shape
 from test_decode_cpu import (MAX_LEN, W, ChainStep, StandInAdapter, StandInAttnBackend, StandIns, StandInGraphRunner,
-                             decode_batch, graph_sampler, real_markov_head, reference, standin_proposer, target_logits)
+                             decode_batch, graph_sampler, reference, standin_proposer, standin_worker, target_logits)
 
 BLOCK = 3  # the stand-in draft checkpoint's block size: trees of depth 3 in DSPARK's 5-token block
 PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9]]
@@ -36,11 +36,7 @@ def planned_server(graph_max_bs=None, simulate_acc="", capture_bs=(1, 2, 3)):
     """A planned worker as after init_cuda_graphs: its verify graph runners at every menu width (stand-ins)."""
     world = StandIns(PROMPTS, [reference(p, MAX_LEN - len(p) - 2 * W) for p in PROMPTS])
     adapter = StandInAdapter(adapters.select_adapter(), world)
-    worker = types.SimpleNamespace(
-        verify_num_draft_tokens=W, device="cpu",
-        model_runner=types.SimpleNamespace(page_size=1, token_to_kv_pool=world),
-        _proposer=types.SimpleNamespace(draft_model=types.SimpleNamespace(markov_head=real_markov_head())),
-    )
+    worker = standin_worker(world)
     if graph_max_bs is not None:
         standin_proposer(world, worker, graph_max_bs)
     else:
@@ -48,7 +44,7 @@ def planned_server(graph_max_bs=None, simulate_acc="", capture_bs=(1, 2, 3)):
     worker.draft_model_runner.model_config = types.SimpleNamespace(hf_config={"dspark_block_size": BLOCK})
     toggles = TreeToggles(tree_n=AUTO_N, seed=5, graph_draws=graph_max_bs is not None, simulate_acc=simulate_acc)
     worker._flashtree = state = create_state(adapter, toggles, worker)
-    state.planner.retime_after = 0  # the injected cost tables stay as injected (test_served_step_times_retime_the_table)
+    state.planner.retime_after = 0  # injected cost tables stay (test_served_step_times_move_the_whole_table)
     if graph_max_bs is not None:
         torch.manual_seed(7)
         graph_sampler(worker, state, graph_max_bs)

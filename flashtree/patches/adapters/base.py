@@ -325,19 +325,23 @@ class SglangAdapter:
     def verify_input_cls(self):
         return resolve("sglang.srt.speculative.dflash_info:DFlashVerifyInput")
 
-    def target_verify(self, worker, batch, draft_input, window: Window, ids_2d, positions_2d, custom_mask) -> Verified:
-        """Target forward over the W tree tokens of each request under `custom_mask` (FULL_MASK layout, flat bool)."""
+    def verify_input(self, batch, ids_2d, positions_2d, custom_mask):
+        """The release's verify input over the W tree tokens of each request (FULL_MASK layout, flat bool mask)."""
         capture = resolve("sglang.srt.model_executor.forward_batch_info:CaptureHiddenMode")
-        executor = worker._verify_executor
-        w = ids_2d.shape[1]
-        verify_input = self.verify_input_cls()(
+        return self.verify_input_cls()(
             draft_token=ids_2d.reshape(-1),
             positions=positions_2d.reshape(-1),
-            draft_token_num=w,
+            draft_token_num=ids_2d.shape[1],
             custom_mask=custom_mask,
             capture_hidden_mode=capture.FULL,
             **self.verify_input_extra(batch),
         )
+
+    def target_verify(self, worker, batch, draft_input, window: Window, ids_2d, positions_2d, custom_mask) -> Verified:
+        """Target forward over the W tree tokens of each request under `custom_mask` (FULL_MASK layout, flat bool)."""
+        executor = worker._verify_executor
+        w = ids_2d.shape[1]
+        verify_input = self.verify_input(batch, ids_2d, positions_2d, custom_mask)
         batch.out_cache_loc = window.cache_loc
         cpu_backup, sum_backup = batch.seq_lens_cpu, batch.seq_lens_sum
         if not executor._verify_backend_self_adds_seq_lens():

@@ -177,6 +177,9 @@ class DFlashFamily(SglangAdapter):
         rows = base_logits.repeat_interleave(n, dim=1).reshape(bs * k * n, v)
         return sampler(rows).view(bs, k, n).transpose(1, 2).contiguous()
 
+    def verify_input_extra(self, batch) -> dict:
+        return {}  # DFlashVerifyInput takes no live host lengths
+
     def candidate_logp(self, draft: DraftOut, candidates: torch.Tensor) -> torch.Tensor:
         """(bs, N, K) log q of each candidate token under its position's marginal (positions are independent)."""
         k = candidates.shape[2]
@@ -186,15 +189,8 @@ class DFlashFamily(SglangAdapter):
 
     def target_verify(self, worker, batch, draft_input, window: Window, ids_2d, positions_2d, custom_mask) -> Verified:
         """DFLASH's verify (its DFlashVerifyInput, prepared and run on the target worker) under the tree mask."""
-        capture = resolve(f"{FORWARD_BATCH}:CaptureHiddenMode")
         w = ids_2d.shape[1]
-        verify_input = self.verify_input_cls()(
-            draft_token=ids_2d.reshape(-1),
-            positions=positions_2d.reshape(-1),
-            draft_token_num=w,
-            custom_mask=custom_mask,
-            capture_hidden_mode=capture.FULL,
-        )
+        verify_input = self.verify_input(batch, ids_2d, positions_2d, custom_mask)
         batch.out_cache_loc = window.cache_loc
         cpu_backup, sum_backup = batch.seq_lens_cpu, batch.seq_lens_sum
         self.add_window_to_host_lens(batch, draft_input, w)
