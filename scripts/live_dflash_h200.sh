@@ -11,11 +11,7 @@ set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 . scripts/live_lib.sh
-[ -d .h200/example/tok ] || { el "carry .h200 with example/ (the tiny models' tokenizer)"; exit 2; }
 live_setup || exit 2
-if [ ! -f $WORK/models/prompts.json ]; then
-  python3 benchmarks/live/make_models.py $WORK/models .h200/example/tok 2>&1 | grep -vE "it/s\]|Writing" | tail -5
-fi
-[ -f $WORK/models/prompts.json ] || { el "model build failed"; exit 2; }
+live_tiny_models || exit 2
 python3 -m flashtree.dspark.dflash_format $WORK/models/draft $WORK/models/dflash-draft --dtype float32 || exit 2
 live_run +preset=tiny-check model.algorithm=DFLASH model.draft=$WORK/models/dflash-draft "$@"

@@ -1,6 +1,6 @@
 # Device staging shared by the live H200 scripts (scripts/live_smollm2_h200.sh, live_h200.sh, profile_tiny_h200.sh);
 # source it from the repo root after setting OUT. The servers themselves are started, checked and stopped by the app
-# (experiments/live.py, flashtree/live/). Provides: el, live_setup, live_run, live_pack_site.
+# (experiments/live.py, flashtree/live/). Provides: el, live_setup, live_tiny_models, live_run, live_pack_site.
 T0=${T0:-$(date +%s)}
 ROOT=$(pwd)
 WORK=/tmp/flashtree_live
@@ -58,6 +58,15 @@ eps = [e.value for e in entry_points(group="sglang.srt.plugins")]
 print("sglang", sglang.__version__, "hydra", hydra.__version__, "plugins:", eps, "flashtree from", flashtree.patches.__file__)
 assert "flashtree.patches:register" in eps
 PY
+}
+
+# The tiny example target and DSPARK draft in $WORK/models (built once per warm machine from .h200/example's tokenizer).
+live_tiny_models() {
+  [ -d .h200/example/tok ] || { el "carry .h200 with example/ (the tiny models' tokenizer)"; return 2; }
+  if [ ! -f $WORK/models/prompts.json ]; then
+    python3 benchmarks/live/make_models.py $WORK/models .h200/example/tok 2>&1 | grep -vE "it/s\]|Writing" | tail -5
+  fi
+  [ -f $WORK/models/prompts.json ] || { el "model build failed"; return 2; }
 }
 
 # live_run ARGS...: the app into $RUN_DIR (LIVE_S: its time limit, 0 = none), then its results into $OUT (phase JSON,

@@ -9,8 +9,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 . scripts/live_lib.sh
 live_setup || exit 2
-[ -f $WORK/models/prompts.json ] ||
-  python3 benchmarks/live/make_models.py $WORK/models .h200/example/tok 2>&1 | grep -vE "it/s\]|Writing" | tail -2
+live_tiny_models || exit 2
 live_run +preset=tiny-profile "$@"
 rc=$?
 for f in "$RUN_DIR"/logs/profile_*.txt; do
