@@ -10,11 +10,10 @@ import pytest
 import torch
 
 import sglang_cpu
-from test_dspark_format import BLOCK, H, HEAD_DIM, V, flashtree_checkpoint
+from test_dspark_format import BLOCK, H, V, assert_context_kv_matches, flashtree_checkpoint
 
 from flashtree.dspark import read_tensors
 from flashtree.dspark.dflash_format import convert, load_dflash_checkpoint
-from flashtree.dspark.model import rope_cos_sin
 
 
 @pytest.fixture(scope="module")
@@ -75,14 +74,7 @@ def test_sglang_computes_the_same_context_projection_and_kv(loaded):
     with torch.no_grad():
         ctx = ours.project_context(feats)
         assert torch.allclose(ctx, theirs.project_target_hidden(feats), atol=1e-5)
-        attn = theirs.layers[1].self_attn
-        k, v = attn.kv_proj_only(ctx)
-        k = attn.k_norm.forward_native(k.reshape(-1, HEAD_DIM)).view_as(k)
-        _, k = attn.rotary_emb.forward_native(positions, k.new_zeros(k.shape), k)
-        cos, sin = rope_cos_sin(positions[None], HEAD_DIM, 100000.0, ctx.dtype)
-        our_k, our_v = ours.layers[1].self_attn.kv(ctx[None], cos, sin)
-        assert torch.allclose(our_k[0].transpose(0, 1).reshape(5, -1), k, atol=1e-4)
-        assert torch.allclose(our_v[0].transpose(0, 1).reshape(5, -1), v, atol=1e-5)
+        assert_context_kv_matches(ours, theirs, ctx, positions)
 
 
 def test_convert_refuses_a_folder_without_weights(tmp_path):

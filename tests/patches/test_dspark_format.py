@@ -96,6 +96,20 @@ def test_every_tensor_is_consumed_into_the_matching_parameter(loaded):
         assert torch.equal(params[key].data, value), key
 
 
+def assert_context_kv_matches(ours, theirs, ctx, positions):
+    """Layer 1's context K and V as sglang writes them to the draft KV pool (kv_proj_only -> k_norm -> RoPE) equal
+    flashtree's draft's."""
+    attn = theirs.layers[1].self_attn
+    k, v = attn.kv_proj_only(ctx)
+    k = attn.k_norm.forward_native(k.reshape(-1, HEAD_DIM)).view_as(k)
+    _, k = attn.rotary_emb.forward_native(positions, k.new_zeros(k.shape), k)
+    cos, sin = rope_cos_sin(positions[None], HEAD_DIM, 100000.0, ctx.dtype)
+    our_k, our_v = ours.layers[1].self_attn.kv(ctx[None], cos, sin)
+    n = positions.numel()
+    assert torch.allclose(our_k[0].transpose(0, 1).reshape(n, -1), k, atol=1e-4)
+    assert torch.allclose(our_v[0].transpose(0, 1).reshape(n, -1), v, atol=1e-5)
+
+
 def test_sglang_computes_the_same_context_and_markov_bias(loaded):
     ours, _, theirs, _, _ = loaded
     g = torch.Generator().manual_seed(1)
@@ -105,15 +119,7 @@ def test_sglang_computes_the_same_context_and_markov_bias(loaded):
         ctx = ours.project_context(feats)
         their_ctx = theirs.hidden_norm.forward_native(theirs.fc(feats))
         assert torch.allclose(ctx, their_ctx, atol=1e-5)
-        # layer 1's context K as sglang writes it to the draft KV pool: kv_proj_only -> k_norm -> RoPE
-        attn = theirs.layers[1].self_attn
-        k, v = attn.kv_proj_only(ctx)
-        k = attn.k_norm.forward_native(k.reshape(-1, HEAD_DIM)).view_as(k)
-        _, k = attn.rotary_emb.forward_native(positions, k.new_zeros(k.shape), k)
-        cos, sin = rope_cos_sin(positions[None], HEAD_DIM, 100000.0, ctx.dtype)
-        our_k, our_v = ours.layers[1].self_attn.kv(ctx[None], cos, sin)
-        assert torch.allclose(our_k[0].transpose(0, 1).reshape(5, -1), k, atol=1e-4)
-        assert torch.allclose(our_v[0].transpose(0, 1).reshape(5, -1), v, atol=1e-5)
+        assert_context_kv_matches(ours, theirs, ctx, positions)
         prev = torch.tensor([0, 5, V - 1])
         head = theirs.markov_head
         if hasattr(head, "compute_step_bias"):  # 0.5.17 / 0.5.20
