@@ -9,8 +9,8 @@ import torch
 
 from flashtree.drafters import load_drafter
 from flashtree.dspark.dflash_format import load_dflash_checkpoint, save_dflash_checkpoint
-from flashtree.dspark.loss import block_loss, target_features
-from tests.test_dspark import random_model, small_config, state_for, tiny  # noqa: F401  (tiny: the shared fixture)
+from tests.test_dspark import (captured_logits, random_model, small_config, state_for,  # noqa: F401
+                               tiny)  # tiny: the shared fixture
 
 
 def dflash_model(target, seed: int = 0, std: float = 0.2):
@@ -18,26 +18,6 @@ def dflash_model(target, seed: int = 0, std: float = 0.2):
     with torch.no_grad():
         model.markov_head.markov_w2.weight.zero_()  # a DFLASH draft has no head
     return model
-
-
-def captured_logits(model, target, seq, anchors, dflash: bool):
-    cfg = model.config
-    feats = target_features(target, seq, torch.tensor([seq.shape[1]]), cfg.target_layer_ids)
-    captured = {}
-    original = torch.nn.functional.cross_entropy
-
-    def capture(logits, labels, reduction):
-        captured["logits"] = logits.detach().clone()
-        return original(logits, labels, reduction=reduction)
-
-    torch.nn.functional.cross_entropy = capture
-    try:
-        loss, _ = block_loss(model, target.get_input_embeddings(), target.get_output_embeddings().weight, feats, seq,
-                             torch.tensor([seq.shape[1]]), anchors, torch.ones_like(anchors, dtype=torch.bool), None,
-                             dflash=dflash)
-    finally:
-        torch.nn.functional.cross_entropy = original
-    return loss, captured["logits"].view(anchors.shape[1], cfg.block_size, -1)
 
 
 def test_dflash_training_blocks_equal_the_dflash_drafters_blocks(tiny):

@@ -145,28 +145,35 @@ def test_load_drafter_refuses_a_draft_for_another_target(tiny, tmp_path):
 # ---- the math -------------------------------------------------------------------------------------------------------
 
 
+def captured_logits(model, target, seq, anchors, dflash: bool = False):
+    """(the training loss, its block logits (anchors, block, V)) of the batched training forward over `seq`."""
+    cfg = model.config
+    feats = target_features(target, seq, torch.tensor([seq.shape[1]]), cfg.target_layer_ids)
+    captured = {}
+    original = torch.nn.functional.cross_entropy
+
+    def capture(logits, labels, reduction):
+        captured["logits"] = logits.detach().clone()
+        return original(logits, labels, reduction=reduction)
+
+    torch.nn.functional.cross_entropy = capture
+    try:
+        loss, _ = block_loss(model, target.get_input_embeddings(), target.get_output_embeddings().weight, feats, seq,
+                             torch.tensor([seq.shape[1]]), anchors, torch.ones_like(anchors, dtype=torch.bool), None,
+                             dflash=dflash)
+    finally:
+        torch.nn.functional.cross_entropy = original
+    return loss, captured["logits"].view(anchors.shape[1], cfg.block_size, -1)
+
+
 def test_training_blocks_equal_the_drafters_incremental_blocks(tiny):
     """The batched training forward (many anchors, block-diagonal mask) and the engine's drafter (context K/V built
     up position by position) give the same logits: train and serve see the same function."""
     cfg = small_config(tiny)
     model = random_model(cfg)
     seq = torch.randint(0, 250, (1, 30), generator=torch.Generator().manual_seed(1))
-    feats = target_features(tiny, seq, torch.tensor([30]), cfg.target_layer_ids)
     anchors = torch.tensor([[10, 17, 25]])
-    captured = {}
-    original = torch.nn.functional.cross_entropy
-
-    def capture(logits, target, reduction):
-        captured["logits"] = logits.detach().clone()
-        return original(logits, target, reduction=reduction)
-
-    torch.nn.functional.cross_entropy = capture
-    try:
-        block_loss(model, tiny.get_input_embeddings(), tiny.get_output_embeddings().weight, feats, seq,
-                   torch.tensor([30]), anchors, torch.ones_like(anchors, dtype=torch.bool), None)
-    finally:
-        torch.nn.functional.cross_entropy = original
-    train_logits = captured["logits"].view(3, 4, -1)
+    _loss, train_logits = captured_logits(model, tiny, seq, anchors)
     drafter = load_drafter("dspark", tiny, model=model)
     for i, a in enumerate(anchors[0].tolist()):
         prefix = seq[:, : a + 1]
