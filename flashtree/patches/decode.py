@@ -101,6 +101,7 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeRun:
         policy=toggles.tree_policy,
         sampler=_load_sampler(toggles),
         forward_rows=rows,
+        draw_cap=planning.PLANNED_DRAWS if planned else 0,
     )
     device = torch.device(getattr(worker, "device", "cpu"))
     generator = torch.Generator(device=device)
@@ -337,7 +338,7 @@ def tree_step(run: TreeRun, worker, batch, on_publish, shape=None, grammar_barri
     n = candidates.shape[1]
     run.draw_paths[path] = run.draw_paths.get(path, 0) + 1
     drawn = candidates
-    if shape is not None:  # the planner's tree: the first N of the menu's largest draw
+    if shape is not None:  # the planner's tree: the first N of the batch's draws
         candidates = candidates[:, : shape.n]
         logp = None if logp is None else logp[:, : shape.n]
         n = candidates.shape[1]

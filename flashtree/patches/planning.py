@@ -7,9 +7,10 @@ server, choosing per decode batch between trees and DSPARK's own chain step.
   (--speculative-num-draft-tokens) and trees of N in {1, 4, 8, 16, 32, 64} (N <= width) at widths {depth + 1, 16,
   32, 64} up to that window, and the window itself (FLASHTREE_TREE_WIDTH lowers the largest), each N only at the
   widths its N x depth + 1 nodes can fill (`default_shapes`; N = 1, the draft's greedy block, is DSPARK's chain
-  verified at depth + 1 tokens, cheaper than DSPARK's own step over a wider window). Every tree step draws
-  the menu's largest N; a narrower shape's tree is built from the first N of them, so one step can credit every
-  shape (`flashtree.planner.acceptance`).
+  verified at depth + 1 tokens, cheaper than DSPARK's own step over a wider window). A tree step draws
+  the menu's largest N up to PLANNED_DRAWS candidates per batch (`TreePlan.draws_for`: 64 up to 8 requests, 8 at
+  64) and a batch is offered only the shapes of that many; a narrower shape's tree is built from the first N of
+  them, so one step can credit every shape of no more candidates (`flashtree.planner.acceptance`).
 - init_cuda_graphs (startup.py), after the verify graphs at every menu width (verify_widths.py) and the kernels'
   warm-up: `measure` fills the cost table, each shape's step time at each captured batch size, and logs it once.
   On a GPU `StepProbe` times the parts of a step that differ between shapes, back to back, with CUDA events: the
@@ -53,11 +54,16 @@ TIME_EVERY = 8  # decisions per timed step (never a credited one: its credit wou
 RETIME_AFTER = 4  # timed steps of a (shape, batch size) whose mean replaces the start-up estimate
 LOG_EVERY = 2000  # decisions per summary line
 REPEATS = 5  # timed runs per (shape, batch size) at start, after an untimed one; the fastest counts
+# Candidates a planned tree step draws per batch at most: N = 64 up to 8 requests, 32 at 16, 16 at 32, 8 at 64. Every
+# tree step draws one N for all the menu's shapes, and at 8B shapes (vocabulary 151936) drawing 64 per request cost a
+# 64-request N = 8, W = 8 step 54 ms against 31 ms for a server drawing 8 (live 8B run 9), so a batch is offered only
+# the shapes whose N it draws (`TreePlan.draws_for`).
+PLANNED_DRAWS = 512
 
 
 def resolve_toggles(adapter, toggles: TreeToggles, worker, gamma: int) -> TreeToggles:
     """The toggles a planned worker runs with: depth from the draft's block size, the draft rows (0.5.17: the depth),
-    N = the menu's largest (what every tree step draws)."""
+    N = the menu's largest (what a tree step draws, up to PLANNED_DRAWS per batch)."""
     block = adapter.draft_block_size(worker)
     depth = toggles.tree_depth or min(block or gamma, gamma)
     rows = toggles.draft_rows
@@ -91,7 +97,7 @@ def from_plan(plan, simulate, device) -> "ServerPlanner":
         def prior(shape: Shape) -> float:
             return table.tau(1, table.chain_width(shape.width)) if shape.is_chain else table.tau(shape.n, shape.width)
     planner = ServerPlanner(menu(plan), prior=prior, simulated=simulate is not None, policy=plan.policy,
-                            cuda=torch.device(device).type == "cuda")
+                            cuda=torch.device(device).type == "cuda", max_n=plan.draws_for)
     logger.info("flashtree: FLASHTREE_TREE_N=auto: menu %s; prior tokens per step %s", planner.labels(),
                 {s.label(): round(prior(s), 3) for s in planner.shapes})
     return planner
@@ -134,8 +140,9 @@ class ServerPlanner:
 
     def __init__(self, shapes: list[Shape], *, prior: Callable[[Shape], float] = prior_tau, simulated: bool = False,
                  policy: str = "vote", credit_every: dict | None = None, time_every: int = TIME_EVERY,
-                 log_every: int = LOG_EVERY, retime_after: int = RETIME_AFTER, cuda: bool = False):
-        self.planner = Planner(CostTable(), AcceptanceModel(shapes, prior=prior))
+                 log_every: int = LOG_EVERY, retime_after: int = RETIME_AFTER, cuda: bool = False,
+                 max_n: Callable[[int], int] | None = None):
+        self.planner = Planner(CostTable(), AcceptanceModel(shapes, prior=prior), max_n=max_n)
         self.simulated, self.policy, self.log_every = simulated, policy, log_every
         self.credit_every, self.time_every = dict(credit_every or CREDIT_EVERY), time_every
         self._credit_now = False  # whether the step in `timing` is a credited one
@@ -207,8 +214,9 @@ class ServerPlanner:
             return
         if self.simulated:  # drawn lengths say nothing of other shapes
             self._defer({shape: commit_len})
-        else:
-            self._defer(counterfactual_commits(candidates, tokens, self.shapes, self.policy))
+        else:  # the shapes of no more candidates than this step drew
+            shapes = [s for s in self.shapes if s.is_chain or s.n <= candidates.shape[1]]
+            self._defer(counterfactual_commits(candidates, tokens, shapes, self.policy))
 
     def after_chain_step(self, commit_lens: torch.Tensor) -> None:
         """DSPARK's chain step committed `commit_lens` (bs,) tokens per request (its accept_lens)."""
@@ -239,8 +247,11 @@ class ServerPlanner:
         """Fill the cost table: `time_step(shape, bs)` seconds (None: that shape cannot be timed at bs) for every
         shape at every size; logged once."""
         costs = self.planner.costs
+        max_n = self.planner.max_n
         for bs in sorted({int(b) for b in sizes}):
             for shape in self.shapes:
+                if not shape.is_chain and max_n is not None and shape.n > max_n(bs):
+                    continue  # a batch of bs never draws its N
                 seconds = time_step(shape, bs)
                 if seconds is not None:
                     costs.add(shape, bs, seconds)

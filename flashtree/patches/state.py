@@ -26,6 +26,7 @@ class TreePlan:
     policy: str  # the tree policy (flashtree.tree.build_tree), FLASHTREE_TREE_POLICY
     sampler: Callable  # the eager draws' row sampler (logits, temperatures, generator) -> tokens
     forward_rows: int  # rows of DSPARK's window the tree step's draft forward runs (gamma: DSPARK's own proposer)
+    draw_cap: int = 0  # FLASHTREE_TREE_N=auto: candidates drawn per batch at most (PLANNED_DRAWS; 0: no cap)
 
     def width_for(self, bs: int) -> int:
         w = self.tree_width
@@ -35,10 +36,13 @@ class TreePlan:
 
     def draws_for(self, bs: int) -> int:
         """Candidates drawn per request in a batch of bs: N, scaled with the tree under a budget (N * w / W, at least
-        1), so draws at large batches cost in proportion to the verify tokens they feed."""
+        1), so draws at large batches cost in proportion to the verify tokens they feed; under the planner at most
+        `draw_cap` per batch."""
         n = self.toggles.tree_n
         if self.toggles.tree_budget > 0:
             n = max(1, -(-n * self.width_for(bs) // self.tree_width))
+        if self.draw_cap > 0:  # the power of two at most cap / bs: the planner's menu N are powers of two
+            n = min(n, 1 << max(0, (self.draw_cap // max(bs, 1)).bit_length() - 1))
         return n
 
     def widths_for(self, bs: int, verify_widths: Iterable[int] = ()) -> tuple[int, int]:

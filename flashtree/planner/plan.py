@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Callable
 from dataclasses import dataclass
 
 import torch
@@ -26,18 +27,28 @@ class Choice:
 class Planner:
     """Holds the cost table and the acceptance estimates; `choose(bs)` reads host numbers only (no device sync)."""
 
-    def __init__(self, costs: CostTable, acceptance: AcceptanceModel):
+    def __init__(self, costs: CostTable, acceptance: AcceptanceModel, max_n: Callable[[int], int] | None = None):
         self.costs = costs
         self.acceptance = acceptance
+        self.max_n = max_n  # candidates a batch of bs draws (None: every tree shape at every size)
         self.chosen: Counter = Counter()  # (bs, shape label) -> steps, for the periodic summary
 
     def options(self, bs: int) -> list[Choice]:
         out = []
         for shape in self.acceptance.shapes:
+            if not self.drawable(shape, bs):
+                continue
             t = self.costs.time(shape, bs)
             if t is not None:
                 out.append(Choice(shape, self.acceptance.tau(shape), t))
         return out
+
+    def drawable(self, shape: Shape, bs: int) -> bool:
+        """Whether a batch of bs draws the shape's N candidates (at the table size it pads to, if larger)."""
+        if shape.is_chain or self.max_n is None:
+            return True
+        size = self.costs.size_for(shape, bs)
+        return shape.n <= self.max_n(max(bs, size or bs))
 
     def choose(self, bs: int) -> Choice:
         options = self.options(bs)

@@ -169,6 +169,27 @@ def test_auto_serves_trees_or_the_chain_per_batch_size_and_commits_the_greedy_de
         assert draws.calls == state.steps + (0 if state.draft_rows is not None else n_chain)
 
 
+@pytest.mark.parametrize("graph_max_bs", [None, 8], ids=["eager-draws", "graph-draws"])
+def test_a_batch_is_offered_only_the_shapes_whose_candidates_it_draws(monkeypatch, graph_max_bs):
+    """Under PLANNED_DRAWS candidates per batch (4 here): one request draws N = 4, two draw 2, three draw 1, so the
+    4-candidate trees are timed and offered at one request only and larger batches take the N = 1 tree though N = 4
+    is cheaper; each step draws its batch's N and commits the greedy decode."""
+    monkeypatch.setattr(planning, "PLANNED_DRAWS", 4)
+    world, adapter, worker, state = planned_server(graph_max_bs)
+    assert [state.plan.draws_for(bs) for bs in (1, 2, 3, 9)] == [4, 2, 1, 1]
+    rows = state.planner.trees[0].rows
+    single, best = Shape(1, 4, rows), Shape(4, 4, rows)
+    planning.measure(state, worker, table(lambda shape, bs: 1.0 if shape.is_chain else 0.1 if shape.n == 4 else 0.2))
+    costs = state.planner.planner.costs
+    assert costs.sizes(best) == [1] and costs.sizes(single) == [1, 2, 3]
+    drawn = []
+    real_after = state.planner.after_tree_step
+    state.planner.after_tree_step = lambda shape, cands, *a: drawn.append(cands.shape[1]) or real_after(shape, cands, *a)
+    labels, _commits, _rows, _chain = decode(world, adapter, worker, state, [[0, 1, 2], [0], [1, 2]], 9)
+    assert labels == [single.label(), best.label(), single.label()] * 3
+    assert drawn == [1, 4, 2] * 3
+
+
 def test_sampled_rows_take_the_planned_tree_walk():
     """A batch with a temperature-0.7 row between two greedy ones under auto: the planned tree's sampled walk serves
     it (committing tokens the target samples), the greedy rows stay the greedy decode, and sampled steps credit too."""
