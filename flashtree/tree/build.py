@@ -106,7 +106,8 @@ def build_scored_tree(candidates: torch.Tensor, width: int, node_scores: torch.T
     slots = n * k
     rep, is_node, votes = _trie(candidates)
     node = is_node.permute(0, 2, 1).reshape(bs, slots)  # slots [depth, candidate]: slot order is (depth, first cand)
-    score = node_scores.float().permute(0, 2, 1).reshape(bs, slots).nan_to_num(nan=float("-inf"))
+    score = node_scores.float().permute(0, 2, 1).reshape(bs, slots)
+    score = torch.where(score.isnan(), float("-inf"), score)  # NaN as -inf (nan_to_num would also clamp the infinities)
     order = torch.argsort(-score, dim=1, stable=True)
     order = order.gather(1, torch.argsort((~node.gather(1, order)).to(torch.int8), dim=1, stable=True))
     if keep > slots:
