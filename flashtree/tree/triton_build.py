@@ -19,9 +19,9 @@ then (depth, candidate) order as the votes' ties), the scores as signed 32-bit k
 `prob` policy, `build_prob_tree_triton`) the kernel reads the per-position log q instead and forms each node's path
 score itself (summed over depths in float64 and rounded, as torch's CPU cumsum of float32 accumulates: the
 reference's `logp.float().cumsum(2)` bit for bit), so no cumsum launch precedes it. SELECT picks the selection, both
-giving the same tree: "radix" finds k*, the (W-1)-th largest key, by a radix select (four 256-bin
-histograms, one per key byte) and takes ties at k* in slot order as the votes' are; "rank" counts for every slot the
-slots ahead of it (a compare per pair, in chunks) and keeps the nodes of rank < W - 1.
+giving the same tree: "radix" finds k*, the (W-1)-th largest key, by a radix select (four 256-bin histograms, one per
+key byte) and takes ties at k* in slot order as the votes' are; "rank" counts for every slot the slots ahead of it (a
+compare per pair, in chunks) and keeps the nodes of rank < W - 1.
 """
 
 from __future__ import annotations
@@ -159,8 +159,8 @@ def _vote_tree_kernel(
         ahead = tl.zeros([KP * NP], tl.int32)
         for c in range(0, K * NP, RC):  # slots past depth K - 1 are no nodes
             chunk = tl.gather(ck, c + tl.arange(0, RC), 0)
-            # ahead iff the difference (below 2^48: no overflow) is negative: its sign bit added, 3 instructions a
-            # pair where a compare and a select take 4
+            # ahead iff the difference (below 2^48: no overflow) is negative: its sign bit added, fewer instructions
+            # a pair than a compare and a select
             ahead += tl.sum(((ck[None, :] - chunk[:, None]).to(tl.uint64, bitcast=True) >> 63).to(tl.int32), axis=0)
         kept = isn & (ahead < M)
         pos = tl.cumsum(kept.to(tl.int32), axis=0) - kept.to(tl.int32)
@@ -218,7 +218,7 @@ def _vote_tree_kernel(
         tl.store(pl_row + c, tl.full([PLP], -1, tl.int64), mask=(c < PL) & ((c == 0) | (c >= W)))
 
 
-# SELECT "rank": slots per chunk (the [slots, RANK_CHUNK] compare tile's width)
+# SELECT "rank": slots per chunk (the [RANK_CHUNK, slots] compare tile's height)
 RANK_CHUNK = 32
 
 
