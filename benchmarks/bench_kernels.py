@@ -134,25 +134,32 @@ def consistent_logq(cands, vocab=50):
 
 
 def part_policies():
-    """The server's tree policies: prob's build (cumsum + the scored Triton launch) against its torch builder, and
-    best-first's tree grown from a vanilla Markov head (the registered torch builder, W - 1 rounds, as the server's
-    draft graph tail runs it)."""
+    """The server's tree policies: prob's build against its torch builder, timed as the fused launch (the path sums
+    in the kernel) with each selection and as the former cumsum + scored launch, and best-first's tree grown from a
+    vanilla Markov head (the registered torch builder, W - 1 rounds, as the server's draft graph tail runs it)."""
     from flashtree.patches.policy_draws import grow
-    from flashtree.tree import DraftScores, get_policy
-    from flashtree.tree.build import build_scored_tree
+    from flashtree.tree.build import build_prob_tree, build_scored_tree
+    from flashtree.tree.triton_build import build_prob_tree_triton, build_scored_tree_triton
 
-    prob = get_policy("prob").build
+    fields = ["tokens", "parents", "depth", "votes", "valid", "first_candidate"]
     for bs, n, k, w in [(1, 8, 15, 16), (64, 8, 15, 16), (64, 32, 15, 32), (64, 64, 8, 64)]:
         cands = anchor_candidates(bs, n, k)
-        scores = DraftScores(logp=consistent_logq(cands))
-        fn = lambda: prob(cands, w, scores)  # noqa: E731
-        ref_fn = lambda: build_scored_tree(cands, w, scores.logp.cumsum(dim=2))  # noqa: E731
-        tree, ref = fn(), ref_fn()
-        same = all(torch.equal(getattr(tree, f), getattr(ref, f)) for f in
-                   ["tokens", "parents", "depth", "votes", "valid", "first_candidate"])
-        log(kind="policy_build", policy="prob", bs=bs, n=n, k=k, width=w, vocab=None, same_as_reference=same,
-            flashtree_eager_us=bench(fn), flashtree_graph_us=try_graph(fn), torch_eager_us=bench(ref_fn),
-            torch_graph_us=try_graph(ref_fn))
+        logp = consistent_logq(cands)
+        ref_fn = lambda: build_scored_tree(cands, w, logp.cumsum(dim=2))  # noqa: E731
+        torch_eager_us, torch_graph_us = bench(ref_fn), try_graph(ref_fn)
+        # the fused build sums as torch's CPU cumsum (in float64), which CUDA's need not: its reference runs on the CPU
+        fused_ref = build_prob_tree(cands.cpu(), w, logp.cpu())
+        builds = {
+            "fused_radix": (lambda: build_prob_tree_triton(cands, w, logp, select="radix"), fused_ref),
+            "fused_rank": (lambda: build_prob_tree_triton(cands, w, logp, select="rank"), fused_ref),
+            "cumsum_scored": (lambda: build_scored_tree_triton(cands, w, logp.cumsum(dim=2)), ref_fn()),
+        }
+        for build, (fn, ref) in builds.items():
+            tree = fn()
+            same = all(torch.equal(getattr(tree, f).cpu(), getattr(ref, f).cpu()) for f in fields)
+            log(kind="policy_build", policy="prob", build=build, bs=bs, n=n, k=k, width=w, vocab=None,
+                same_as_reference=same, flashtree_eager_us=bench(fn), flashtree_graph_us=try_graph(fn),
+                torch_eager_us=torch_eager_us, torch_graph_us=torch_graph_us)
     for bs, k, w, vocab, rank in [(1, 8, 16, 49152, 32), (64, 8, 16, 49152, 32), (64, 8, 32, 49152, 32),
                                   (64, 8, 32, 151936, 256)]:
         base = torch.randn(bs, k, vocab, device="cuda", dtype=torch.bfloat16)

@@ -106,7 +106,8 @@ def build_scored_tree(candidates: torch.Tensor, width: int, node_scores: torch.T
     slots = n * k
     rep, is_node, votes = _trie(candidates)
     node = is_node.permute(0, 2, 1).reshape(bs, slots)  # slots [depth, candidate]: slot order is (depth, first cand)
-    score = node_scores.float().permute(0, 2, 1).reshape(bs, slots).nan_to_num(nan=float("-inf"))
+    score = node_scores.float().permute(0, 2, 1).reshape(bs, slots)
+    score = torch.where(score.isnan(), float("-inf"), score)  # NaN as -inf (nan_to_num would also clamp the infinities)
     order = torch.argsort(-score, dim=1, stable=True)
     order = order.gather(1, torch.argsort((~node.gather(1, order)).to(torch.int8), dim=1, stable=True))
     if keep > slots:
@@ -119,3 +120,10 @@ def build_scored_tree(candidates: torch.Tensor, width: int, node_scores: torch.T
     valid = kept.gather(1, listed)
     slot = torch.where(valid, top.gather(1, listed), 0)
     return _assemble(candidates, rep, valid, slot, votes.permute(0, 2, 1).reshape(bs, slots), keep)
+
+
+def build_prob_tree(candidates: torch.Tensor, width: int, logp: torch.Tensor) -> VoteTree:
+    """`build_scored_tree` with each node scored by its path log-probability: the cumulative sum over depths of the
+    per-position log q `logp` (bs, N, K) as float32 (the `prob` policy; torch's CPU cumsum accumulates it in float64,
+    which the Triton kernel reproduces)."""
+    return build_scored_tree(candidates, width, logp.float().cumsum(dim=2))

@@ -26,13 +26,14 @@ def build_vote_tree(candidates: torch.Tensor, width: int) -> VoteTree:
     return build.build_vote_tree(candidates, width)
 
 
-def build_scored_tree(candidates: torch.Tensor, width: int, node_scores: torch.Tensor) -> VoteTree:
-    """The candidates' trie, its width - 1 best-scored nodes (`build.build_scored_tree`; the Triton kernel on CUDA)."""
+def build_prob_tree(candidates: torch.Tensor, width: int, logp: torch.Tensor) -> VoteTree:
+    """The candidates' trie, its width - 1 nodes of the highest path log-probability (`build.build_prob_tree`; one
+    Triton launch on CUDA, the path sums formed in the kernel)."""
     if candidates.is_cuda and candidates.shape[1] <= 64:
-        from .triton_build import build_scored_tree_triton
+        from .triton_build import build_prob_tree_triton
 
-        return build_scored_tree_triton(candidates, width, node_scores)
-    return build.build_scored_tree(candidates, width, node_scores)
+        return build_prob_tree_triton(candidates, width, logp)
+    return build.build_prob_tree(candidates, width, logp)
 
 
 def verify_greedy(tree: VoteTree, target_tokens: torch.Tensor) -> VerifyResult:

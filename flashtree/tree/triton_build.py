@@ -14,9 +14,14 @@ Per request the program
 
 Fixed shapes, no host synchronisation: graph-capturable. The same launch fills `VoteTree` and `EagleEncoding`.
 
-With SCORED (the `prob` policy, `build_scored_tree_triton`) step 2 ranks by a float score per node instead of the
-votes: the scores become unsigned 32-bit keys of the same order, k* (the (W-1)-th largest) comes from a radix select
-(four 256-bin histograms, one per key byte), and ties at k* are taken in (depth, candidate) order as the votes' are.
+With SCORED (`build_scored_tree_triton`) step 2 ranks by a float score per node instead of the votes (score desc,
+then (depth, candidate) order as the votes' ties), the scores as signed 32-bit keys of the same order. With LOGP (the
+`prob` policy, `build_prob_tree_triton`) the kernel reads the per-position log q instead and forms each node's path
+score itself (summed over depths in float64 and rounded, as torch's CPU cumsum of float32 accumulates: the
+reference's `logp.float().cumsum(2)` bit for bit), so no cumsum launch precedes it. SELECT picks the selection, both
+giving the same tree: "radix" finds k*, the (W-1)-th largest key, by a radix select (four 256-bin histograms, one per
+key byte) and takes ties at k* in slot order as the votes' are; "rank" counts for every slot the slots ahead of it (a
+compare per pair, in chunks) and keeps the nodes of rank < W - 1.
 """
 
 from __future__ import annotations
@@ -51,6 +56,19 @@ def _popcount(x, MASK64: tl.constexpr):
 
 
 @triton.jit
+def _take(is_above, is_tie, above, M: tl.constexpr):
+    """Kept slots and their listing positions: the `above` nodes above the threshold, then the ties at it in slot
+    order up to M. One prefix sum counts both classes before each slot: above-nodes in the high 16 bits, ties in the
+    low."""
+    flags = (is_above.to(tl.int32) << 16) | is_tie.to(tl.int32)
+    before = tl.cumsum(flags, axis=0) - flags
+    tie_rank = before & 0xFFFF
+    rest = M - above
+    kept = is_above | (is_tie & (tie_rank < rest))
+    return kept, (before >> 16) + tl.minimum(tie_rank, rest)
+
+
+@triton.jit
 def _put(ptr, out, value, kept, pad_out, pad_value, pad):
     """One output row: the kept nodes' values at their listing positions, then the padding's."""
     tl.store(ptr + out, value, mask=kept)
@@ -60,7 +78,7 @@ def _put(ptr, out, value, kept, pad_out, pad_value, pad):
 @triton.jit
 def _vote_tree_kernel(
     cand_ptr,  # (bs, N, K) int64, contiguous
-    score_ptr,  # (bs, N, K) float32 node scores (SCORED), contiguous
+    score_ptr,  # (bs, N, K) float32 node scores (SCORED) or any-float log q (LOGP), contiguous
     tok_ptr,  # (bs, M) int64
     par_ptr,  # (bs, M) int64
     dep_ptr,  # (bs, M) int64
@@ -81,6 +99,9 @@ def _vote_tree_kernel(
     WRITE_EAGLE: tl.constexpr,
     MASK64: tl.constexpr,  # candidate sets as uint64 bit masks (N > 32), else uint32
     SCORED: tl.constexpr,  # rank by the node scores (build_scored_tree) instead of the votes
+    LOGP: tl.constexpr,  # SCORED from per-position log q at score_ptr: each node's score is its path's sum
+    SELECT: tl.constexpr,  # SCORED: "radix" (radix select of the M-th key) or "rank" (each node's rank)
+    RC: tl.constexpr,  # SELECT "rank": slots per chunk compared at once
 ):
     b = tl.program_id(0).to(tl.int64)
     base = cand_ptr + b * (N * K)
@@ -113,14 +134,40 @@ def _vote_tree_kernel(
     nv = tl.reshape(tl.where(node, _popcount(agree, MASK64), 0), [KP * NP])  # 0 votes = not a node
 
     if SCORED:
-        # score s[d, i] of node (d, i) as an unsigned 32-bit key whose order is the float's (-0 as +0, NaN as
-        # -inf); k*: the M-th largest node key, a radix select over its four bytes (a 256-bin histogram each,
-        # highest byte first, among the keys that match the bytes chosen so far); every node kept when <= M
-        sc = tl.load(score_ptr + b * (N * K) + pi * K + pd, mask=(pi < N) & (pd < K), other=0.0)
+        if LOGP:
+            # node (d, i)'s score: candidate i's log q (as float32) summed over depths 0..d in order, in float64 and
+            # rounded, as torch's CPU cumsum accumulates float32: the reference's `logp.float().cumsum(2)` bit for bit
+            acc = tl.zeros([1, NP], tl.float64)
+            s2 = tl.zeros([KP, NP], tl.float32)
+            for e in tl.static_range(K):
+                lq = tl.load(score_ptr + b * (N * K) + i * K + e, mask=i < N, other=0.0)
+                acc += lq.to(tl.float32).to(tl.float64)
+                s2 = tl.where(d == e, acc.to(tl.float32), s2)
+            sc = tl.reshape(s2, [KP * NP])
+        else:
+            sc = tl.load(score_ptr + b * (N * K) + pi * K + pd, mask=(pi < N) & (pd < K), other=0.0)
+        # the score as a signed 32-bit key of the same order (-0 as +0, NaN as -inf)
         sc = tl.where(sc != sc, float("-inf"), sc) + 0.0
         bits = sc.to(tl.int32, bitcast=True)
-        key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64) + (1 << 31)
+        skey = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
         isn = nv > 0
+    if SCORED and SELECT == "rank":
+        # a node's rank: the slots ahead of it in (score desc, slot asc) order, counted on a key unique per slot (the
+        # score's key, then the slot reversed), against RC slots at a time; non-nodes sort below every node (-inf's
+        # key is above INT32_MIN). A loop, not unrolled: unrolled, every chunk's gather is hoisted and spills.
+        ck = tl.where(isn, skey, -(2**31)).to(tl.int64) * 65536 + (KP * NP - 1 - p)
+        ahead = tl.zeros([KP * NP], tl.int32)
+        for c in range(0, K * NP, RC):  # slots past depth K - 1 are no nodes
+            chunk = tl.gather(ck, c + tl.arange(0, RC), 0)
+            # ahead iff the difference (below 2^48: no overflow) is negative: its sign bit added, fewer instructions
+            # a pair than a compare and a select
+            ahead += tl.sum(((ck[None, :] - chunk[:, None]).to(tl.uint64, bitcast=True) >> 63).to(tl.int32), axis=0)
+        kept = isn & (ahead < M)
+        pos = tl.cumsum(kept.to(tl.int32), axis=0) - kept.to(tl.int32)
+    elif SCORED:
+        # k*: the M-th largest node key (as unsigned), a radix select over its four bytes (a 256-bin histogram each,
+        # highest byte first, among the keys that match the bytes chosen so far); every node kept when <= M
+        key = skey.to(tl.int64) + (1 << 31)
         match = isn
         rem = tl.minimum(tl.sum(isn.to(tl.int32), axis=0), M)  # keys still to take at or above k*
         kstar = rem.to(tl.int64) * 0
@@ -135,23 +182,14 @@ def _vote_tree_kernel(
             kstar = kstar | (pick.to(tl.int64) << (24 - 8 * step))
         kstar = tl.where(tl.sum(isn.to(tl.int32), axis=0) > M, kstar, -1)
         is_above = isn & (key > kstar)
-        is_tie = isn & (key == kstar)
-        above = tl.sum(is_above.to(tl.int32), axis=0)
+        kept, pos = _take(is_above, isn & (key == kstar), tl.sum(is_above.to(tl.int32), axis=0), M)
     else:
         # v*: the largest v with at least M nodes of >= v votes (0 when the trie has fewer than M nodes)
         t = tl.arange(0, NP)
         more = tl.cumsum(tl.histogram(nv - 1, NP, mask=nv > 0), 0, reverse=True)  # more[t]: nodes with votes > t
         vstar = tl.max(tl.where(more >= M, t + 1, 0), axis=0)
         above = tl.sum(tl.where(t == vstar, more, 0), axis=0)
-        is_above = nv > vstar
-        is_tie = (nv == vstar) & (nv > 0)
-    # one prefix sum counts both classes before each slot: above-nodes in the high 16 bits, tie-nodes in the low
-    flags = (is_above.to(tl.int32) << 16) | is_tie.to(tl.int32)
-    before = tl.cumsum(flags, axis=0) - flags
-    tie_rank = before & 0xFFFF
-    rest = M - above
-    kept = is_above | (is_tie & (tie_rank < rest))
-    pos = (before >> 16) + tl.minimum(tie_rank, rest)
+        kept, pos = _take(nv > vstar, (nv == vstar) & (nv > 0), above, M)
     nkept = tl.minimum(tl.sum((nv > 0).to(tl.int32), axis=0), M)
 
     # pos is a kept slot's listing position; its parent (pd - 1, pf) is kept too (every top set is prefix-closed),
@@ -180,11 +218,16 @@ def _vote_tree_kernel(
         tl.store(pl_row + c, tl.full([PLP], -1, tl.int64), mask=(c < PL) & ((c == 0) | (c >= W)))
 
 
+# SELECT "rank": slots per chunk (the [RANK_CHUNK, slots] compare tile's height)
+RANK_CHUNK = 32
+
+
 def _np2(x: int) -> int:
     return max(2, triton.next_power_of_2(x))
 
 
-def _launch(candidates: torch.Tensor, width: int, eagle: bool, node_scores: torch.Tensor | None = None):
+def _launch(candidates: torch.Tensor, width: int, eagle: bool, scores: torch.Tensor | None = None,
+            logp: bool = False, select: str = "radix"):
     if candidates.dim() != 3:
         raise ValueError(f"candidates must be (bs, N, K), got shape {tuple(candidates.shape)}")
     if width < 2:
@@ -193,8 +236,17 @@ def _launch(candidates: torch.Tensor, width: int, eagle: bool, node_scores: torc
     np_, kp = _np2(n), _np2(k)
     if n > 64 or np_ * kp >= 1 << 15:
         raise ValueError(f"N = {n}, K = {k} are too large: N must fit a 64-bit mask, the slot counts 15 bits")
+    if scores is not None and scores.shape != candidates.shape:
+        raise ValueError(f"scores must be (bs, N, K) = {tuple(candidates.shape)}, got {tuple(scores.shape)}")
+    if select not in ("radix", "rank"):
+        raise ValueError(f"select must be 'radix' or 'rank', got {select!r}")
     cand = candidates.to(torch.int64).contiguous()
-    scores = cand if node_scores is None else node_scores.to(torch.float32).contiguous()  # never read when unscored
+    if scores is None:
+        src = cand  # never read
+    elif logp:
+        src = scores.contiguous()  # read in its own dtype
+    else:
+        src = scores.to(torch.float32).contiguous()
     m = width - 1
     dev = cand.device
     out = [torch.empty(bs, m, dtype=torch.int64, device=dev) for _ in range(4)]
@@ -210,9 +262,10 @@ def _launch(candidates: torch.Tensor, width: int, eagle: bool, node_scores: torc
     warps = 4 if np_ * kp <= 512 else 8
     if bs > 0:
         _vote_tree_kernel[(bs,)](
-            cand, scores, out[0], out[1], out[2], out[3], valid, fc, ids, pl,
+            cand, src, out[0], out[1], out[2], out[3], valid, fc, ids, pl,
             N=n, K=k, M=m, W=width, PL=pl_w, NP=np_, KP=kp, MP=_np2(m), PLP=_np2(pl_w),
-            WRITE_EAGLE=eagle, MASK64=np_ > 32, SCORED=node_scores is not None, num_warps=warps,
+            WRITE_EAGLE=eagle, MASK64=np_ > 32, SCORED=scores is not None, LOGP=logp, SELECT=select,
+            RC=min(RANK_CHUNK, np_ * kp), num_warps=warps,
         )
     tree = VoteTree(tokens=out[0], parents=out[1], depth=out[2], votes=out[3], valid=valid, first_candidate=fc, k=k)
     if not eagle:
@@ -227,12 +280,19 @@ def build_vote_tree_triton(candidates: torch.Tensor, width: int) -> VoteTree:
     return _launch(candidates, width, eagle=False)[0]
 
 
-def build_scored_tree_triton(candidates: torch.Tensor, width: int, node_scores: torch.Tensor) -> VoteTree:
-    """Same signature and result as `flashtree.tree.build.build_scored_tree` (the `prob` policy's build), one
-    launch: the trie as trie-vote's, its W - 1 nodes ranked by score desc, depth asc, first candidate asc."""
-    if node_scores.shape != candidates.shape:
-        raise ValueError(f"node_scores must be (bs, N, K) = {tuple(candidates.shape)}, got {tuple(node_scores.shape)}")
-    return _launch(candidates, width, eagle=False, node_scores=node_scores)[0]
+def build_scored_tree_triton(candidates: torch.Tensor, width: int, node_scores: torch.Tensor,
+                             select: str = "radix") -> VoteTree:
+    """Same signature and result as `flashtree.tree.build.build_scored_tree`, one launch: the trie as trie-vote's,
+    its W - 1 nodes ranked by score desc, depth asc, first candidate asc. `select`: the selection ("radix" or
+    "rank"; the same tree)."""
+    return _launch(candidates, width, eagle=False, scores=node_scores, select=select)[0]
+
+
+def build_prob_tree_triton(candidates: torch.Tensor, width: int, logp: torch.Tensor, select: str = "radix") -> VoteTree:
+    """Same result as `flashtree.tree.build.build_prob_tree` (the `prob` policy's build) from the per-position log q
+    (bs, N, K) in any float dtype, one launch: the path sums are formed in the kernel. `select` as
+    `build_scored_tree_triton`'s."""
+    return _launch(candidates, width, eagle=False, scores=logp, logp=True, select=select)[0]
 
 
 def build_vote_tree_eagle_triton(candidates: torch.Tensor, width: int) -> tuple[VoteTree, EagleEncoding]:

@@ -103,6 +103,7 @@ def path_logq(cands, g, levels: int):
     return table[depth, prev, cands]
 
 
+SELECTS = ("radix", "rank")  # the kernel's two selections of the W - 1 best-scored nodes, the same tree
 SCORED = [(3, 6, 5, 10, 3), (2, 1, 1, 2, 5), (2, 4, 3, 40, 2), (2, 7, 4, 2, 2), (2, 32, 8, 32, 4), (1, 40, 6, 32, 3)]
 
 
@@ -116,9 +117,10 @@ def test_scored_builder_matches_reference(bs, n, k, w, vocab):
         cands = torch.randint(0, vocab, (bs, n, k), generator=g)
         scores = path_logq(cands, g, levels).cumsum(dim=2)
         ref = build_scored_tree(cands, w, scores)
-        tree = build_scored_tree_triton(cands.to(DEV), w, scores.to(DEV))
-        for f in FIELDS:
-            assert torch.equal(getattr(tree, f).cpu(), getattr(ref, f)), (levels, f)
+        for select in SELECTS:
+            tree = build_scored_tree_triton(cands.to(DEV), w, scores.to(DEV), select=select)
+            for f in FIELDS:
+                assert torch.equal(getattr(tree, f).cpu(), getattr(ref, f)), (levels, select, f)
     if 2 < w <= n * k and n > 1:  # a choice to make: not the vote tree, the ranking is the scores'
         votes = build_vote_tree(cands, w)
         assert any(not torch.equal(getattr(ref, f), getattr(votes, f)) for f in ("tokens", "parents"))
@@ -126,7 +128,7 @@ def test_scored_builder_matches_reference(bs, n, k, w, vocab):
 
 @pytest.mark.skipif(not CUDA, reason="graph capture needs a CUDA device")
 def test_policy_builds_graph_capture():
-    """The server's policy builds replay from a CUDA graph: prob's (cumsum + the scored launch) and best-first's tree
+    """The server's policy builds replay from a CUDA graph: prob's (the fused launch) and best-first's tree
     grown from a vanilla head's conditionals (the registered torch builder, as the draft graph's tail runs it); each
     replay equals the torch reference on the new inputs."""
     import torch.nn.functional as F
@@ -163,21 +165,77 @@ def test_policy_builds_graph_capture():
 
 
 def test_scored_builder_selects_on_every_key_byte():
-    """Scores one float step apart (they differ in the lowest byte of their bits only), ±0 (equal scores) and -inf
-    nodes kept only where room is left: the kernel's radix select keeps the reference's nodes."""
+    """Scores one float step apart (they differ in the lowest byte of their bits only), ±0 (equal scores), -inf
+    nodes kept only where room is left and NaN (as -inf): both selections keep the reference's nodes."""
     from flashtree.tree.build import build_scored_tree
     from flashtree.tree.triton_build import build_scored_tree_triton
 
     n = 40
-    cands = torch.arange(n).view(1, n, 1).repeat(3, 1, 1)  # n depth-1 nodes per request
+    cands = torch.arange(n).view(1, n, 1).repeat(4, 1, 1)  # n depth-1 nodes per request
     steps = torch.full((n,), -1.0)
     for i in range(1, n):
         steps[i] = torch.nextafter(steps[i - 1], torch.tensor(-2.0))
+    nan_or_inf = torch.where(torch.arange(n) % 3 == 0, float("nan"), float("-inf"))
     scores = torch.stack([steps[torch.randperm(n, generator=torch.Generator().manual_seed(1))],
                           torch.where(torch.arange(n) % 2 == 0, 0.0, -0.0),
-                          torch.where(torch.arange(n) < 5, -1.0, float("-inf"))]).view(3, n, 1)
+                          torch.where(torch.arange(n) < 5, -1.0, float("-inf")),
+                          torch.where(torch.arange(n) < 5, -1.0, nan_or_inf)]).view(4, n, 1)
     for w in (2, 7, 21, 40):
         ref = build_scored_tree(cands, w, scores)
-        tree = build_scored_tree_triton(cands.to(DEV), w, scores.to(DEV))
+        for select in SELECTS:
+            tree = build_scored_tree_triton(cands.to(DEV), w, scores.to(DEV), select=select)
+            for f in FIELDS:
+                assert torch.equal(getattr(tree, f).cpu(), getattr(ref, f)), (w, select, f)
+
+
+# ---- the prob policy's build fused: the kernel reads the per-position log q and forms the path sums itself ----------
+# (bs, N, K, W, vocab): as SCORED, plus the anchor's shape (N 32, K 15) and N 64; W 40 with N 4, K 3: fewer nodes
+# than W - 1, padding after them
+PROB = [(3, 6, 5, 10, 3), (2, 1, 1, 2, 5), (2, 4, 3, 40, 2), (2, 7, 4, 2, 2), (2, 32, 15, 32, 4), (1, 40, 6, 32, 3),
+        (1, 64, 8, 64, 3)]
+
+
+def check_prob(cands, w, logp):
+    """Both selections of the fused build against the reference, `build_scored_tree` of `logp.float().cumsum(2)`."""
+    from flashtree.tree.build import build_prob_tree
+    from flashtree.tree.triton_build import build_prob_tree_triton
+
+    ref = build_prob_tree(cands, w, logp)
+    for select in SELECTS:
+        tree = build_prob_tree_triton(cands.to(DEV), w, logp.to(DEV), select=select)
         for f in FIELDS:
-            assert torch.equal(getattr(tree, f).cpu(), getattr(ref, f)), (w, f)
+            assert torch.equal(getattr(tree, f).cpu(), getattr(ref, f)), (logp.dtype, select, f)
+    return ref
+
+
+@pytest.mark.parametrize("bs,n,k,w,vocab", PROB)
+def test_prob_builder_matches_reference(bs, n, k, w, vocab):
+    g = torch.Generator().manual_seed(hash((bs, n, k, w, vocab, 11)) % 2**31)
+    # grid values in bfloat16 (exact: tied path scores, probability-1 steps), continuous ones in float32
+    for levels, dtype in ((3, torch.bfloat16), (0, torch.float32)):
+        cands = torch.randint(0, vocab, (bs, n, k), generator=g)
+        ref = check_prob(cands, w, path_logq(cands, g, levels).to(dtype))
+        if w - 1 > n * k:
+            assert not ref.valid.all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float64])
+def test_prob_builder_reads_any_float_dtype(dtype):
+    g = torch.Generator().manual_seed(13)
+    cands = anchor_candidates(2, 16, 7, g, vocab=4)
+    check_prob(cands, 16, path_logq(cands, g, 0).to(dtype))
+
+
+def test_prob_builder_sums_as_torch_cumsum():
+    """The path sums are torch's CPU cumsum's bit for bit (float32 summed in float64, then rounded): node (2, 1)'s path
+    sum ties node (0, 0)'s score where a float32 running sum would come out above it, so only the exact sum leaves the
+    last place to (0, 0), the earlier slot."""
+    g = torch.Generator().manual_seed(11)
+    steps = -3 * torch.rand(4096, 3, generator=g)
+    exact = steps.cumsum(dim=1)[:, 2]
+    pick = int(((steps[:, 0] + steps[:, 1]) + steps[:, 2] > exact).nonzero()[0])
+    logp = torch.full((1, 2, 3), -50.0)
+    logp[0, 0, 0], logp[0, 1] = exact[pick], steps[pick]
+    cands = torch.tensor([[[0, 0, 0], [1, 1, 1]]])
+    ref = check_prob(cands, 4, logp)  # (0, 1) and (1, 1) above the tie
+    assert (ref.depth[0].tolist(), ref.first_candidate[0].tolist()) == ([1, 1, 2], [0, 1, 1])

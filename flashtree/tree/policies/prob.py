@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from ..dispatch import build_scored_tree  # the Triton kernel on CUDA, the torch reference elsewhere
+from ..dispatch import build_prob_tree  # the Triton kernel on CUDA, the torch reference elsewhere
 from ..types import VoteTree
 from .registry import register_policy
 
 
 @register_policy("prob", needs_scores=("logp",), doc="the candidates' trie, nodes ranked by the draft's path probability")
 def prob(candidates: torch.Tensor, width: int, scores) -> VoteTree:
-    return build_scored_tree(candidates, width, scores.logp.float().cumsum(dim=2))
+    return build_prob_tree(candidates, width, scores.logp)
