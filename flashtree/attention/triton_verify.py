@@ -325,9 +325,11 @@ def launch_choice(bs: int, hq: int, hkv: int, d: int, dv: int, L: int, max_prefi
     # rows per merge program: enough merge programs to spread the partials' read over the SMs
     mr = max(2, min(16, triton.next_power_of_2(max(1, bs * hkv * rb * bm // (2 * sms)))))
     parts = 1 if num_splits == 1 else num_splits + (1 if t.get("tree_part", True) else 0)
+    partials = t.get("partials", "fp32")
+    # a fused merge of fp32 partials 4 at a time spills registers at 4 warps (sm_90 compile, 64 x 128 row blocks)
+    unroll = t.get("merge_unroll", 2 if partials == "fp32" else 4)
     return Launch(bm, rb, t.get("block_n", bn), t.get("num_warps", warps), t.get("num_stages", stages), num_splits,
-                  parts, t.get("merge_rows", mr), t.get("partials", "fp32"), parts > 1 and t.get("fused_merge", False),
-                  t.get("merge_unroll", 4))
+                  parts, t.get("merge_rows", mr), partials, parts > 1 and t.get("fused_merge", False), unroll)
 
 
 COUNTERS = 1 << 16  # row blocks the first counter buffer of a device holds
