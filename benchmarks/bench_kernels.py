@@ -597,10 +597,11 @@ def best_row(seen):
 def part_attention_tune(bw, budget_s=120.0):
     """A launch sweep of the verify attention at small batches, graphed, every point checked against the fp32
     reference. Per shape of TUNE_SHAPES: the default launch; a coarse pass (split counts x fp32 / bf16 partials x
-    fused merge off / on, at the default tile; above TUNE_MERGE_LAUNCH_MAX splits fused only); one knob at a time around its best point (key tile, warps, stages,
-    the tree's own part, the merge's unroll or rows); the knobs that helped, together; the best point's split count
-    halved and doubled. Then the default and the small shapes' best tiles at TUNE_LARGE. The passes after the coarse
-    one start no new point after `budget_s` seconds. Ends with the best point per shape."""
+    fused merge off / on at the default tile, fused only above TUNE_MERGE_LAUNCH_MAX splits); one knob at a time
+    around its best point (key tile, warps, stages, the tree's own part, the merge's unroll or rows); the knobs that
+    helped, together; the best point's split count halved and doubled. Then the default and the small shapes' best
+    tiles at TUNE_LARGE. The passes after the coarse one start no new point after `budget_s` seconds. Ends with the
+    best point per shape."""
     t0 = time.time()
     hq, hkv, d = TUNE_HEADS
     skipped = 0
@@ -628,7 +629,7 @@ def part_attention_tune(bw, budget_s=120.0):
         tune_point(c, {}, "default", seen[shape])
         for n in splits:
             for partials in ("fp32", "bf16"):
-                for fused in (False, True)[n > TUNE_MERGE_LAUNCH_MAX:]:
+                for fused in (True,) if n > TUNE_MERGE_LAUNCH_MAX else (False, True):
                     tune_point(c, dict(splits=n, partials=partials, fused_merge=fused), "coarse", seen[shape])
     for shape, c in cases.items():
         base = best_row(seen[shape])
