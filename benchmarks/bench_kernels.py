@@ -7,17 +7,26 @@
 Per shape: flashtree's time (eager and CUDA-graph replay), each peer's time (flashmap 0.1.0 if importable, SDPA,
 flex_attention, sglang's Triton extend attention if importable, torch argmax / Gumbel-max), the memory floor at the
 measured copy rate, the ratios, and an output check. Times are triton.testing.do_bench medians in microseconds.
+
+    python benchmarks/bench_kernels.py --parts attention-tune --out results/   # a launch sweep of the verify attention
+
+`attention-tune` (not in the default parts, ~1.5 min) times the verify attention's launch variants (`tune` overrides:
+splits, key tile, warps, stages, bf16 partials, the fused merge, ...) at bs 1 / 4K, bs 1 / 32K and bs 8 / 4K, then
+the default and the best tiles at bs 64 / 8K, every point checked against the fp32 reference, and ends with the best
+point per shape (the `verify_attn_tune_best` table).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import os
 import sys
 import time
 import traceback
+import types
 
 import torch
 import triton
@@ -388,6 +397,45 @@ def sglang_extend_attention():
     return None
 
 
+def attention_case(bs, prefix, L, hq=32, hkv=8, d=128, device="cuda"):
+    """One verify shape's inputs (bf16, prefixes at random slots of `k_buf` / `v_buf`, a random tree mask in the QLEN
+    layout), the same keys gathered contiguous for SDPA and flex (`kk`, `vv`, `qq`, the FULL mask `full`), and the
+    fp32 reference `ref` (SDPA request by request); `err(o)` is o's error relative to it. `device`: CUDA, or CPU for
+    a dry run under the Triton interpreter."""
+    total = bs * prefix + 64
+    k_buf = torch.randn(total, hkv, d, dtype=torch.bfloat16, device=device)
+    v_buf = torch.randn(total, hkv, d, dtype=torch.bfloat16, device=device)
+    kv_indices = (torch.randperm(total - 64, device=device)[: bs * prefix] + 64).to(torch.int64)
+    kv_indptr = torch.arange(0, bs + 1, device=device, dtype=torch.int32) * prefix
+    qo_indptr = torch.arange(0, bs + 1, device=device, dtype=torch.int32) * L
+    q = torch.randn(bs * L, hq, d, dtype=torch.bfloat16, device=device)
+    k = torch.randn(bs * L, hkv, d, dtype=torch.bfloat16, device=device)
+    v = torch.randn(bs * L, hkv, d, dtype=torch.bfloat16, device=device)
+    allowed = tree_mask(bs, L, device=device)
+    qlen = allowed.reshape(-1).to(torch.uint8)
+    kp = k_buf[kv_indices].view(bs, prefix, hkv, d)
+    vp = v_buf[kv_indices].view(bs, prefix, hkv, d)
+    kk = torch.cat([kp, k.view(bs, L, hkv, d)], 1).transpose(1, 2).contiguous()
+    vv = torch.cat([vp, v.view(bs, L, hkv, d)], 1).transpose(1, 2).contiguous()
+    del kp, vp
+    qq = q.view(bs, L, hq, d).transpose(1, 2).contiguous()
+    full = torch.ones(bs, 1, L, prefix + L, dtype=torch.bool, device=device)
+    full[:, 0, :, prefix:] = allowed
+    ref = torch.empty(bs * L, hq, d, dtype=torch.float32, device=device)
+    for b in range(bs):  # fp32 reference, request by request
+        r = torch.nn.functional.scaled_dot_product_attention(qq[b:b + 1].float(), kk[b:b + 1].float(),
+                                                             vv[b:b + 1].float(), attn_mask=full[b:b + 1],
+                                                             enable_gqa=True)
+        ref[b * L:(b + 1) * L] = r[0].transpose(0, 1)
+
+    def err(o):
+        return ((o.float() - ref).norm() / ref.norm()).item()
+
+    return types.SimpleNamespace(bs=bs, prefix=prefix, L=L, hq=hq, hkv=hkv, d=d, k_buf=k_buf, v_buf=v_buf,
+                                 kv_indices=kv_indices, kv_indptr=kv_indptr, qo_indptr=qo_indptr, q=q, k=k, v=v,
+                                 allowed=allowed, qlen=qlen, kk=kk, vv=vv, qq=qq, full=full, ref=ref, err=err)
+
+
 def part_attention(bw, with_flex=True, splits=()):
     try:
         from flashmap.sglang.verify_attention import SplitKVVerify
@@ -406,35 +454,10 @@ def part_attention(bw, with_flex=True, splits=()):
         two_kernels_us=try_graph(lambda: tiny.add_(1).add_(1)))
     for bs, prefix, L in [(1, 4096, 16), (1, 32768, 16), (8, 4096, 16), (32, 4096, 32), (64, 2048, 16),
                           (64, 8192, 16)]:
-        total = bs * prefix + 64
-        k_buf = torch.randn(total, hkv, d, dtype=torch.bfloat16, device="cuda")
-        v_buf = torch.randn(total, hkv, d, dtype=torch.bfloat16, device="cuda")
-        kv_indices = (torch.randperm(total - 64, device="cuda")[: bs * prefix] + 64).to(torch.int64)
-        kv_indptr = torch.arange(0, bs + 1, device="cuda", dtype=torch.int32) * prefix
-        qo_indptr = torch.arange(0, bs + 1, device="cuda", dtype=torch.int32) * L
-        q = torch.randn(bs * L, hq, d, dtype=torch.bfloat16, device="cuda")
-        k = torch.randn(bs * L, hkv, d, dtype=torch.bfloat16, device="cuda")
-        v = torch.randn(bs * L, hkv, d, dtype=torch.bfloat16, device="cuda")
-        allowed = tree_mask(bs, L)
-        qlen = allowed.reshape(-1).to(torch.uint8)
-        kp = k_buf[kv_indices].view(bs, prefix, hkv, d)
-        vp = v_buf[kv_indices].view(bs, prefix, hkv, d)
-        kk = torch.cat([kp, k.view(bs, L, hkv, d)], 1).transpose(1, 2).contiguous()
-        vv = torch.cat([vp, v.view(bs, L, hkv, d)], 1).transpose(1, 2).contiguous()
-        del kp, vp
-        qq = q.view(bs, L, hq, d).transpose(1, 2).contiguous()
-        full = torch.ones(bs, 1, L, prefix + L, dtype=torch.bool, device="cuda")
-        full[:, 0, :, prefix:] = allowed
-        ref = torch.empty(bs * L, hq, d, dtype=torch.float32, device="cuda")
-        for b in range(bs):  # fp32 reference, request by request
-            r = torch.nn.functional.scaled_dot_product_attention(qq[b:b + 1].float(), kk[b:b + 1].float(),
-                                                                 vv[b:b + 1].float(), attn_mask=full[b:b + 1],
-                                                                 enable_gqa=True)
-            ref[b * L:(b + 1) * L] = r[0].transpose(0, 1)
-
-        def err(o):
-            return ((o.float() - ref).norm() / ref.norm()).item()
-
+        c = attention_case(bs, prefix, L, hq, hkv, d)
+        k_buf, v_buf, kv_indices, kv_indptr, qo_indptr = c.k_buf, c.v_buf, c.kv_indices, c.kv_indptr, c.qo_indptr
+        q, k, v, allowed, qlen, err = c.q, c.k, c.v, c.allowed, c.qlen, c.err
+        kk, vv, qq, full = c.kk, c.vv, c.qq, c.full
         o1 = torch.empty_like(q)
         f1 = lambda: tree_attention_triton(q, k, v, k_buf, v_buf, kv_indptr, kv_indices, qlen, L, out=o1)  # noqa
         f1()
@@ -495,7 +518,7 @@ def part_attention(bw, with_flex=True, splits=()):
             if row.get(peer) is not None:
                 row["speedup_vs_" + peer[:-3]] = ratio(row[peer], g)
         log(**row)
-        del k_buf, v_buf, kk, vv, ref
+        del c, k_buf, v_buf, kk, vv
         torch.cuda.empty_cache()
     # paged layout at bs 64 / 8192
     bs, prefix, L = 64, 8192, 16
@@ -520,15 +543,166 @@ def part_attention(bw, with_flex=True, splits=()):
         torch.cuda.empty_cache()
 
 
+# attention-tune: (bs, prefix, L) -> the split counts of its coarse pass
+TUNE_SHAPES = {(1, 4096, 16): (8, 16, 32, 64), (1, 32768, 16): (8, 16, 32, 64, 128), (8, 4096, 16): (2, 4, 8, 16)}
+TUNE_MERGE_LAUNCH_MAX = 64  # more splits are timed fused only: a merge launch of 129 parts unrolled compiles ~9 s
+TUNE_LARGE = (64, 8192, 16)  # the large-batch check: the default launch and the small shapes' best tiles
+TUNE_HEADS = (32, 8, 128)  # Qwen3-8B: query heads, KV heads, head dim
+# one knob at a time around a shape's best coarse point: tune key -> (values, the Launch field it sets)
+TUNE_KNOBS = {"block_n": ((32, 64, 128), "block_n"), "num_warps": ((4, 8), "warps"),
+              "num_stages": ((2, 3, 4), "stages"), "tree_part": ((True, False), None)}
+TUNE_MERGE = {True: ("merge_unroll", (1, 2, 4, 8)), False: ("merge_rows", (2, 4, 8, 16))}  # by fused
+
+
+def knob_value(launch, knob):
+    """The value of tune key `knob` a logged launch ran with."""
+    if knob == "tree_part":
+        return launch["parts"] > launch["splits"]
+    return launch[TUNE_KNOBS[knob][1] if knob in TUNE_KNOBS else knob]
+
+
+def tune_point(c, cfg, stage, seen, knob=None):
+    """Times launch `cfg` (`splits`, None for the heuristic, plus `tune` keys) on case `c`, graphed, and checks its
+    output against the fp32 reference after an eager call and after the replays (into an output filled with NaN: a
+    fused merge whose counters did not return to zero would leave it there). A launch `seen` already is not timed
+    again; one that fails (compile, resources, launch) is logged with its error and skipped."""
+    tune = {k: v for k, v in cfg.items() if k != "splits"}
+    row = dict(kind="verify_attn_tune", stage=stage, knob=knob, bs=c.bs, prefix=c.prefix, L=c.L, tune=cfg,
+               floor_us=c.floor_us, matches=False)
+    try:
+        launch = launch_choice(c.bs, c.hq, c.hkv, c.d, c.d, c.L, c.prefix, c.q.device, cfg.get("splits"), tune)
+    except ValueError as e:
+        log(**row, error=repr(e)[:300])
+        return row
+    key = dataclasses.astuple(launch)
+    if key in seen:
+        return seen[key]
+    row["launch"] = dataclasses.asdict(launch)
+    o = torch.empty_like(c.q)
+    f = lambda: tree_attention_triton(c.q, c.k, c.v, c.k_buf, c.v_buf, c.kv_indptr, c.kv_indices, c.qlen, c.L,  # noqa
+                                      out=o, num_splits=launch.splits, tune=tune)
+    try:
+        f()
+        e = c.err(o)
+        o.fill_(float("nan"))
+        g = bench(graphed(f))
+        eg = c.err(o)
+        row.update(graph_us=round(g, 2), vs_floor=ratio(g, c.floor_us), err=e, graph_err=eg,
+                   matches=bool(e <= 1e-2 and eg <= 1e-2))
+    except Exception as ex:  # noqa: BLE001
+        row["error"] = repr(ex)[:300]
+    log(**row)
+    seen[key] = row
+    return row
+
+
+def best_row(seen):
+    rows = [r for r in seen.values() if r["matches"]]
+    return min(rows, key=lambda r: r["graph_us"]) if rows else None
+
+
+def part_attention_tune(bw, budget_s=120.0):
+    """A launch sweep of the verify attention at small batches, graphed, every point checked against the fp32
+    reference. Per shape of TUNE_SHAPES: the default launch; a coarse pass (split counts x fp32 / bf16 partials x
+    fused merge off / on at the default tile, fused only above TUNE_MERGE_LAUNCH_MAX splits); one knob at a time
+    around its best point (key tile, warps, stages, the tree's own part, the merge's unroll or rows); the knobs that
+    helped, together; the best point's split count halved and doubled. Then the default and the small shapes' best
+    tiles at TUNE_LARGE. The passes after the coarse one start no new point after `budget_s` seconds. Ends with the
+    best point per shape."""
+    t0 = time.time()
+    hq, hkv, d = TUNE_HEADS
+    skipped = 0
+
+    def room():  # within the budget; else one more point skipped
+        nonlocal skipped
+        if time.time() - t0 <= budget_s:
+            return True
+        skipped += 1
+        return False
+
+    def case(shape):
+        c = attention_case(*shape, hq, hkv, d)
+        del c.kk, c.vv, c.qq, c.full  # the peers' copies: not needed here
+        c.floor_us = shape[0] * shape[1] * hkv * d * 2 * 2 / bw * 1e6
+        return c
+
+    tiny = torch.zeros(1, device="cuda")
+    log(kind="graph_floor", one_kernel_us=try_graph(lambda: tiny.add_(1)),
+        two_kernels_us=try_graph(lambda: tiny.add_(1).add_(1)))
+    cases, seen = {}, {}
+    for shape, splits in TUNE_SHAPES.items():
+        c = cases[shape] = case(shape)
+        seen[shape] = {}
+        tune_point(c, {}, "default", seen[shape])
+        for n in splits:
+            for partials in ("fp32", "bf16"):
+                for fused in (True,) if n > TUNE_MERGE_LAUNCH_MAX else (False, True):
+                    tune_point(c, dict(splits=n, partials=partials, fused_merge=fused), "coarse", seen[shape])
+    for shape, c in cases.items():
+        base = best_row(seen[shape])
+        if base is None:
+            continue
+        cfg = {**base["tune"], "splits": base["launch"]["splits"]}
+        merge_knob, merge_values = TUNE_MERGE[base["launch"]["fused"]]
+        knobs = {**{k: values for k, (values, _) in TUNE_KNOBS.items()}, merge_knob: merge_values}
+        for knob, values in knobs.items():
+            for value in values:
+                if value != knob_value(base["launch"], knob) and room():
+                    tune_point(c, {**cfg, knob: value}, "knob", seen[shape], knob)
+        better = {}  # knob -> (value, µs) of the knob points that beat the coarse best
+        for r in seen[shape].values():
+            if r["stage"] == "knob" and r["matches"] and r["graph_us"] < base["graph_us"]:
+                if r["knob"] not in better or r["graph_us"] < better[r["knob"]][1]:
+                    better[r["knob"]] = (r["tune"][r["knob"]], r["graph_us"])
+        if len(better) > 1 and room():
+            tune_point(c, {**cfg, **{k: v for k, (v, _) in better.items()}}, "combined", seen[shape])
+        top = best_row(seen[shape])
+        for n in (top["launch"]["splits"] // 2, top["launch"]["splits"] * 2):
+            if n >= 2 and (top["launch"]["fused"] or n <= TUNE_MERGE_LAUNCH_MAX) and room():
+                tune_point(c, {**top["tune"], "splits": n}, "splits", seen[shape])
+    if skipped:
+        log(kind="verify_attn_tune_skipped", points=skipped, budget_s=budget_s)
+    del c
+    cases.clear()
+    torch.cuda.empty_cache()
+    c = case(TUNE_LARGE)
+    seen[TUNE_LARGE] = {}
+    tune_point(c, {}, "default", seen[TUNE_LARGE])
+    for shape in TUNE_SHAPES:
+        b = best_row(seen[shape])
+        if b is not None:
+            tile = {k: b["launch"][field] for k, (_, field) in TUNE_KNOBS.items() if field}
+            tune_point(c, tile, f"tile of bs {shape[0]} / {shape[1]}", seen[TUNE_LARGE])
+    del c
+    torch.cuda.empty_cache()
+    print("# attention-tune: the best point per shape", flush=True)
+    for shape in [*TUNE_SHAPES, TUNE_LARGE]:
+        rows = list(seen[shape].values())
+        b = best_row(seen[shape])
+        default = next((r for r in rows if r["stage"] == "default"), {})
+        out = dict(kind="verify_attn_tune_best", bs=shape[0], prefix=shape[1], L=shape[2], points=len(rows),
+                   failed=sum(not r["matches"] for r in rows), default_us=default.get("graph_us"))
+        if b is not None:
+            out.update(floor_us=b["floor_us"], graph_us=b["graph_us"], vs_floor=b["vs_floor"],
+                       speedup_vs_default=ratio(out["default_us"], b["graph_us"]), tune=b["tune"], launch=b["launch"],
+                       err=max(b["err"], b["graph_err"]))
+        log(**out)
+    print(f"# attention-tune took {time.time() - t0:.1f}s", flush=True)
+
+
 def main():
     global OUT_FILE
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="results")
-    ap.add_argument("--parts", default="builder,policies,walk,inputs,markov,sampler,attention")
+    ap.add_argument("--parts", default="builder,policies,walk,inputs,markov,sampler,attention",
+                    help="comma-separated; also attention-tune (a launch sweep of the verify attention at small "
+                    "batches, not in the default)")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--markov-min-rank", type=int, default=0, help="markov: only heads of at least this rank")
     ap.add_argument("--attn-splits", default="", help="attention: also time these split counts at the bs-1 shapes "
                     "(comma-separated, e.g. 8,16,32,64); the heuristic's choice is marked")
+    ap.add_argument("--tune-budget", type=float, default=120.0, help="attention-tune: seconds after which its knob "
+                    "and combination passes start no new point (the coarse pass and the large-batch check always run)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     OUT_FILE = os.path.join(a.out, "kernels.jsonl")
@@ -539,7 +713,8 @@ def main():
     bw = ceiling()
     parts = {"builder": part_builder, "policies": part_policies, "walk": part_walk, "inputs": part_inputs, "markov": lambda: part_markov(a.markov_min_rank),
              "sampler": lambda: part_sampler(bw),
-             "attention": lambda: part_attention(bw, not a.no_flex, [int(x) for x in a.attn_splits.split(",") if x])}
+             "attention": lambda: part_attention(bw, not a.no_flex, [int(x) for x in a.attn_splits.split(",") if x]),
+             "attention-tune": lambda: part_attention_tune(bw, a.tune_budget)}
     for name in a.parts.split(","):
         t = time.time()
         try:

@@ -21,6 +21,16 @@ def speedup(peer, ours):
     return "–" if peer is None or ours is None else f"{peer / ours:.2f}x"
 
 
+def launch_cell(c):
+    """A verify-attention launch in a few words."""
+    if c["parts"] == 1:
+        return f"unsplit, BN {c['block_n']}, {c['warps']} warps, {c['stages']} stages"
+    tree = " + tree part" if c["parts"] > c["splits"] else ""
+    merge = f"fused merge x{c['merge_unroll']}" if c["fused"] else f"merge launch ({c['merge_rows']} rows)"
+    return (f"{c['splits']} splits{tree}, BN {c['block_n']}, {c['warps']} warps, {c['stages']} stages, "
+            f"{c['partials']} partials, {merge}")
+
+
 # kind -> (header, one row's cells)
 TABLES = {
     "tree_build": (
@@ -96,6 +106,12 @@ TABLES = {
         lambda d: [d["bs"], d["prefix"], d["L"], d["splits"], num(d["floor_us"]), num(d["flashtree_graph_us"]),
                    speedup(d["flashtree_graph_us"], d["floor_us"]), f"{d['flashtree_err']:.1e}",
                    "yes" if d["chosen"] else ""]),
+    "verify_attn_tune_best": (
+        ["bs", "prefix", "L", "floor", "default graph", "best graph", "vs floor", "speed-up vs default",
+         "best launch", "points (failed)"],
+        lambda d: [d["bs"], d["prefix"], d["L"], num(d.get("floor_us")), num(d["default_us"]), num(d.get("graph_us")),
+                   speedup(d.get("graph_us"), d.get("floor_us")), speedup(d["default_us"], d.get("graph_us")),
+                   launch_cell(d["launch"]) if "launch" in d else "–", f"{d['points']} ({d['failed']})"]),
     "verify_attn_paged": (
         ["bs", "prefix", "L", "page", "floor", "flashtree graph (eager)", "vs floor"],
         lambda d: [d["bs"], d["prefix"], d["L"], d["page"], num(d["floor_us"]),

@@ -152,22 +152,6 @@ def stream(bw):
                vs_floor=bk.ratio(g, floor), floor_us=floor)
 
 
-@contextlib.contextmanager
-def verify_tiles(bn, warps, stages):
-    """The verify kernel's key tile, warps and stages replaced (its row blocks as shipped)."""
-    original = triton_verify._config
-
-    def config(g, L, d, dv, interp):
-        bm, rb, _, _, _ = original(g, L, d, dv, interp)
-        return bm, rb, bn, warps, stages
-
-    triton_verify._config = config
-    try:
-        yield
-    finally:
-        triton_verify._config = original
-
-
 def attention(bw):
     hq, hkv, d = 32, 8, 128
     for bs, prefix, L, splits, tiles in [
@@ -190,12 +174,12 @@ def attention(bw):
         floor = bs * prefix * hkv * d * 2 * 2 / bw * 1e6
         for n in splits:
             for bn, warps, stages in tiles:
-                with verify_tiles(bn, warps, stages):
-                    f = lambda: triton_verify.tree_attention_triton(q, k, v, kb, vb, indptr, idx, mask, L, out=o,  # noqa
-                                                                    num_splits=n)
-                    f()
-                    err = ((o.float() - ref).norm() / ref.norm()).item()
-                    g = bk.try_graph(f)
+                tune = dict(block_n=bn, num_warps=warps, num_stages=stages)
+                f = lambda: triton_verify.tree_attention_triton(q, k, v, kb, vb, indptr, idx, mask, L, out=o,  # noqa
+                                                                num_splits=n, tune=tune)
+                f()
+                err = ((o.float() - ref).norm() / ref.norm()).item()
+                g = bk.try_graph(f)
                 bk.log(kind="sweep_verify_attn", bs=bs, prefix=prefix, L=L, splits=n, block_n=bn, warps=warps,
                        stages=stages, err_vs_fp32=err, graph_us=g, floor_us=floor, vs_floor=bk.ratio(g, floor))
         del kb, vb

@@ -8,6 +8,13 @@ under the tree mask (read only on each request's L x L block), get a part of the
 and the tree one after the other; a merge kernel combines the S + 1 parts by their log-sum-exp. With S = 1 one part
 does both and writes the output itself. Only shapes are read on the host: graph-capturable.
 
+`tune` overrides the launch for small batches (see `launch_choice`): the key tile, warps and stages; the split
+outputs' dtype (`partials`: fp32, or bf16 / fp16 to halve their write and read; the log-sum-exp stays fp32); the tree
+folded into the last split instead of a part of its own; and a fused merge, with no second launch: each part, its
+partial written, takes a ticket from a per-(request, KV head, row block) counter, and the last to arrive merges the
+row block's parts and writes the output. The counters live in a persistent zeroed buffer per device that the merging
+program zeroes again, so fused calls must not overlap on two streams.
+
 Layouts: sglang's (`k_buffer`/`v_buffer (slots, Hkv, D)`, `kv_indptr`, `kv_indices`) and paged (`k_cache`/`v_cache
 (pages, page_size, Hkv, D)`, `page_table (bs, max_pages)`, `prefix_lens (bs,)`). Masks: QLEN (each request's L x L
 block) or sglang's FULL layout (`mask_indptr` given; prefix columns skipped).
@@ -36,18 +43,47 @@ def gqa_program(RB: tl.constexpr, BM: tl.constexpr, G: tl.constexpr, L: tl.const
 
 
 @triton.jit
+def _merge_parts(po_ptr, plse_ptr, grp, own, S, out, lse, BM: tl.constexpr, BDV: tl.constexpr, MU: tl.constexpr):
+    """Row block `grp`'s S parts merged by their log-sum-exp (an online merge, MU parts' loads in flight at once):
+    part `own` from registers (`out`, `lse`), the others from their partials, loaded past L1 (.cg) since other
+    programs wrote them during this launch. An empty split's partial was never written: its weight is 0, and a
+    `where` keeps whatever it holds (NaN, say) out of the sum."""
+    r = tl.arange(0, BM)
+    dv = tl.arange(0, BDV)
+    m = lse
+    den = tl.where(lse > float("-inf"), 1.0, 0.0)
+    acc = out
+    for s0 in range(0, S, MU):
+        for u in tl.static_range(MU):
+            p = s0 + u
+            ok = (p < S) & (p != own)
+            part = (grp * S + p).to(tl.int64)
+            ls = tl.load(plse_ptr + part * BM + r, mask=ok, other=float("-inf"), cache_modifier=".cg")
+            po = tl.load(po_ptr + part * (BM * BDV) + r[:, None] * BDV + dv[None, :], mask=ok, other=0.0,
+                         cache_modifier=".cg").to(tl.float32)
+            m_new = tl.maximum(m, ls)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m - m_safe)
+            w = tl.exp2(ls - m_safe)
+            acc = acc * alpha[:, None] + w[:, None] * tl.where(w[:, None] > 0, po, 0.0)
+            den = den * alpha + w
+            m = m_new
+    return acc / tl.where(den > 0, den, 1.0)[:, None]
+
+
+@triton.jit
 def _verify_kernel(
     q_ptr, k_ptr, v_ptr, kb_ptr, vb_ptr,
     kv_indptr, kv_indices, page_table, prefix_lens, pt_stride,
     mask_ptr, mask_indptr,
-    o_ptr, po_ptr, plse_ptr,
+    o_ptr, po_ptr, plse_ptr, cnt_ptr,
     qk_scale, n_splits,
     s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_kbt, s_kbh, s_vbt, s_vbh, s_ot, s_oh,
     HKV: tl.constexpr, G: tl.constexpr, L: tl.constexpr, LP: tl.constexpr,
     D: tl.constexpr, BD: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr,
     BM: tl.constexpr, RB: tl.constexpr, BN: tl.constexpr,
     PAGED: tl.constexpr, PAGE: tl.constexpr, MASK_FULL: tl.constexpr, DIRECT: tl.constexpr,
-    DOT_F32: tl.constexpr,
+    FUSED: tl.constexpr, MU: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     # S parts (programs along axis 2): n_splits prefix splits, the last of which also takes the tree (S = n_splits),
     # or a part of the tree's own after them (S = n_splits + 1: its prefix range is empty)
@@ -129,17 +165,25 @@ def _verify_kernel(
         m_i = m_new
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     out = acc / l_safe[:, None]
+    o_rows = o_ptr + (b * L + t).to(tl.int64)[:, None] * s_ot + hq[:, None] * s_oh + dv[None, :]
+    o_ok = row_ok[:, None] & (dv[None, :] < DV)
     if DIRECT:
-        tl.store(o_ptr + (b * L + t).to(tl.int64)[:, None] * s_ot + hq[:, None] * s_oh + dv[None, :],
-                 out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (dv[None, :] < DV))
+        tl.store(o_rows, out.to(o_ptr.dtype.element_ty), mask=o_ok)
     else:
-        part = ((b * HKV + h) * RB + rb) * S + s
+        grp = (b * HKV + h) * RB + rb
+        part = grp * S + s
         lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
         r = tl.arange(0, BM)
         tl.store(plse_ptr + part.to(tl.int64) * BM + r, lse)
         # an empty split (a prefix shorter than the splits) writes its -inf log-sum-exp only; the merge skips it
-        tl.store(po_ptr + part.to(tl.int64) * (BM * BDV) + r[:, None] * BDV + dv[None, :], out,
-                 mask=(l_i > 0)[:, None])
+        tl.store(po_ptr + part.to(tl.int64) * (BM * BDV) + r[:, None] * BDV + dv[None, :],
+                 out.to(po_ptr.dtype.element_ty), mask=(l_i > 0)[:, None])
+        if FUSED:
+            tl.debug_barrier()  # every thread's partial stores happen-before this program's release below
+            if tl.atomic_add(cnt_ptr + grp, 1, sem="acq_rel") == S - 1:  # the row block's last part to finish
+                tl.store(cnt_ptr + grp, 0)  # zero again for the next call (and the next graph replay)
+                out = _merge_parts(po_ptr, plse_ptr, grp, s, S, out, lse, BM, BDV, MU)
+                tl.store(o_rows, out.to(o_ptr.dtype.element_ty), mask=o_ok)
 
 
 @triton.jit
@@ -170,7 +214,7 @@ def _merge_kernel(
     for s in tl.static_range(S):  # unrolled: every part's load in flight at once
         ws = tl.sum(tl.where(sp[None, :] == s, w, 0.0), axis=1)
         po = tl.load(po_ptr + (base + s).to(tl.int64) * (BM * BDV) + r[:, None] * BDV + dv[None, :],
-                     mask=(r[:, None] < BM) & (ws[:, None] > 0), other=0.0)
+                     mask=(r[:, None] < BM) & (ws[:, None] > 0), other=0.0).to(tl.float32)
         acc += ws[:, None] * po
     out = acc / tl.where(den > 0, den, 1.0)[:, None]
     tl.store(o_ptr + (b * L + t).to(tl.int64)[:, None] * s_ot + hq[:, None] * s_oh + dv[None, :],
@@ -216,7 +260,8 @@ def choose_splits(programs: int, max_prefix: int, sms: int) -> int:
 @dataclass(frozen=True)
 class Launch:
     """How one call runs: the row blocks of BM rows, the prefix splits and the parts (programs per row block), the
-    key tile BN; `parts` > 1 means a merge launch after the kernel."""
+    key tile BN; `parts` > 1 means a merge of the parts' partials (in `partials` dtype): a second launch, or in the
+    kernel by each row block's last part when `fused`."""
 
     block_m: int
     row_blocks: int
@@ -226,11 +271,51 @@ class Launch:
     splits: int  # at most: a prefix of fewer key tiles fills fewer
     parts: int
     merge_rows: int  # rows per merge program
+    partials: str
+    fused: bool
+    merge_unroll: int  # parts a fused merge loads at once
+
+
+PARTIALS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _int_in(x, lo, hi, pow2=False):
+    return isinstance(x, int) and not isinstance(x, bool) and lo <= x <= hi and not (pow2 and x & (x - 1))
+
+
+# `tune` keys: (accepts, what it accepts)
+TUNE = {
+    "block_n": (lambda x: _int_in(x, 16, 256, pow2=True), "a power of two in 16..256 (keys per tile)"),
+    "num_warps": (lambda x: _int_in(x, 1, 16, pow2=True), "a power of two in 1..16"),
+    "num_stages": (lambda x: _int_in(x, 1, 8), "an integer in 1..8"),
+    "partials": (lambda x: isinstance(x, str) and x in PARTIALS, "one of " + ", ".join(PARTIALS)),
+    "fused_merge": (lambda x: isinstance(x, bool), "a bool (merge in the kernel, no second launch)"),
+    "tree_part": (lambda x: isinstance(x, bool), "a bool (False: the last split attends the tree too)"),
+    "merge_rows": (lambda x: _int_in(x, 2, 128, pow2=True), "a power of two in 2..128 (rows per merge program)"),
+    "merge_unroll": (lambda x: _int_in(x, 1, 16), "an integer in 1..16 (parts a fused merge loads at once)"),
+}
+
+
+def _checked_tune(tune) -> dict:
+    if tune is None:
+        return {}
+    if not isinstance(tune, dict):
+        raise ValueError(f"tune={tune!r}: use a dict of launch overrides ({', '.join(TUNE)}) or None")
+    for key, value in tune.items():
+        if key not in TUNE:
+            raise ValueError(f"tune: unknown key {key!r}; known: {', '.join(TUNE)}")
+        accepts, what = TUNE[key]
+        if not accepts(value):
+            raise ValueError(f"tune[{key!r}]={value!r}: use {what}")
+    return tune
 
 
 def launch_choice(bs: int, hq: int, hkv: int, d: int, dv: int, L: int, max_prefix: int, device: torch.device,
-                  num_splits: int | None = None) -> Launch:
-    """The launch of a call on `bs` requests of L verify tokens over prefixes of at most `max_prefix` keys."""
+                  num_splits: int | None = None, tune: dict | None = None) -> Launch:
+    """The launch of a call on `bs` requests of L verify tokens over prefixes of at most `max_prefix` keys; `tune`
+    overrides parts of it (keys: `TUNE`). The split outputs' dtype, the tree's part and the merge only matter when
+    there are splits (more than one part)."""
+    t = _checked_tune(tune)
     bm, rb, bn, warps, stages = _config(hq // hkv, L, d, dv, device.type != "cuda")
     sms = sm_count(device, 8)
     if num_splits is None:
@@ -239,11 +324,31 @@ def launch_choice(bs: int, hq: int, hkv: int, d: int, dv: int, L: int, max_prefi
         raise ValueError(f"num_splits={num_splits!r}: use an integer >= 1, or None for the heuristic")
     # rows per merge program: enough merge programs to spread the partials' read over the SMs
     mr = max(2, min(16, triton.next_power_of_2(max(1, bs * hkv * rb * bm // (2 * sms)))))
-    return Launch(bm, rb, bn, warps, stages, num_splits, 1 if num_splits == 1 else num_splits + 1, mr)
+    parts = 1 if num_splits == 1 else num_splits + (1 if t.get("tree_part", True) else 0)
+    partials = t.get("partials", "fp32")
+    # a fused merge of fp32 partials 4 at a time spills registers at 4 warps (sm_90 compile, 64 x 128 row blocks)
+    unroll = t.get("merge_unroll", 2 if partials == "fp32" else 4)
+    return Launch(bm, rb, t.get("block_n", bn), t.get("num_warps", warps), t.get("num_stages", stages), num_splits,
+                  parts, t.get("merge_rows", mr), partials, parts > 1 and t.get("fused_merge", False), unroll)
+
+
+COUNTERS = 1 << 16  # row blocks the first counter buffer of a device holds
+_counters: dict[torch.device, torch.Tensor] = {}
+_retired: list[torch.Tensor] = []  # outgrown counter buffers: captured graphs may still point at them
+
+
+def _counter_buffer(n: int, dev: torch.device) -> torch.Tensor:
+    """The fused merge's zeroed per-row-block counters: allocated (zeroed) once per device, zero between calls."""
+    buf = _counters.get(dev)
+    if buf is None or buf.numel() < n:
+        if buf is not None:
+            _retired.append(buf)
+        buf = _counters[dev] = torch.zeros(max(n, COUNTERS), dtype=torch.int32, device=dev)
+    return buf
 
 
 def _run(q, k, v, kb, vb, kv_indptr, kv_indices, page_table, prefix_lens, page, custom_mask, L, sm_scale,
-         mask_indptr, out, num_splits, max_prefix):
+         mask_indptr, out, num_splits, max_prefix, tune):
     tokens, hq, d = q.shape
     hkv = k.shape[1]
     dv = v.shape[2]
@@ -260,31 +365,32 @@ def _run(q, k, v, kb, vb, kv_indptr, kv_indices, page_table, prefix_lens, page, 
     if bs == 0:
         return out
     scale = (d ** -0.5 if sm_scale is None else sm_scale) * 1.4426950408889634
-    c = launch_choice(bs, hq, hkv, d, dv, L, max_prefix, q.device, num_splits)
+    c = launch_choice(bs, hq, hkv, d, dv, L, max_prefix, q.device, num_splits, tune)
     bm, rb, s = c.block_m, c.row_blocks, c.parts
     direct = s == 1
     bdv = _np2(dv)
     if direct:
         po = plse = out
     else:
-        po = torch.empty(bs * hkv * rb * s * bm * bdv, dtype=torch.float32, device=q.device)
+        po = torch.empty(bs * hkv * rb * s * bm * bdv, dtype=PARTIALS[c.partials], device=q.device)
         plse = torch.empty(bs * hkv * rb * s * bm, dtype=torch.float32, device=q.device)
     paged = page_table is not None
     mask = custom_mask if custom_mask.dtype != torch.bool else custom_mask.view(torch.uint8)
     dummy = kv_indptr if not paged else prefix_lens
+    counters = _counter_buffer(bs * hkv * rb, q.device) if c.fused else dummy
     _verify_kernel[(bs, hkv * rb, s)](
         q, k, v, kb, vb,
         kv_indptr if not paged else dummy, kv_indices if not paged else dummy,
         page_table if paged else dummy, prefix_lens if paged else dummy, page_table.stride(0) if paged else 0,
         mask, mask_indptr if mask_indptr is not None else dummy,
-        out, po, plse, scale, c.splits,
+        out, po, plse, counters, scale, c.splits,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         kb.stride(0), kb.stride(1), vb.stride(0), vb.stride(1), out.stride(0), out.stride(1),
         HKV=hkv, G=g, L=L, LP=_np2(L), D=d, BD=_np2(d), DV=dv, BDV=bdv, BM=bm, RB=rb, BN=c.block_n,
-        PAGED=paged, PAGE=page, MASK_FULL=mask_indptr is not None, DIRECT=direct, DOT_F32=q.device.type != "cuda",
-        num_warps=c.warps, num_stages=c.stages,
+        PAGED=paged, PAGE=page, MASK_FULL=mask_indptr is not None, DIRECT=direct, FUSED=c.fused, MU=c.merge_unroll,
+        DOT_F32=q.device.type != "cuda", num_warps=c.warps, num_stages=c.stages,
     )
-    if not direct:
+    if not direct and not c.fused:
         mr = c.merge_rows
         _merge_kernel[(bs, hkv * rb, triton.cdiv(bm, mr))](po, plse, out, out.stride(0), out.stride(1), HKV=hkv, G=g,
                                                             L=L, DV=dv, BDV=bdv, BM=bm, RB=rb, S=s, SP=_np2(s, 2),
@@ -298,17 +404,18 @@ def _check_inner(x, name):
 
 
 def tree_attention_triton(q, k, v, k_buffer, v_buffer, kv_indptr, kv_indices, custom_mask, L, sm_scale=None,
-                          mask_indptr=None, out=None, num_splits=None):
-    """Same signature and result as `tree_attention_reference` (sglang's layout); returns (bs*L, Hq, DV)."""
+                          mask_indptr=None, out=None, num_splits=None, tune=None):
+    """Same signature and result as `tree_attention_reference` (sglang's layout); returns (bs*L, Hq, DV).
+    `num_splits` and `tune` override the launch (see `launch_choice`)."""
     for x, n in [(q, "q"), (k, "k"), (v, "v"), (k_buffer, "k_buffer"), (v_buffer, "v_buffer")]:
         _check_inner(x, n)
     bs = max(1, kv_indptr.shape[0] - 1)
     return _run(q, k, v, k_buffer, v_buffer, kv_indptr, kv_indices, None, None, 1, custom_mask, L, sm_scale,
-                mask_indptr, out, num_splits, triton.cdiv(kv_indices.shape[0], bs))
+                mask_indptr, out, num_splits, triton.cdiv(kv_indices.shape[0], bs), tune)
 
 
 def tree_attention_paged_triton(q, k, v, k_cache, v_cache, page_table, prefix_lens, page_size, custom_mask, L,
-                                sm_scale=None, mask_indptr=None, out=None, num_splits=None):
+                                sm_scale=None, mask_indptr=None, out=None, num_splits=None, tune=None):
     """Paged layout, same signature and result as `tree_attention_paged_reference`."""
     hkv = k_cache.shape[-2]
     kb = k_cache.reshape(-1, hkv, k_cache.shape[-1])
@@ -316,4 +423,4 @@ def tree_attention_paged_triton(q, k, v, k_cache, v_cache, page_table, prefix_le
     for x, n in [(q, "q"), (k, "k"), (v, "v"), (kb, "k_cache"), (vb, "v_cache")]:
         _check_inner(x, n)
     return _run(q, k, v, kb, vb, None, None, page_table, prefix_lens, page_size, custom_mask, L, sm_scale,
-                mask_indptr, out, num_splits, page_table.shape[1] * page_size)
+                mask_indptr, out, num_splits, page_table.shape[1] * page_size, tune)

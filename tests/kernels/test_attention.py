@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from flashtree.attention import tree_attention_paged_reference, tree_attention_reference
-from flashtree.attention.triton_verify import (MAX_SPLITS, MIN_SPLIT_KEYS, choose_splits, launch_choice,
-                                               tree_attention_paged_triton, tree_attention_triton)
+from flashtree.attention.triton_verify import (MAX_SPLITS, MIN_SPLIT_KEYS, _counter_buffer, choose_splits,
+                                               launch_choice, tree_attention_paged_triton, tree_attention_triton)
 
 from .common import CUDA, DEV, tree_mask
 
@@ -34,6 +34,19 @@ def make(bs, hq, hkv, d, L, lens, dtype, g, full=False):
     else:
         mask, mip = allowed.flatten().to(torch.uint8), None
     return q, k, v, kb, vb, indptr, idx, mask, mip
+
+
+def make_paged(bs, hq, hkv, d, L, lens, page, g):
+    """Paged-layout inputs: random pages of bf16 K / V, a random page table, QLEN tree masks."""
+    maxpages = (int(lens.max()) + page - 1) // page
+    npages = bs * maxpages + 3
+    kc = torch.randn(npages, page, hkv, d, generator=g).to(torch.bfloat16)
+    vc = torch.randn(npages, page, hkv, d, generator=g).to(torch.bfloat16)
+    pt = torch.randperm(npages, generator=g)[: bs * maxpages].view(bs, maxpages).to(torch.int32)
+    q = torch.randn(bs * L, hq, d, generator=g).to(torch.bfloat16)
+    k = torch.randn(bs * L, hkv, d, generator=g).to(torch.bfloat16)
+    v = torch.randn(bs * L, hkv, d, generator=g).to(torch.bfloat16)
+    return [x.to(DEV) for x in (q, k, v, kc, vc, pt, lens)], tree_mask(bs, L, g).flatten().to(DEV)
 
 
 CASES = [
@@ -74,19 +87,10 @@ def test_attention_paged_layout(page):
     g = torch.Generator().manual_seed(page)
     bs, hq, hkv, d, L = (3, 8, 2, 64, 4) if not CUDA else (16, 32, 8, 128, 16)
     lens = torch.tensor([37, 5, 64]) if not CUDA else torch.randint(1, 3000, (bs,), generator=g)
-    maxpages = (int(lens.max()) + page - 1) // page
-    npages = bs * maxpages + 3
-    kc = torch.randn(npages, page, hkv, d, generator=g).to(torch.bfloat16)
-    vc = torch.randn(npages, page, hkv, d, generator=g).to(torch.bfloat16)
-    pt = torch.randperm(npages, generator=g)[: bs * maxpages].view(bs, maxpages).to(torch.int32)
-    q = torch.randn(bs * L, hq, d, generator=g).to(torch.bfloat16)
-    k = torch.randn(bs * L, hkv, d, generator=g).to(torch.bfloat16)
-    v = torch.randn(bs * L, hkv, d, generator=g).to(torch.bfloat16)
-    mask = tree_mask(bs, L, g).flatten()
-    dq = [x.to(DEV) for x in (q, k, v, kc, vc, pt, lens)]
-    ref = tree_attention_paged_reference(*[x.float() for x in dq[:5]], dq[5], dq[6], page, mask.to(DEV), L)
+    dq, mask = make_paged(bs, hq, hkv, d, L, lens, page, g)
+    ref = tree_attention_paged_reference(*[x.float() for x in dq[:5]], dq[5], dq[6], page, mask, L)
     for splits in (1, 3):
-        out = tree_attention_paged_triton(*dq, page, mask.to(DEV), L, num_splits=splits)
+        out = tree_attention_paged_triton(*dq, page, mask, L, num_splits=splits)
         assert rel_err(out, ref) <= 1e-2
 
 
@@ -149,3 +153,71 @@ def test_the_heuristic_on_an_index_buffer_longer_than_the_prefixes():
     args = [x.to(DEV) for x in (q, k, v, kb, vb, indptr, padded, mask)]
     ref = tree_attention_reference(*[x.float() for x in args[:5]], *args[5:], L)
     assert rel_err(tree_attention_triton(*args, L), ref) <= 1e-2
+
+
+TUNED = [
+    dict(partials="bf16"),
+    dict(partials="fp16"),
+    dict(fused_merge=True),
+    dict(fused_merge=True, partials="bf16", merge_unroll=3),
+    dict(tree_part=False),
+    dict(tree_part=False, fused_merge=True, partials="bf16"),
+    dict(block_n=16, num_warps=2, num_stages=2, merge_rows=4),
+]
+
+
+@pytest.mark.parametrize("tune", TUNED, ids=lambda t: ",".join(f"{k}={v}" for k, v in t.items()))
+def test_tuned_launches_match_the_reference(tune):
+    """Every launch override gives the reference's output in sglang's layout (QLEN and FULL masks) and the paged
+    one, on fresh random inputs per variant: an empty prefix and splits left empty by short prefixes included."""
+    g = torch.Generator().manual_seed(sum(map(ord, str(tune))))
+    if CUDA:  # Qwen3-8B heads at bs 2 / 4K: the fused merge's ticket ordering across real concurrent programs
+        bs, hq, hkv, d, L, lens, splits = 2, 32, 8, 128, 16, torch.tensor([4096, 900]), 16
+    else:
+        bs, hq, hkv, d, L, lens, splits = 3, 8, 2, 64, 5, torch.tensor([130, 0, 41]), 5
+    for full in (False, True):
+        q, k, v, kb, vb, indptr, idx, mask, mip = make(bs, hq, hkv, d, L, lens, torch.bfloat16, g, full)
+        args = [x.to(DEV) for x in (q, k, v, kb, vb, indptr, idx, mask)]
+        mipd = None if mip is None else mip.to(DEV)
+        ref = tree_attention_reference(*[x.float() for x in args[:5]], *args[5:], L, mask_indptr=mipd)
+        out = tree_attention_triton(*args, L, mask_indptr=mipd, num_splits=splits, tune=tune)
+        assert out.dtype == torch.bfloat16 and rel_err(out, ref) <= 1e-2
+    dq, mask = make_paged(bs, hq, hkv, d, L, lens.clamp(min=1), 16, g)
+    ref = tree_attention_paged_reference(*[x.float() for x in dq[:5]], dq[5], dq[6], 16, mask, L)
+    assert rel_err(tree_attention_paged_triton(*dq, 16, mask, L, num_splits=splits, tune=tune), ref) <= 1e-2
+
+
+def test_the_fused_merge_leaves_its_counters_at_zero():
+    """After a fused call every ticket counter is zero again, so the next call (or graph replay) merges too: a
+    second call, and one of another split count, give the reference's output."""
+    g = torch.Generator().manual_seed(11)
+    bs, hq, hkv, d, L = 2, 4, 2, 64, 4
+    q, k, v, kb, vb, indptr, idx, mask, _ = make(bs, hq, hkv, d, L, torch.tensor([90, 33]), torch.bfloat16, g)
+    args = [x.to(DEV) for x in (q, k, v, kb, vb, indptr, idx, mask)]
+    ref = tree_attention_reference(*[x.float() for x in args[:5]], *args[5:], L)
+    tune = dict(fused_merge=True, block_n=16)
+    outs = [tree_attention_triton(*args, L, num_splits=n, tune=tune) for n in (3, 3, 6)]
+    assert not _counter_buffer(1, DEV).any()
+    for out in outs:
+        assert rel_err(out, ref) <= 1e-2
+    assert rel_err(outs[1], outs[0]) <= 2e-3  # the same answer up to the order the parts arrived in
+
+
+def test_tune_overrides_the_launch():
+    cpu = torch.device("cpu")
+    base = launch_choice(2, 8, 2, 64, 64, 4, 50, cpu, 3)
+    assert (base.partials, base.fused, base.parts) == ("fp32", False, 4)  # the defaults: fp32, two launches
+    c = launch_choice(2, 8, 2, 64, 64, 4, 50, cpu, 3, dict(block_n=128, num_warps=8, num_stages=4, partials="bf16",
+                                                          fused_merge=True, tree_part=False, merge_rows=8))
+    assert (c.block_n, c.warps, c.stages, c.partials, c.fused, c.parts, c.merge_rows) == (128, 8, 4, "bf16", True, 3, 8)
+    assert not launch_choice(2, 8, 2, 64, 64, 4, 50, cpu, 1, dict(fused_merge=True)).fused  # one part: no merge
+
+
+@pytest.mark.parametrize("tune", [
+    dict(block_n=48), dict(block_n=8), dict(block_n=512), dict(block_n=True), dict(num_warps=3), dict(num_stages=0),
+    dict(num_stages=2.0), dict(partials="fp8"), dict(partials=torch.bfloat16), dict(fused_merge=1),
+    dict(tree_part="no"), dict(merge_rows=1), dict(merge_unroll=0), dict(splits=4), [("block_n", 64)],
+])
+def test_bad_overrides_raise(tune):
+    with pytest.raises(ValueError, match="tune"):
+        launch_choice(2, 8, 2, 64, 64, 4, 50, torch.device("cpu"), 3, tune)
