@@ -101,7 +101,7 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeRun:
         policy=toggles.tree_policy,
         sampler=_load_sampler(toggles),
         forward_rows=rows,
-        draw_cap=planning.PLANNED_DRAWS if planned else 0,
+        draw_cap=planning.draw_cap(worker) if planned else 0,
     )
     device = torch.device(getattr(worker, "device", "cpu"))
     generator = torch.Generator(device=device)

@@ -8,8 +8,8 @@ server, choosing per decode batch between trees and DSPARK's own chain step.
   32, 64} up to that window, and the window itself (FLASHTREE_TREE_WIDTH lowers the largest), each N only at the
   widths its N x depth + 1 nodes can fill (`default_shapes`; N = 1, the draft's greedy block, is DSPARK's chain
   verified at depth + 1 tokens, cheaper than DSPARK's own step over a wider window). A tree step draws
-  the menu's largest N up to PLANNED_DRAWS candidates per batch (`TreePlan.draws_for`: 64 up to 8 requests, 8 at
-  64) and a batch is offered only the shapes of that many; a narrower shape's tree is built from the first N of
+  the menu's largest N up to `draw_cap` candidates per batch (`TreePlan.draws_for`; PLANNED_DRAW_LOGITS over the
+  vocabulary) and a batch is offered only the shapes of that many; a narrower shape's tree is built from the first N of
   them, so one step can credit every shape of no more candidates (`flashtree.planner.acceptance`).
 - init_cuda_graphs (startup.py), after the verify graphs at every menu width (verify_widths.py) and the kernels'
   warm-up: `measure` fills the cost table, each shape's step time at each captured batch size, and logs it once.
@@ -54,16 +54,24 @@ TIME_EVERY = 8  # decisions per timed step (never a credited one: its credit wou
 RETIME_AFTER = 4  # timed steps of a (shape, batch size) whose mean replaces the start-up estimate
 LOG_EVERY = 2000  # decisions per summary line
 REPEATS = 5  # timed runs per (shape, batch size) at start, after an untimed one; the fastest counts
-# Candidates a planned tree step draws per batch at most: N = 64 up to 8 requests, 32 at 16, 16 at 32, 8 at 64. Every
-# tree step draws one N for all the menu's shapes, and at 8B shapes (vocabulary 151936) drawing 64 per request cost a
-# 64-request N = 8, W = 8 step 54 ms against 31 ms for a server drawing 8 (live 8B run 9), so a batch is offered only
-# the shapes whose N it draws (`TreePlan.draws_for`).
-PLANNED_DRAWS = 512
+# A planned tree step draws one N for every shape of the menu, and a draw costs in proportion to the vocabulary (each
+# candidate row samples all of it at every depth): at Qwen3-8B shapes (151936 tokens) drawing 64 per request cost a
+# 64-request N = 8, W = 8 step 54 ms against 31 ms for a server drawing 8 (live 8B run 9). So a batch draws at most
+# PLANNED_DRAW_LOGITS / vocabulary candidates (512 at SmolLM2's 49152, 165 at Qwen3's: 64 per request up to 2
+# requests, 16 at 8, 4 at 32), and is offered only the shapes whose N it draws (`TreePlan.draws_for`).
+PLANNED_DRAW_LOGITS = 512 * 49152
+
+
+def draw_cap(worker) -> int:
+    """Candidates a planned step draws per batch at most (PLANNED_DRAW_LOGITS over the target's vocabulary); 0, no
+    cap, where the worker's model config has no vocabulary size."""
+    vocab = getattr(getattr(getattr(worker, "model_runner", None), "model_config", None), "vocab_size", None)
+    return max(1, PLANNED_DRAW_LOGITS // int(vocab)) if vocab else 0
 
 
 def resolve_toggles(adapter, toggles: TreeToggles, worker, gamma: int) -> TreeToggles:
     """The toggles a planned worker runs with: depth from the draft's block size, the draft rows (0.5.17: the depth),
-    N = the menu's largest (what a tree step draws, up to PLANNED_DRAWS per batch)."""
+    N = the menu's largest (what a tree step draws, up to `draw_cap` per batch)."""
     block = adapter.draft_block_size(worker)
     depth = toggles.tree_depth or min(block or gamma, gamma)
     rows = toggles.draft_rows

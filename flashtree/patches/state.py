@@ -26,7 +26,7 @@ class TreePlan:
     policy: str  # the tree policy (flashtree.tree.build_tree), FLASHTREE_TREE_POLICY
     sampler: Callable  # the eager draws' row sampler (logits, temperatures, generator) -> tokens
     forward_rows: int  # rows of DSPARK's window the tree step's draft forward runs (gamma: DSPARK's own proposer)
-    draw_cap: int = 0  # FLASHTREE_TREE_N=auto: candidates drawn per batch at most (PLANNED_DRAWS; 0: no cap)
+    draw_cap: int = 0  # FLASHTREE_TREE_N=auto: candidates drawn per batch at most (planning.draw_cap; 0: none)
 
     def width_for(self, bs: int) -> int:
         w = self.tree_width

@@ -171,10 +171,10 @@ def test_auto_serves_trees_or_the_chain_per_batch_size_and_commits_the_greedy_de
 
 @pytest.mark.parametrize("graph_max_bs", [None, 8], ids=["eager-draws", "graph-draws"])
 def test_a_batch_is_offered_only_the_shapes_whose_candidates_it_draws(monkeypatch, graph_max_bs):
-    """Under PLANNED_DRAWS candidates per batch (4 here): one request draws N = 4, two draw 2, three draw 1, so the
+    """Under a cap of 4 candidates per batch (planning.draw_cap): one request draws N = 4, two draw 2, three draw 1, so the
     4-candidate trees are timed and offered at one request only and larger batches take the N = 1 tree though N = 4
     is cheaper; each step draws its batch's N and commits the greedy decode."""
-    monkeypatch.setattr(planning, "PLANNED_DRAWS", 4)
+    monkeypatch.setattr(planning, "draw_cap", lambda worker: 4)
     world, adapter, worker, state = planned_server(graph_max_bs)
     assert [state.plan.draws_for(bs) for bs in (1, 2, 3, 9)] == [4, 2, 1, 1]
     rows = state.planner.trees[0].rows
@@ -362,3 +362,13 @@ def test_step_probe_times_each_shape_over_its_own_graphs():
     _world, _adapter, worker, state = planned_server()
     with pytest.raises(ToggleError, match="FLASHTREE_TREE_N=auto could not time any step shape at server start"):
         planning.measure(state, worker)  # stand-in runners without graphs
+
+
+def test_the_draw_cap_comes_from_the_vocabulary():
+    """512 candidates per batch at SmolLM2's vocabulary, 165 at Qwen3's; none where the model config has no size."""
+    def worker(vocab):
+        return types.SimpleNamespace(model_runner=types.SimpleNamespace(model_config=types.SimpleNamespace(
+            vocab_size=vocab)))
+
+    assert [planning.draw_cap(worker(v)) for v in (49152, 151936, 10**9)] == [512, 165, 1]
+    assert planning.draw_cap(types.SimpleNamespace()) == 0
