@@ -198,6 +198,7 @@ def test_install_routes_real_class_init(monkeypatch):
     """The installed TritonAttnBackend.__init__ is flashtree's wrapper around sglang's, and uninstall restores it."""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
+    import flashtree.attention.triton_decode_order  # noqa: F401  imported before the stub: it reads triton_verify
     monkeypatch.setitem(
         __import__("sys").modules, "flashtree.attention.triton_verify", types.SimpleNamespace(tree_attention_triton=contract_kernel([]))
     )
