@@ -149,7 +149,9 @@ def test_the_heuristic_on_an_index_buffer_longer_than_the_prefixes():
     q, k, v, kb, vb, indptr, idx, mask, _ = make(bs, hq, hkv, d, L, lens, torch.bfloat16, g)
     padded = torch.cat([idx, torch.zeros(8192, dtype=idx.dtype)])  # the buffer's tail is never read
     c = launch_choice(bs, hq, hkv, d, d, L, len(padded) // bs, torch.device(DEV), None)
-    assert c.splits == 8  # by the buffer: 600 keys fill 5 splits of 128, 37 keys one (7 empty)
+    by_prefix = launch_choice(bs, hq, hkv, d, d, L, int(lens.max()), torch.device(DEV), None)
+    # split by the buffer (8 splits on the CPU's 8 stand-in SMs, 18 on an H200): the short prefixes leave most empty
+    assert c.splits > by_prefix.splits
     args = [x.to(DEV) for x in (q, k, v, kb, vb, indptr, padded, mask)]
     ref = tree_attention_reference(*[x.float() for x in args[:5]], *args[5:], L)
     assert rel_err(tree_attention_triton(*args, L), ref) <= 1e-2
