@@ -103,7 +103,7 @@ def path_logq(cands, g, levels: int):
     return table[depth, prev, cands]
 
 
-SELECTS = ("radix", "rank")  # the kernel's two selections of the W - 1 best-scored nodes, the same tree
+SELECTS = ("radix", "rank", "auto")  # the kernel's two selections of the W - 1 best-scored nodes (auto: by size), one tree
 SCORED = [(3, 6, 5, 10, 3), (2, 1, 1, 2, 5), (2, 4, 3, 40, 2), (2, 7, 4, 2, 2), (2, 32, 8, 32, 4), (1, 40, 6, 32, 3)]
 
 
@@ -239,3 +239,11 @@ def test_prob_builder_sums_as_torch_cumsum():
     cands = torch.tensor([[[0, 0, 0], [1, 1, 1]]])
     ref = check_prob(cands, 4, logp)  # (0, 1) and (1, 1) above the tie
     assert (ref.depth[0].tolist(), ref.first_candidate[0].tolist()) == ([1, 1, 2], [0, 1, 1])
+
+
+def test_an_unknown_selection_is_refused():
+    from flashtree.tree.triton_build import build_scored_tree_triton
+
+    cands = torch.zeros((1, 2, 3), dtype=torch.int64, device=DEV)
+    with pytest.raises(ValueError, match="select must be 'auto', 'radix' or 'rank'"):
+        build_scored_tree_triton(cands, 4, torch.zeros((1, 2, 3), device=DEV), select="sort")
