@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..gpu import sm_count
+from ..gpu import sm_count, zeroed_counters
 
 
 @triton.jit
@@ -332,21 +332,6 @@ def launch_choice(bs: int, hq: int, hkv: int, d: int, dv: int, L: int, max_prefi
                   parts, t.get("merge_rows", mr), partials, parts > 1 and t.get("fused_merge", False), unroll)
 
 
-COUNTERS = 1 << 16  # row blocks the first counter buffer of a device holds
-_counters: dict[torch.device, torch.Tensor] = {}
-_retired: list[torch.Tensor] = []  # outgrown counter buffers: captured graphs may still point at them
-
-
-def _counter_buffer(n: int, dev: torch.device) -> torch.Tensor:
-    """The fused merge's zeroed per-row-block counters: allocated (zeroed) once per device, zero between calls."""
-    buf = _counters.get(dev)
-    if buf is None or buf.numel() < n:
-        if buf is not None:
-            _retired.append(buf)
-        buf = _counters[dev] = torch.zeros(max(n, COUNTERS), dtype=torch.int32, device=dev)
-    return buf
-
-
 def _run(q, k, v, kb, vb, kv_indptr, kv_indices, page_table, prefix_lens, page, custom_mask, L, sm_scale,
          mask_indptr, out, num_splits, max_prefix, tune):
     tokens, hq, d = q.shape
@@ -377,7 +362,7 @@ def _run(q, k, v, kb, vb, kv_indptr, kv_indices, page_table, prefix_lens, page, 
     paged = page_table is not None
     mask = custom_mask if custom_mask.dtype != torch.bool else custom_mask.view(torch.uint8)
     dummy = kv_indptr if not paged else prefix_lens
-    counters = _counter_buffer(bs * hkv * rb, q.device) if c.fused else dummy
+    counters = zeroed_counters("verify-merge", bs * hkv * rb, q.device) if c.fused else dummy
     _verify_kernel[(bs, hkv * rb, s)](
         q, k, v, kb, vb,
         kv_indptr if not paged else dummy, kv_indices if not paged else dummy,

@@ -32,12 +32,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ..gpu import sm_count
+from ..gpu import sm_count, zeroed_counters
 
 BLOCK = 4096  # tile of the greedy-only launch
 SAMPLED_BLOCK = 2048  # tile of the sampled passes (2 warps a program: 960 x 151936 runs at ~1.5x the read floor)
 SUBG = 4  # groups per tile in the greedy-only launch (a [SUBG, BLOCK / SUBG] tile keeps the reductions short)
-TICKETS = 1 << 16  # rows the first ticket buffer of a device holds
 MAX_TPS = 256  # tiles per pass-1 program: their log-masses live in registers until the Gumbels are drawn
 
 
@@ -219,17 +218,8 @@ def _pass2_kernel(
     tl.store(out_ptr + r * NDRAW + j, tok.to(tl.int64), mask=jm)
 
 
-_tickets: dict[torch.device, torch.Tensor] = {}
-_retired: list[torch.Tensor] = []  # outgrown ticket buffers: captured graphs may still point at them
-
-
 def _ticket_buffer(rows: int, dev: torch.device) -> torch.Tensor:
-    buf = _tickets.get(dev)
-    if buf is None or buf.numel() < rows:
-        if buf is not None:
-            _retired.append(buf)
-        buf = _tickets[dev] = torch.zeros(max(rows, TICKETS), dtype=torch.int32, device=dev)
-    return buf
+    return zeroed_counters("sampler-tickets", rows, dev)
 
 
 def _threshold(logits, temperature, top_k, max_top_k):

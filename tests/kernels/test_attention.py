@@ -2,8 +2,9 @@ import pytest
 import torch
 
 from flashtree.attention import tree_attention_paged_reference, tree_attention_reference
-from flashtree.attention.triton_verify import (MAX_SPLITS, MIN_SPLIT_KEYS, _counter_buffer, choose_splits,
-                                               launch_choice, tree_attention_paged_triton, tree_attention_triton)
+from flashtree.attention.triton_verify import (MAX_SPLITS, MIN_SPLIT_KEYS, choose_splits, launch_choice,
+                                               tree_attention_paged_triton, tree_attention_triton)
+from flashtree.gpu import zeroed_counters
 
 from .common import CUDA, DEV, tree_mask
 
@@ -199,7 +200,7 @@ def test_the_fused_merge_leaves_its_counters_at_zero():
     ref = tree_attention_reference(*[x.float() for x in args[:5]], *args[5:], L)
     tune = dict(fused_merge=True, block_n=16)
     outs = [tree_attention_triton(*args, L, num_splits=n, tune=tune) for n in (3, 3, 6)]
-    assert not _counter_buffer(1, DEV).any()
+    assert not zeroed_counters("verify-merge", 1, torch.device(DEV)).any()
     for out in outs:
         assert rel_err(out, ref) <= 1e-2
     assert rel_err(outs[1], outs[0]) <= 2e-3  # the same answer up to the order the parts arrived in
