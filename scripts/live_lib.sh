@@ -75,9 +75,14 @@ live_run() {
   rm -rf "$RUN_DIR"
   # LIVE_S: stop the app (SIGINT: it stops its servers, then writes the tables of what ran) after this many seconds,
   # so a device call's limit never takes the results with it
+  # the phase tables reach $OUT as the app writes them (after each server), so a call killed at its own limit
+  # (LIVE_S + the 30 s grace + the archive must stay under it) still returns what was measured
+  (while sleep 5; do cp "$RUN_DIR"/*_results.json "$OUT/" 2>/dev/null; done) &
+  local watcher=$!
   timeout --signal=INT --kill-after=30 "${LIVE_S:-0}" python3 experiments/live.py "live.out_dir=$RUN_DIR" \
     "live.work_dir=$WORK" "$@"
   local rc=$?
+  kill "$watcher" 2>/dev/null
   cp "$RUN_DIR"/*_results.json "$RUN_DIR"/summary.json "$OUT/" 2>/dev/null
   tar czf "$OUT/live_run.tgz" -C "$RUN_DIR" . && el "app rc=$rc; results and logs: $OUT/live_run.tgz"
   return $rc
