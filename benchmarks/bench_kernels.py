@@ -550,7 +550,8 @@ TUNE_LARGE = (64, 8192, 16)  # the large-batch check: the default launch and the
 TUNE_HEADS = (32, 8, 128)  # Qwen3-8B: query heads, KV heads, head dim
 # one knob at a time around a shape's best coarse point: tune key -> (values, the Launch field it sets)
 TUNE_KNOBS = {"block_n": ((32, 64, 128), "block_n"), "num_warps": ((4, 8), "warps"),
-              "num_stages": ((2, 3, 4), "stages"), "tree_part": ((True, False), None)}
+              "num_stages": ((2, 3, 4), "stages"), "tree_part": ((True, False), None),
+              "prefetch": ((False, True), "prefetch")}
 TUNE_MERGE = {True: ("merge_unroll", (1, 2, 4, 8)), False: ("merge_rows", (2, 4, 8, 16))}  # by fused
 
 

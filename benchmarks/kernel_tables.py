@@ -23,12 +23,13 @@ def speedup(peer, ours):
 
 def launch_cell(c):
     """A verify-attention launch in a few words."""
+    ahead = ", slots prefetched" if c.get("prefetch") else ""  # runs before the knob existed logged none
     if c["parts"] == 1:
-        return f"unsplit, BN {c['block_n']}, {c['warps']} warps, {c['stages']} stages"
+        return f"unsplit, BN {c['block_n']}, {c['warps']} warps, {c['stages']} stages{ahead}"
     tree = " + tree part" if c["parts"] > c["splits"] else ""
     merge = f"fused merge x{c['merge_unroll']}" if c["fused"] else f"merge launch ({c['merge_rows']} rows)"
     return (f"{c['splits']} splits{tree}, BN {c['block_n']}, {c['warps']} warps, {c['stages']} stages, "
-            f"{c['partials']} partials, {merge}")
+            f"{c['partials']} partials, {merge}{ahead}")
 
 
 # kind -> (header, one row's cells)

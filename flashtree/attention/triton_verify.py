@@ -10,7 +10,9 @@ does both and writes the output itself. Only shapes are read on the host: graph-
 
 `tune` overrides the launch for small batches (see `launch_choice`): the key tile, warps and stages; the split
 outputs' dtype (`partials`: fp32, or bf16 / fp16 to halve their write and read; the log-sum-exp stays fp32); the tree
-folded into the last split instead of a part of its own; and a fused merge, with no second launch: each part, its
+folded into the last split instead of a part of its own; `prefetch`, each key tile's KV slots loaded one tile
+ahead and its V gathered before the QK dot (at bs 1 a program's loop is latency-bound: ~2.5 µs a tile, kernel run 9);
+and a fused merge, with no second launch: each part, its
 partial written, takes a ticket from a per-(request, KV head, row block) counter, and the last to arrive merges the
 row block's parts and writes the output. The counters live in a persistent zeroed buffer per device that the merging
 program zeroes again, so fused calls must not overlap on two streams.
@@ -40,6 +42,15 @@ def gqa_program(RB: tl.constexpr, BM: tl.constexpr, G: tl.constexpr, L: tl.const
     rb = tl.program_id(1) % RB
     rows = rb * BM + tl.arange(0, BM)
     return b, h, rb, tl.program_id(2), rows, rows < G * L, rows // G, h * G + rows % G
+
+
+@triton.jit
+def _tile_slots(page_table, kv_indices, b, pt_stride, kv_start, n, nm, PAGED: tl.constexpr, PAGE: tl.constexpr):
+    """The KV slots of keys n (masked by nm) of request b: through its page table, or sglang's kv_indices."""
+    if PAGED:
+        page = tl.load(page_table + b.to(tl.int64) * pt_stride + n // PAGE, mask=nm, other=0)
+        return page.to(tl.int64) * PAGE + n % PAGE
+    return tl.load(kv_indices + kv_start + n, mask=nm, other=0).to(tl.int64)
 
 
 @triton.jit
@@ -83,7 +94,7 @@ def _verify_kernel(
     D: tl.constexpr, BD: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr,
     BM: tl.constexpr, RB: tl.constexpr, BN: tl.constexpr,
     PAGED: tl.constexpr, PAGE: tl.constexpr, MASK_FULL: tl.constexpr, DIRECT: tl.constexpr,
-    FUSED: tl.constexpr, MU: tl.constexpr, DOT_F32: tl.constexpr,
+    FUSED: tl.constexpr, MU: tl.constexpr, PREFETCH: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     # S parts (programs along axis 2): n_splits prefix splits, the last of which also takes the tree (S = n_splits),
     # or a part of the tree's own after them (S = n_splits + 1: its prefix range is empty)
@@ -111,15 +122,22 @@ def _verify_kernel(
     acc = tl.zeros([BM, BDV], tl.float32)
     kb_h = kb_ptr + h * s_kbh
     vb_h = vb_ptr + h * s_vbh
+    if PREFETCH:  # the first tile's slots; each iteration then loads the next tile's while its own K / V arrive
+        n0 = lo + tl.arange(0, BN)
+        slot_next = _tile_slots(page_table, kv_indices, b, pt_stride, kv_start, n0, n0 < hi, PAGED, PAGE)
     for start in range(lo, hi, BN):
         n = start + tl.arange(0, BN)
         nm = n < hi
-        if PAGED:
-            page = tl.load(page_table + b.to(tl.int64) * pt_stride + n // PAGE, mask=nm, other=0)
-            slot = page.to(tl.int64) * PAGE + n % PAGE
+        if PREFETCH:
+            slot = slot_next
+            n1 = n + BN
+            slot_next = _tile_slots(page_table, kv_indices, b, pt_stride, kv_start, n1, n1 < hi, PAGED, PAGE)
         else:
-            slot = tl.load(kv_indices + kv_start + n, mask=nm, other=0).to(tl.int64)
+            slot = _tile_slots(page_table, kv_indices, b, pt_stride, kv_start, n, nm, PAGED, PAGE)
         kk = tl.load(kb_h + slot[:, None] * s_kbt + d[None, :], mask=nm[:, None] & (d[None, :] < D), other=0.0)
+        if PREFETCH:  # V's gather issued before the QK dot, not after it
+            vt = tl.load(vb_h + slot[:, None] * s_vbt + dv[None, :], mask=nm[:, None] & (dv[None, :] < DV),
+                         other=0.0)
         if DOT_F32:
             kk = kk.to(tl.float32)
         sc = tl.dot(q, tl.trans(kk)) * qk_scale
@@ -129,7 +147,9 @@ def _verify_kernel(
         p = tl.exp2(sc - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        vt = tl.load(vb_h + slot[:, None] * s_vbt + dv[None, :], mask=nm[:, None] & (dv[None, :] < DV), other=0.0)
+        if not PREFETCH:
+            vt = tl.load(vb_h + slot[:, None] * s_vbt + dv[None, :], mask=nm[:, None] & (dv[None, :] < DV),
+                         other=0.0)
         if DOT_F32:
             acc = acc * alpha[:, None] + tl.dot(p, vt.to(tl.float32))
         else:
@@ -274,6 +294,7 @@ class Launch:
     partials: str
     fused: bool
     merge_unroll: int  # parts a fused merge loads at once
+    prefetch: bool = False  # each key tile's slots loaded one tile ahead, V before the QK dot
 
 
 PARTIALS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -293,6 +314,7 @@ TUNE = {
     "tree_part": (lambda x: isinstance(x, bool), "a bool (False: the last split attends the tree too)"),
     "merge_rows": (lambda x: _int_in(x, 2, 128, pow2=True), "a power of two in 2..128 (rows per merge program)"),
     "merge_unroll": (lambda x: _int_in(x, 1, 16), "an integer in 1..16 (parts a fused merge loads at once)"),
+    "prefetch": (lambda x: isinstance(x, bool), "a bool (each tile's KV slots loaded one tile ahead, V before the dot)"),
 }
 
 
@@ -329,7 +351,8 @@ def launch_choice(bs: int, hq: int, hkv: int, d: int, dv: int, L: int, max_prefi
     # a fused merge of fp32 partials 4 at a time spills registers at 4 warps (sm_90 compile, 64 x 128 row blocks)
     unroll = t.get("merge_unroll", 2 if partials == "fp32" else 4)
     return Launch(bm, rb, t.get("block_n", bn), t.get("num_warps", warps), t.get("num_stages", stages), num_splits,
-                  parts, t.get("merge_rows", mr), partials, parts > 1 and t.get("fused_merge", False), unroll)
+                  parts, t.get("merge_rows", mr), partials, parts > 1 and t.get("fused_merge", False), unroll,
+                  t.get("prefetch", False))
 
 
 def _run(q, k, v, kb, vb, kv_indptr, kv_indices, page_table, prefix_lens, page, custom_mask, L, sm_scale,
@@ -373,6 +396,7 @@ def _run(q, k, v, kb, vb, kv_indptr, kv_indices, page_table, prefix_lens, page, 
         kb.stride(0), kb.stride(1), vb.stride(0), vb.stride(1), out.stride(0), out.stride(1),
         HKV=hkv, G=g, L=L, LP=_np2(L), D=d, BD=_np2(d), DV=dv, BDV=bdv, BM=bm, RB=rb, BN=c.block_n,
         PAGED=paged, PAGE=page, MASK_FULL=mask_indptr is not None, DIRECT=direct, FUSED=c.fused, MU=c.merge_unroll,
+        PREFETCH=c.prefetch,
         DOT_F32=q.device.type != "cuda", num_warps=c.warps, num_stages=c.stages,
     )
     if not direct and not c.fused:
