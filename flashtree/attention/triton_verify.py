@@ -10,12 +10,12 @@ does both and writes the output itself. Only shapes are read on the host: graph-
 
 `tune` overrides the launch for small batches (see `launch_choice`): the key tile, warps and stages; the split
 outputs' dtype (`partials`: fp32, or bf16 / fp16 to halve their write and read; the log-sum-exp stays fp32); the tree
-folded into the last split instead of a part of its own; `prefetch`, each key tile's KV slots loaded one tile
-ahead and its V gathered before the QK dot (at bs 1 a program's loop is latency-bound: ~2.5 µs a tile, kernel run 9);
-and a fused merge, with no second launch: each part, its
-partial written, takes a ticket from a per-(request, KV head, row block) counter, and the last to arrive merges the
-row block's parts and writes the output. The counters live in a persistent zeroed buffer per device that the merging
-program zeroes again, so fused calls must not overlap on two streams.
+folded into the last split instead of a part of its own; `prefetch`, each key tile's KV slots loaded one tile ahead
+and its V gathered before the QK dot (at bs 1 a program's loop is latency-bound: ~2.5 µs a tile, kernel run 9); and a
+fused merge, with no second launch: each part, its partial written, takes a ticket from a per-(request, KV head, row
+block) counter, and the last to arrive merges the row block's parts and writes the output. The counters live in a
+persistent zeroed buffer per device that the merging program zeroes again, so fused calls must not overlap on two
+streams.
 
 Layouts: sglang's (`k_buffer`/`v_buffer (slots, Hkv, D)`, `kv_indptr`, `kv_indices`) and paged (`k_cache`/`v_cache
 (pages, page_size, Hkv, D)`, `page_table (bs, max_pages)`, `prefix_lens (bs,)`). Masks: QLEN (each request's L x L
