@@ -168,20 +168,25 @@ def _vote_tree_kernel(
         pos = tl.cumsum(kept.to(tl.int32), axis=0) - kept.to(tl.int32)
     elif SCORED:
         # k*: the M-th largest node key (as unsigned), a radix select over its four bytes (a 256-bin histogram each,
-        # highest byte first, among the keys that match the bytes chosen so far); every node kept when <= M
+        # highest byte first, among the keys that match the bytes chosen so far); every node kept when <= M. Once
+        # the keys matching the chosen bytes are exactly those still to take, the passes stop: k*'s lower bytes stay
+        # 0, so those keys are above k* or tied at it, and all taken (on path log-probabilities, usually after 2)
         key = skey.to(tl.int64) + (1 << 31)
         match = isn
         rem = tl.minimum(tl.sum(isn.to(tl.int32), axis=0), M)  # keys still to take at or above k*
         kstar = rem.to(tl.int64) * 0
         byte = tl.arange(0, 256)
+        left = tl.sum(match.to(tl.int32), axis=0) > rem  # a pass still decides something
         for step in tl.static_range(4):
-            dig = ((key >> (24 - 8 * step)) & 255).to(tl.int32)
-            hist = tl.histogram(dig, 256, mask=match)
-            ge = tl.cumsum(hist, 0, reverse=True)  # ge[v]: matching keys whose byte is >= v
-            pick = tl.max(tl.where(ge >= rem, byte, 0), axis=0)
-            rem -= tl.sum(tl.where(byte == pick, ge - hist, 0), axis=0)
-            match = match & (dig == pick)
-            kstar = kstar | (pick.to(tl.int64) << (24 - 8 * step))
+            if left:
+                dig = ((key >> (24 - 8 * step)) & 255).to(tl.int32)
+                hist = tl.histogram(dig, 256, mask=match)
+                ge = tl.cumsum(hist, 0, reverse=True)  # ge[v]: matching keys whose byte is >= v
+                pick = tl.max(tl.where(ge >= rem, byte, 0), axis=0)
+                rem -= tl.sum(tl.where(byte == pick, ge - hist, 0), axis=0)
+                match = match & (dig == pick)
+                kstar = kstar | (pick.to(tl.int64) << (24 - 8 * step))
+                left = tl.sum(match.to(tl.int32), axis=0) > rem
         kstar = tl.where(tl.sum(isn.to(tl.int32), axis=0) > M, kstar, -1)
         is_above = isn & (key > kstar)
         kept, pos = _take(is_above, isn & (key == kstar), tl.sum(is_above.to(tl.int32), axis=0), M)
