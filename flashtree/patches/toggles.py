@@ -201,8 +201,11 @@ class Toggle:
 TREE_N = "FLASHTREE_TREE_N"
 AUTO_N = -1  # FLASHTREE_TREE_N=auto: the planner chooses each decode batch's shape (planning.py)
 # What FLASHTREE_TREE_N=auto changes of other toggles' defaults, for those left unset: the draws the fastest measured
-# servers ran (flashtree/patches/README.md, "Planner").
-AUTO_DEFAULTS = {"FLASHTREE_DRAFT_TEMPERATURE": 0.7, "FLASHTREE_FUSED_SAMPLER": True}
+# servers ran, and flashtree's split-KV verify attention (the fastest trees at 8B shapes ran it; the planner without it
+# served a 32-request N = 4, W = 8 step in 22.4 ms where the N = 8 split-KV server's took 13.7: live 8B run 10), except
+# where exact verify replaces the verify attention (AUTO_UNLESS; flashtree/patches/README.md, "Planner").
+AUTO_DEFAULTS = {"FLASHTREE_DRAFT_TEMPERATURE": 0.7, "FLASHTREE_FUSED_SAMPLER": True, "FLASHTREE_SPLITKV_VERIFY": True}
+AUTO_UNLESS = {"FLASHTREE_SPLITKV_VERIFY": "exact_verify"}  # not defaulted when this field is on
 
 
 def toggle(name: str, parse, default, doc: str, needs_tree: str = ""):
@@ -362,7 +365,8 @@ def read_toggles(environ: Mapping[str, str] | None = None) -> TreeToggles | None
             raise ToggleError(f"flashtree: {name}={raw!r} is invalid; allowed: {t.parse.allowed}") from None
     if values.get("tree_n") == AUTO_N:
         for name, value in AUTO_DEFAULTS.items():
-            values.setdefault(TOGGLES[name].field, value)
+            if not values.get(AUTO_UNLESS.get(name, "")):
+                values.setdefault(TOGGLES[name].field, value)
     toggles = TreeToggles(**values)  # type: ignore[arg-type]
     if not toggles.tree_enabled:
         for name, raw in set_.items():

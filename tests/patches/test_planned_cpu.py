@@ -297,13 +297,19 @@ def test_simulated_acceptance_credits_each_step_its_drawn_lengths(tmp_path):
 
 
 def test_auto_toggle_values():
-    """'auto' or an integer; auto's own defaults for the draws (0.7, the fused sampler) only where those are unset."""
+    """'auto' or an integer; auto's own defaults for the draws (0.7, the fused sampler) and split-KV verify only where
+    those are unset, split-KV verify not beside exact verify."""
     auto = read_toggles({"FLASHTREE_TREE_N": "auto"})
     assert auto.planned and auto.tree_enabled and (auto.draft_temperature, auto.fused_sampler) == (0.7, True)
-    mine = read_toggles({"FLASHTREE_TREE_N": "auto", "FLASHTREE_FUSED_SAMPLER": "0", "FLASHTREE_DRAFT_TEMPERATURE": "1"})
-    assert (mine.draft_temperature, mine.fused_sampler) == (1.0, False)
+    assert auto.splitkv_verify and not auto.exact_verify
+    mine = read_toggles({"FLASHTREE_TREE_N": "auto", "FLASHTREE_FUSED_SAMPLER": "0", "FLASHTREE_DRAFT_TEMPERATURE": "1",
+                         "FLASHTREE_SPLITKV_VERIFY": "0"})
+    assert (mine.draft_temperature, mine.fused_sampler, mine.splitkv_verify) == (1.0, False, False)
+    exact = read_toggles({"FLASHTREE_TREE_N": "auto", "FLASHTREE_EXACT_VERIFY": "1"})
+    assert exact.exact_verify and not exact.splitkv_verify
     fixed = read_toggles({"FLASHTREE_TREE_N": "8"})
-    assert not fixed.planned and (fixed.draft_temperature, fixed.fused_sampler) == (1.0, False)
+    assert not fixed.planned and (fixed.draft_temperature, fixed.fused_sampler, fixed.splitkv_verify) == (1.0, False,
+                                                                                                        False)
     with pytest.raises(ToggleError) as err:
         read_toggles({"FLASHTREE_TREE_N": "automatic"})
     assert str(err.value) == ("flashtree: FLASHTREE_TREE_N='automatic' is invalid; allowed: 'auto' (the planner picks "
