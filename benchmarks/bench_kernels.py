@@ -145,8 +145,11 @@ def consistent_logq(cands, vocab=50):
 def part_policies():
     """The server's tree policies: prob's build against its torch builder, timed as the fused launch (the path sums
     in the kernel) with each selection and as the former cumsum + scored launch, and best-first's tree grown from a
-    vanilla Markov head (the registered torch builder, W - 1 rounds, as the server's draft graph tail runs it)."""
-    from flashtree.patches.policy_draws import grow
+    vanilla Markov head (W - 1 rounds, as the server's draft graph tail runs it: each round's top k through the
+    top-k kernels) against the same rounds through a full log-softmax and torch's top-k."""
+    from flashtree.patches.policy_draws import grow, vanilla_step_logits
+    from flashtree.sampler import reference
+    from flashtree.tree import DraftScores, build_tree
     from flashtree.tree.build import build_prob_tree, build_scored_tree
     from flashtree.tree.triton_build import build_prob_tree_triton, build_scored_tree_triton
 
@@ -176,9 +179,19 @@ def part_policies():
         w2 = torch.randn(vocab, rank, device="cuda", dtype=torch.bfloat16) * 0.1
         anchor = torch.randint(0, vocab, (bs,), device="cuda")
         fn = lambda: grow(base, anchor, w1, w2, w)  # noqa: E731
-        log(kind="policy_build", policy="best-first", bs=bs, n=0, k=k, width=w, vocab=vocab, same_as_reference=True,
-            flashtree_eager_us=bench(fn, rep=10), flashtree_graph_us=try_graph(fn), torch_eager_us=None,
-            torch_graph_us=None)
+        # the torch builder: each round's full log-softmax and torch top-k; the check's reference takes the top k by
+        # a stable sort (bf16 logits tie: the kernels take the lower token, as the sort does)
+        logits = vanilla_step_logits(base, w1, w2)
+        full = DraftScores(anchor=anchor, step_logprobs=lambda r, p, t: logits(r, p, t).float().log_softmax(-1))
+        by_sort = DraftScores(anchor=anchor, step_logprobs=full.step_logprobs,
+                              step_topk=lambda r, p, t, n: reference.row_topk_logprobs(logits(r, p, t), n))
+        shape = torch.zeros((bs, 1, k), dtype=torch.long, device="cuda")
+        torch_fn = lambda: build_tree(shape, w, "best-first", full)  # noqa: E731
+        tree, ref = fn(), build_tree(shape, w, "best-first", by_sort)
+        same = all(torch.equal(getattr(tree, f), getattr(ref, f)) for f in ["tokens", "parents", "depth", "valid"])
+        log(kind="policy_build", policy="best-first", bs=bs, n=0, k=k, width=w, vocab=vocab, same_as_reference=same,
+            flashtree_eager_us=bench(fn, rep=10), flashtree_graph_us=try_graph(fn),
+            torch_eager_us=bench(torch_fn, rep=10), torch_graph_us=try_graph(torch_fn))
 
 
 def part_walk():

@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from flashtree.sampler import row_topk_logprobs
 from flashtree.tree import DraftScores, build_tree, get_policy
 from flashtree.tree.types import VoteTree
 
@@ -80,24 +81,30 @@ def recording_logp(sampler: Callable[[torch.Tensor], torch.Tensor]):
     return sample, taken
 
 
-def vanilla_step_logprobs(base_logits: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor):
-    """`DraftScores.step_logprobs` of a vanilla Markov head over one step's base logits (bs, K, V): log q of the next
-    token after a node, its logits summed as the draws sum them (the bias in the weights' dtype)."""
+def vanilla_step_logits(base_logits: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor):
+    """The logits of the next token after a node under a vanilla Markov head, over one step's base logits (bs, K, V):
+    summed as the draws sum them (the bias in the weights' dtype)."""
     k = base_logits.shape[1]
 
-    def step_logprobs(rows: torch.Tensor, pos: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
-        logits = base_logits[rows, pos.clamp(max=k - 1)] + F.linear(F.embedding(prev, w1), w2)
-        return logits.float().log_softmax(dim=-1)
+    def step_logits(rows: torch.Tensor, pos: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        return base_logits[rows, pos.clamp(max=k - 1)] + F.linear(F.embedding(prev, w1), w2)
 
-    return step_logprobs
+    return step_logits
+
+
+def vanilla_scores(anchor: torch.Tensor, base_logits: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> DraftScores:
+    """best-first's DraftScores over a vanilla head: its log q after any node, and their top k through
+    `row_topk_logprobs` (the Triton kernels on CUDA) rather than a full-vocabulary log-softmax and sort."""
+    logits = vanilla_step_logits(base_logits, w1, w2)
+    return DraftScores(anchor=anchor.long(), step_logprobs=lambda r, p, t: logits(r, p, t).float().log_softmax(dim=-1),
+                       step_topk=lambda r, p, t, k: row_topk_logprobs(logits(r, p, t), k))
 
 
 def grow(base_logits: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, width: int) -> VoteTree:
     """The best-first tree of `width` tokens (root included) over base logits (bs, K, V) and a vanilla head."""
     bs, k, _v = base_logits.shape
     shape = torch.zeros((bs, 1, k), dtype=torch.int64, device=base_logits.device)  # the builder reads (N, K) only
-    scores = DraftScores(anchor=anchor.long(), step_logprobs=vanilla_step_logprobs(base_logits, w1, w2))
-    return build_tree(shape, width, policy=GROWN, scores=scores)
+    return build_tree(shape, width, policy=GROWN, scores=vanilla_scores(anchor, base_logits, w1, w2))
 
 
 def first_nodes(tree: VoteTree, width: int) -> VoteTree:

@@ -2,7 +2,8 @@
 
 `sample_rows` runs the fused Triton Gumbel-max kernel on CUDA tensors and the torch reference elsewhere. Draft-side
 draws: `candidate_rows` (candidate 0 greedy, the rest at a temperature) and `gumbel_pick` (one graph-safe Gumbel-max
-step on noise the caller fills), both from `markov`.
+step on noise the caller fills), both from `markov`. `row_topk_logprobs`: each row's k most probable tokens with their
+log-probabilities (best-first's rounds), the Triton kernels on CUDA.
 """
 
 from __future__ import annotations
@@ -21,4 +22,12 @@ def sample_rows(logits, temperature, generator=None, top_k=None, top_p=None) -> 
     return reference.sample_rows(logits, temperature, generator=generator, top_k=top_k, top_p=top_p)
 
 
-__all__ = ["candidate_rows", "gumbel_pick", "sample_rows"]
+def row_topk_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if logits.is_cuda:
+        from .triton_topk import row_topk_logprobs as on_gpu
+
+        return on_gpu(logits, k)
+    return reference.row_topk_logprobs(logits, k)
+
+
+__all__ = ["candidate_rows", "gumbel_pick", "row_topk_logprobs", "sample_rows"]

@@ -45,3 +45,12 @@ def sample_rows(
     race = torch.empty_like(probs).exponential_(generator=generator)
     sampled = (probs / race).argmax(dim=-1)
     return torch.where(greedy, logits.argmax(dim=-1), sampled)
+
+
+def row_topk_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probabilities (R, k), token ids (R, k)) of each row's k most probable tokens, largest first, ties to the
+    lower id (a stable descending sort); slots past a row's finite logits are -inf at token 0."""
+    logp = logits.float().log_softmax(dim=-1)
+    values, ids = logp.sort(dim=-1, descending=True, stable=True)
+    values, ids = values[:, :k], ids[:, :k]
+    return values, torch.where(values == float("-inf"), 0, ids)

@@ -32,8 +32,11 @@ def best_first(candidates: torch.Tensor, width: int, scores) -> VoteTree:
                                      for t in (torch.long, torch.long, torch.long, torch.bool))
 
     def push(at: int, parent: int, prev: torch.Tensor, pos: torch.Tensor, base: torch.Tensor) -> None:
-        logp = scores.step_logprobs(rows, pos, prev).float()
-        top, tok = logp.topk(min(keep, logp.shape[-1]), dim=-1)
+        if scores.step_topk is not None:  # the drafter's own top-k (a kernel), else the full log q's
+            top, tok = scores.step_topk(rows, pos, prev, keep)
+        else:
+            logp = scores.step_logprobs(rows, pos, prev).float()
+            top, tok = logp.topk(min(keep, logp.shape[-1]), dim=-1)
         cols = slice(at, at + top.shape[1])
         f_score[:, cols] = torch.where((pos < k).unsqueeze(1), base.unsqueeze(1) + top, neg)
         f_token[:, cols] = tok

@@ -32,11 +32,14 @@ class DraftScores:
     anchor: (bs,) the root token (what the first position conditions on).
     step_logprobs: `(rows (R,), position (R,) 0-based, prev (R,) the parent's token) -> (R, V)` log q of the next token
         after a node (a policy that grows trees beyond the candidates calls it).
+    step_topk: optionally, `(rows, position, prev, k) -> (log q (R, k), tokens (R, k))`, the k most probable of the
+        same, largest first, ties to the lower token (without the full-vocabulary log q: `sampler.row_topk_logprobs`).
     """
 
     logp: torch.Tensor | None = None
     anchor: torch.Tensor | None = None
     step_logprobs: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    step_topk: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 @dataclass(frozen=True)
