@@ -178,7 +178,7 @@ def part_policies():
         w1 = torch.randn(vocab, rank, device="cuda", dtype=torch.bfloat16) * 0.1
         w2 = torch.randn(vocab, rank, device="cuda", dtype=torch.bfloat16) * 0.1
         anchor = torch.randint(0, vocab, (bs,), device="cuda")
-        fn = lambda: grow(base, anchor, w1, w2, w)  # noqa: E731
+        fn = lambda: grow(base, anchor, w1, w2, width=w)  # noqa: E731
         # the torch builder: each round's full log-softmax and torch top-k; the check's reference takes the top k by
         # a stable sort (bf16 logits tie: the kernels take the lower token, as the sort does)
         logits = vanilla_step_logits(base, w1, w2)

@@ -273,7 +273,7 @@ def policy_draws_of(run: TreeRun, worker, draft, sampler, bs: int, tree_w: int):
         if sampler is not None:
             graph_draws.note_eager(run, sampler.flashtree_draws, bs)
         if run.grown is not None:  # best-first: no draws, the tree grows from the head
-            tree = policy_draws.grow(draft.base_logits[:, :k], draft.anchor, *run.grown, tree_w)
+            tree = policy_draws.grow(draft.base_logits[:, :k], draft.anchor, *run.grown, width=tree_w)
             candidates = tree.tokens.new_zeros((bs, 1, k))
         else:
             hidden = None if draft.draft_hidden is None else draft.draft_hidden[:, :k]

@@ -176,7 +176,7 @@ class GraphDraws:
         draft_hidden = draft_hidden[:, : self.k]
         self.calls += 1
         if self.grown is not None:
-            tree = policy_draws.grow(base_logits, anchor, *self.grown, self.tree_width)
+            tree = policy_draws.grow(base_logits, anchor, *self.grown, width=self.tree_width)
             for buf, part in ((self.tree.tokens, tree.tokens), (self.tree.parents, tree.parents),
                               (self.tree.depth, tree.depth), (self.tree.valid, tree.valid)):
                 buf[:bs].copy_(part)

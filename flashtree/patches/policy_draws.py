@@ -40,7 +40,8 @@ def grows(policy: str) -> bool:
 
 def check(adapter, toggles, worker) -> tuple | None:
     """At worker start: refuse a policy this worker's draft cannot feed (ToggleError, a SystemExit). Returns what
-    best-first grows its trees from, the vanilla head's (w1, w2); None for the other policies."""
+    best-first grows its trees from: the vanilla head's (w1, w2), or () where the draft's positions are independent
+    (DFLASH); None for the other policies."""
     from . import flashmap_draft
 
     policy = toggles.tree_policy
@@ -54,6 +55,8 @@ def check(adapter, toggles, worker) -> tuple | None:
             "FLASHTREE_TREE_POLICY=vote")
     if not grows(policy):
         return None
+    if adapter.independent_positions:
+        return ()
     weights = adapter.vanilla_markov_weights(getattr(model, "markov_head", None))
     if weights is None:
         raise ToggleError(
@@ -100,11 +103,27 @@ def vanilla_scores(anchor: torch.Tensor, base_logits: torch.Tensor, w1: torch.Te
                        step_topk=lambda r, p, t, k: row_topk_logprobs(logits(r, p, t), k))
 
 
-def grow(base_logits: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, width: int) -> VoteTree:
-    """The best-first tree of `width` tokens (root included) over base logits (bs, K, V) and a vanilla head."""
+def marginal_scores(anchor: torch.Tensor, base_logits: torch.Tensor, keep: int) -> DraftScores:
+    """best-first's DraftScores where the draft's positions are independent given the context (DFLASH: no Markov
+    head): each position's log q whatever the parent, its top `keep` taken once per position for every round."""
+    bs, k, v = base_logits.shape
+    top, ids = (t.view(bs, k, -1) for t in row_topk_logprobs(base_logits.reshape(bs * k, v), min(keep, v)))
+
+    def step_topk(rows: torch.Tensor, pos: torch.Tensor, prev: torch.Tensor, n: int):
+        at = pos.clamp(max=k - 1)
+        return top[rows, at, :n], ids[rows, at, :n]
+
+    return DraftScores(anchor=anchor.long(), step_topk=step_topk,
+                       step_logprobs=lambda r, p, t: base_logits[r, p.clamp(max=k - 1)].float().log_softmax(dim=-1))
+
+
+def grow(base_logits: torch.Tensor, anchor: torch.Tensor, *head: torch.Tensor, width: int) -> VoteTree:
+    """The best-first tree of `width` tokens (root included) over base logits (bs, K, V) and a vanilla head's
+    (w1, w2), or, with no head, the positions' own distributions."""
     bs, k, _v = base_logits.shape
     shape = torch.zeros((bs, 1, k), dtype=torch.int64, device=base_logits.device)  # the builder reads (N, K) only
-    return build_tree(shape, width, policy=GROWN, scores=vanilla_scores(anchor, base_logits, w1, w2))
+    scores = vanilla_scores(anchor, base_logits, *head) if head else marginal_scores(anchor, base_logits, width - 1)
+    return build_tree(shape, width, policy=GROWN, scores=scores)
 
 
 def first_nodes(tree: VoteTree, width: int) -> VoteTree:

@@ -82,7 +82,7 @@ class TreeRun:
     row_tails: dict = field(default_factory=dict)  # (bs, verify width) -> the statistics rows' fixed tail
     tp: TpSync = field(default_factory=lambda: TpSync(None))  # rank 0's draws for every TP rank (TP 1: nothing)
     planner: object | None = None  # FLASHTREE_TREE_N=auto: the per-batch choice (planning.ServerPlanner)
-    grown: tuple | None = None  # FLASHTREE_TREE_POLICY=best-first: the vanilla head's (w1, w2) (policy_draws.py)
+    grown: tuple | None = None  # FLASHTREE_TREE_POLICY=best-first: the vanilla head's (w1, w2), () for a headless draft
     counts: CommittedCounts = field(default_factory=CommittedCounts)  # penalties' committed tokens (node_logits.py)
 
     def row_tail(self, bs: int, width: int) -> torch.Tensor:

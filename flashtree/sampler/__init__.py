@@ -24,8 +24,10 @@ def sample_rows(logits, temperature, generator=None, top_k=None, top_p=None) -> 
 
 def row_topk_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     if logits.is_cuda:
-        from .triton_topk import row_topk_logprobs as on_gpu
+        from .triton_topk import TOPK_MAX, row_topk_logprobs as on_gpu
 
+        if k > TOPK_MAX:  # trees of more than TOPK_MAX + 1 tokens: the sort
+            return reference.row_topk_logprobs(logits, k)
         return on_gpu(logits, k)
     return reference.row_topk_logprobs(logits, k)
 

@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+TOPK_MAX = 128  # the merge holds ~64 tiles x k picks per row
+
 
 @triton.jit
 def _pick_rounds(x, ids, K: tl.constexpr, KP: tl.constexpr):
@@ -81,8 +83,8 @@ def row_topk_logprobs(logits: torch.Tensor, k: int, *, block_v: int | None = Non
     if logits.dim() != 2:
         raise ValueError(f"logits must be (rows, vocab), got shape {tuple(logits.shape)}")
     rows, v = logits.shape
-    if not 1 <= k <= min(v, 128):
-        raise ValueError(f"k={k}: use 1 <= k <= min(vocab, 128) (vocab {v})")
+    if not 1 <= k <= min(v, TOPK_MAX):
+        raise ValueError(f"k={k}: use 1 <= k <= min(vocab, {TOPK_MAX}) (vocab {v})")
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     dev = logits.device

@@ -143,12 +143,12 @@ def test_policy_builds_graph_capture():
     base = torch.randn(bs, k, v, generator=g).cuda()
     w1, w2 = torch.randn(v, 4, generator=g).cuda(), torch.randn(v, 4, generator=g).cuda()
     anchor = torch.randint(0, v, (bs,), generator=g).cuda()
-    get_policy("prob").build(static_c, 32, scores), grow(base, anchor, w1, w2, w)  # compile / warm up
+    get_policy("prob").build(static_c, 32, scores), grow(base, anchor, w1, w2, width=w)  # compile / warm up
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         tree = get_policy("prob").build(static_c, 32, scores)
-        grown = grow(base, anchor, w1, w2, w)
+        grown = grow(base, anchor, w1, w2, width=w)
     for _ in range(2):
         cands = anchor_candidates(64, 32, 15, g, vocab=4)
         static_c.copy_(cands.cuda())

@@ -40,6 +40,7 @@ class SglangAdapter:
     # the DraftScores fields this worker's tree step can give the score-reading tree policies (policy_draws.py): the
     # Markov head's log q recorded by the draws, its conditionals for best-first; DFLASH: its marginals (dflash.py)
     draft_scores: tuple = ("logp", "anchor", "step_logprobs")
+    independent_positions = False  # a draft without a Markov head: each position's distribution ignores its parent
     logp_from_draws = True  # log q comes with the draws (False: `candidate_logp` computes it after them)
     run_forward_extra: dict = {}  # release-specific keyword arguments of DraftBlockProposer._run_forward
     # Probes that must all pass for this adapter to be chosen.

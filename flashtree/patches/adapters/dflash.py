@@ -48,7 +48,10 @@ DFLASH_PROBES = (
 class DFlashFamily(SglangAdapter):
     algorithm = "DFLASH"
     worker_name = "DFlashWorkerV2"
-    draft_scores = ("logp",)  # the positions' marginals: `prob` ranks trie nodes by their product
+    # the positions' marginals: `prob` ranks trie nodes by their product, best-first grows from them (each position's
+    # distribution whatever its parent: DDTree's setting)
+    draft_scores = ("logp", "anchor", "step_logprobs")
+    independent_positions = True  # no Markov head: best-first's rounds read each position's top k (policy_draws.py)
     logp_from_draws = False
     graph_draws_off = "DFLASH's draft graph tail is its own greedy head; the N draws run after the forward"
     flashmap_noise_draws = False  # over the release adapter's (0.5.20: FlashMap drafts are DSPARK's)
