@@ -255,10 +255,9 @@ class ServerPlanner:
         """Fill the cost table: `time_step(shape, bs)` seconds (None: that shape cannot be timed at bs) for every
         shape at every size; logged once."""
         costs = self.planner.costs
-        max_n = self.planner.max_n
         for bs in sorted({int(b) for b in sizes}):
             for shape in self.shapes:
-                if not shape.is_chain and max_n is not None and shape.n > max_n(bs):
+                if not self.planner.drawable(shape, bs):
                     continue  # a batch of bs never draws its N
                 seconds = time_step(shape, bs)
                 if seconds is not None:

@@ -100,7 +100,7 @@ def vanilla_scores(anchor: torch.Tensor, base_logits: torch.Tensor, w1: torch.Te
     `row_topk_logprobs` (the Triton kernels on CUDA) rather than a full-vocabulary log-softmax and sort."""
     logits = vanilla_step_logits(base_logits, w1, w2)
     return DraftScores(anchor=anchor.long(), step_logprobs=lambda r, p, t: logits(r, p, t).float().log_softmax(dim=-1),
-                       step_topk=lambda r, p, t, k: row_topk_logprobs(logits(r, p, t), k))
+                       step_topk=lambda r, p, t, k: row_topk_logprobs(logits(r, p, t), min(k, w2.shape[0])))
 
 
 def marginal_scores(anchor: torch.Tensor, base_logits: torch.Tensor, keep: int) -> DraftScores:

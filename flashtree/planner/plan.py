@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
