@@ -55,10 +55,11 @@ RETIME_AFTER = 4  # timed steps of a (shape, batch size) whose mean replaces the
 LOG_EVERY = 2000  # decisions per summary line
 REPEATS = 5  # timed runs per (shape, batch size) at start, after an untimed one; the fastest counts
 # A planned tree step draws one N for every shape of the menu, and a draw costs in proportion to the vocabulary (each
-# candidate row samples all of it at every depth): at Qwen3-8B shapes (151936 tokens) drawing 64 per request cost a
-# 64-request N = 8, W = 8 step 54 ms against 31 ms for a server drawing 8 (live 8B run 9). So a batch draws at most
-# PLANNED_DRAW_LOGITS / vocabulary candidates (512 at SmolLM2's 49152, 165 at Qwen3's: 64 per request up to 2
-# requests, 16 at 8, 4 at 32), and is offered only the shapes whose N it draws (`TreePlan.draws_for`).
+# candidate row samples all of it at every depth): at Qwen3-8B shapes (151936 tokens) the start-up table priced a
+# 64-request N = 8, W = 8 step drawing 64 per request at 54.1 ms (live 8B run 9) and, capped to 2, the N = 1 step at
+# 19.8 (run 10; the uncapped N = 1 step 54.3). So a batch draws at most PLANNED_DRAW_LOGITS / vocabulary candidates
+# (512 at SmolLM2's 49152, 165 at Qwen3's: 64 per request up to 2 requests, 16 at 8, 4 at 32), and is offered only the
+# shapes whose N it draws (`TreePlan.draws_for`).
 PLANNED_DRAW_LOGITS = 512 * 49152
 
 
