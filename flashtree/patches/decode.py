@@ -102,6 +102,7 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeRun:
         sampler=_load_sampler(toggles),
         forward_rows=rows,
         draw_cap=planning.draw_cap(worker) if planned else 0,
+        draw_floor=planning.DRAW_FLOOR if planned else 0,
     )
     device = torch.device(getattr(worker, "device", "cpu"))
     generator = torch.Generator(device=device)

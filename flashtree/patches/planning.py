@@ -9,8 +9,8 @@ server, choosing per decode batch between trees and DSPARK's own chain step.
   widths its N x depth + 1 nodes can fill (`default_shapes`; N = 1, the draft's greedy block, is DSPARK's chain
   verified at depth + 1 tokens, cheaper than DSPARK's own step over a wider window). A tree step draws
   the menu's largest N up to `draw_cap` candidates per batch (`TreePlan.draws_for`; PLANNED_DRAW_LOGITS over the
-  vocabulary) and a batch is offered only the shapes of that many; a narrower shape's tree is built from the first N of
-  them, so one step can credit every shape of no more candidates (`flashtree.planner.acceptance`).
+  vocabulary, but at least DRAW_FLOOR per request) and a batch is offered only the shapes of that many; a narrower
+  shape's tree is built from the first N of them, so one step can credit every shape of no more candidates (`flashtree.planner.acceptance`).
 - init_cuda_graphs (startup.py), after the verify graphs at every menu width (verify_widths.py) and the kernels'
   warm-up: `measure` fills the cost table, each shape's step time at each captured batch size, and logs it once.
   On a GPU `StepProbe` times the parts of a step that differ between shapes, back to back, with CUDA events: the
@@ -61,6 +61,9 @@ REPEATS = 5  # timed runs per (shape, batch size) at start, after an untimed one
 # (512 at SmolLM2's 49152, 165 at Qwen3's: 64 per request up to 2 requests, 16 at 8, 4 at 32), and is offered only the
 # shapes whose N it draws (`TreePlan.draws_for`).
 PLANNED_DRAW_LOGITS = 512 * 49152
+# ... but never fewer than 8 per request: N = 8 in the draft's window is the best fixed tree at 32 and 64 requests at
+# Qwen3-8B shapes (1.43x / 1.45x the chain, run 9), which a cap of 165 (4 and 2 per request there) took off the menu.
+DRAW_FLOOR = 8
 
 
 def draw_cap(worker) -> int:

@@ -27,6 +27,7 @@ class TreePlan:
     sampler: Callable  # the eager draws' row sampler (logits, temperatures, generator) -> tokens
     forward_rows: int  # rows of DSPARK's window the tree step's draft forward runs (gamma: DSPARK's own proposer)
     draw_cap: int = 0  # FLASHTREE_TREE_N=auto: candidates drawn per batch at most (planning.draw_cap; 0: none)
+    draw_floor: int = 0  # ... but at least this many per request (planning.DRAW_FLOOR), whatever the cap
 
     def width_for(self, bs: int) -> int:
         w = self.tree_width
@@ -37,12 +38,12 @@ class TreePlan:
     def draws_for(self, bs: int) -> int:
         """Candidates drawn per request in a batch of bs: N, scaled with the tree under a budget (N * w / W, at least
         1), so draws at large batches cost in proportion to the verify tokens they feed; under the planner at most
-        `draw_cap` per batch."""
+        `draw_cap` per batch, or `draw_floor` per request where that is more."""
         n = self.toggles.tree_n
         if self.toggles.tree_budget > 0:
             n = max(1, -(-n * self.width_for(bs) // self.tree_width))
         if self.draw_cap > 0:  # the power of two at most cap / bs: the planner's menu N are powers of two
-            n = min(n, 1 << max(0, (self.draw_cap // max(bs, 1)).bit_length() - 1))
+            n = min(n, max(self.draw_floor, 1 << max(0, (self.draw_cap // max(bs, 1)).bit_length() - 1)))
         return n
 
     def widths_for(self, bs: int, verify_widths: Iterable[int] = ()) -> tuple[int, int]:

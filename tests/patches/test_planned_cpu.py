@@ -175,6 +175,7 @@ def test_a_batch_is_offered_only_the_shapes_whose_candidates_it_draws(monkeypatc
     4-candidate trees are timed and offered at one request only and larger batches take the N = 1 tree though N = 4
     is cheaper; each step draws its batch's N and commits the greedy decode."""
     monkeypatch.setattr(planning, "draw_cap", lambda worker: 4)
+    monkeypatch.setattr(planning, "DRAW_FLOOR", 1)
     world, adapter, worker, state = planned_server(graph_max_bs)
     assert [state.plan.draws_for(bs) for bs in (1, 2, 3, 9)] == [4, 2, 1, 1]
     rows = state.planner.trees[0].rows
@@ -378,3 +379,16 @@ def test_the_draw_cap_comes_from_the_vocabulary():
 
     assert [planning.draw_cap(worker(v)) for v in (49152, 151936, 10**9)] == [512, 165, 1]
     assert planning.draw_cap(types.SimpleNamespace()) == 0
+
+
+def test_a_planned_batch_draws_at_least_the_floor_per_request():
+    """A 64-candidate menu at Qwen3's vocabulary (a cap of 165 per batch): one request draws 64, 8 draw 16, and 16 to 64
+    requests still draw DRAW_FLOOR = 8 each (the best fixed tree there); the floor never raises N above the menu's."""
+    import dataclasses
+
+    _world, _adapter, _worker, state = planned_server()
+    plan = dataclasses.replace(state.plan, toggles=dataclasses.replace(state.plan.toggles, tree_n=64), draw_cap=165)
+    assert plan.draw_floor == planning.DRAW_FLOOR == 8
+    assert [plan.draws_for(bs) for bs in (1, 2, 8, 16, 32, 64)] == [64, 64, 16, 8, 8, 8]
+    small = dataclasses.replace(plan, toggles=dataclasses.replace(plan.toggles, tree_n=4))
+    assert [small.draws_for(bs) for bs in (1, 64)] == [4, 4]
