@@ -69,6 +69,16 @@ live_tiny_models() {
   [ -f $WORK/models/prompts.json ] || { el "model build failed"; return 2; }
 }
 
+# the phase tables written so far into $OUT (the stage and mixed phases' under their phase's name)
+live_copy_results() {
+  cp "$RUN_DIR"/*_results.json "$OUT/" 2>/dev/null
+  local p
+  for p in stage mixed; do
+    [ -f "$RUN_DIR/$p/speed_results.json" ] && cp "$RUN_DIR/$p/speed_results.json" "$OUT/${p}_speed_results.json"
+  done
+  return 0
+}
+
 # live_run ARGS...: the app into $RUN_DIR (LIVE_S: its time limit, 0 = none), then its results into $OUT (phase JSON,
 # tables, one archive of the rest).
 live_run() {
@@ -77,13 +87,14 @@ live_run() {
   # so a device call's limit never takes the results with it
   # the phase tables reach $OUT as the app writes them (after each server), so a call killed at its own limit
   # (LIVE_S + the 30 s grace + the archive must stay under it) still returns what was measured
-  (while sleep 5; do cp "$RUN_DIR"/*_results.json "$OUT/" 2>/dev/null; done) &
+  (while sleep 5; do live_copy_results; done) &
   local watcher=$!
   timeout --signal=INT --kill-after=30 "${LIVE_S:-0}" python3 experiments/live.py "live.out_dir=$RUN_DIR" \
     "live.work_dir=$WORK" "$@"
   local rc=$?
   kill "$watcher" 2>/dev/null
-  cp "$RUN_DIR"/*_results.json "$RUN_DIR"/summary.json "$OUT/" 2>/dev/null
+  live_copy_results
+  cp "$RUN_DIR"/summary.json "$OUT/" 2>/dev/null
   tar czf "$OUT/live_run.tgz" -C "$RUN_DIR" . && el "app rc=$rc; results and logs: $OUT/live_run.tgz"
   return $rc
 }

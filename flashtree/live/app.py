@@ -14,7 +14,7 @@ from pathlib import Path
 from flashtree.experiments.config import ConfigError
 from flashtree.live import features, grammar, identity, memory, sampled, speed
 from flashtree.live.commands import Instance, all_instances, phase_instances, shell_line
-from flashtree.live.config import LiveConfig, to_live_config
+from flashtree.live.config import SPEED_PHASES, LiveConfig, to_live_config
 from flashtree.live.prompts import Prompts, load
 from flashtree.live.servers import ServerManager, ServerStartError, launch_environ
 from flashtree.live.tables import request_record, write_tables
@@ -34,13 +34,14 @@ def describe(cfg: LiveConfig, plan: dict[str, list[Instance]]) -> str:
     for phase, instances in plan.items():
         p = getattr(cfg.phases, phase)
         what = (f"concurrencies {list(p.concurrencies)}, {p.rounds} round(s), client {p.backend}"
-                if phase in ("speed", "stage") else f"{p.prompts} prompts x {p.max_new_tokens} tokens"
+                + (f", {p.constrained:.0%} of the requests constrained to {p.regex!r}" if p.constrained else "")
+                if phase in SPEED_PHASES else f"{p.prompts} prompts x {p.max_new_tokens} tokens"
                 if phase == "identity" else f"regex {p.regex!r}" if phase == "grammar"
                 else f"{len(features.requests(p.logit_bias, 1, p.skip))} feature requests x {p.max_new_tokens} tokens"
                 if phase == "features"
                 else f"{p.samples} draws x {p.tokens} tokens at T {p.temperature}")
         lines.append(f"  {phase}: {', '.join(i.name for i in instances)}; {what}")
-        if phase in ("speed", "stage") and p.backend == "bench_serving":
+        if phase in SPEED_PHASES and p.backend == "bench_serving":
             cmd = speed.bench_serving_command(cfg.live.python or sys.executable, 0, model=cfg.model.target,
                                               dataset="OUT/prompts.jsonl", conc=p.concurrencies[0],
                                               num_prompts=speed.requests_per_level(p.concurrencies[0], p.min_requests),
@@ -152,7 +153,8 @@ class Run:
         p = getattr(self.cfg.phases, phase)
         port = self.manager.port(name)
         if p.backend == "ids":
-            row, rs = speed.ids_level(port, self.prompts.ids, conc, p.max_new_tokens, p.min_requests, burst=rnd == 0)
+            row, rs = speed.ids_level(port, self.prompts.ids, conc, p.max_new_tokens, p.min_requests, burst=rnd == 0,
+                                      constrained=p.constrained, regex=p.regex)
             self.keep(phase, name, conc, rnd, rs)
             return row
         cmd = speed.bench_serving_command(self.cfg.live.python or sys.executable, port, model=self.cfg.model.target,
@@ -190,27 +192,35 @@ def run(cfg) -> int:
     if prompts.texts is not None:
         speed.write_custom_dataset(prompts.texts, out / "prompts.jsonl")
     print(f"[live] prompts: {prompts.source}", flush=True)
-    last_use = {i.name: k for k, phase in enumerate(cfg.run) for i in plan[phase]}
     with ServerManager(out / "logs", work_dir=cfg.live.work_dir, stagger_s=cfg.live.stagger_s,
                        stop_timeout_s=cfg.live.stop_timeout_s) as manager:
         for inst in all_instances(plan):
             manager.start(inst)
         try:
-            manager.wait_healthy(cfg.live.start_timeout_s)
+            not_started = manager.wait_healthy(cfg.live.start_timeout_s, keep_going=cfg.live.keep_going)
         except ServerStartError as err:
             print(f"[live] {err}", file=sys.stderr, flush=True)
             return 2
         state = Run(cfg, manager, prompts, out)
+        state.failed += [f"start:{n}" for n in not_started]
+        plan = without(plan, not_started)
+        last_use = {i.name: k for k, phase in enumerate(cfg.run) if phase in plan for i in plan[phase]}
+        for name in set(manager.running) - set(last_use):  # in no phase that still runs
+            manager.stop(name)
         interrupted = False
         try:
             for k, phase in enumerate(cfg.run):
                 print(f"[live] phase {phase}", flush=True)
-                if phase == "stage":
-                    result = state.speed(plan[phase], "stage")
+                if phase not in plan:
+                    print(f"[live] phase {phase} not run: its servers did not start", flush=True)
+                    state.failed.append(f"{phase}:not-run")
+                    continue
+                if phase in ("stage", "mixed"):
+                    result = state.speed(plan[phase], phase)
                 else:
                     result = getattr(state, phase)(plan[phase])
                     save(out, phase, result)
-                if phase == "speed":
+                if phase in ("speed", "mixed"):
                     print(speed.table(result), flush=True)
                 verdicts = {n: s.get("status") for n, s in result["servers"].items() if isinstance(s, dict)}
                 state.failed += [f"{phase}:{n}" for n, v in verdicts.items() if v in ("fail", "not-run")]
@@ -228,6 +238,22 @@ def run(cfg) -> int:
     stage_times(out / "logs", out / "stage_times.txt")
     print(f"[live] tables: {steps_path}, {summary_path}; not passed: {state.failed or 'none'}", flush=True)
     return 130 if interrupted else 1 if state.failed else 0
+
+
+COMPARED = ("identity", "sampled", "grammar", "features")  # phases of a reference (the first server) and the others
+
+
+def without(plan: dict[str, list[Instance]], failed) -> dict[str, list[Instance]]:
+    """The plan without the servers that failed to start; a phase left with no server, or a compared phase left
+    without its reference or anything to compare, is dropped."""
+    out = {}
+    for phase, instances in plan.items():
+        kept = [i for i in instances if i.name not in failed]
+        if phase in COMPARED and (len(kept) < 2 or kept[0] is not instances[0]):
+            continue
+        if kept:
+            out[phase] = kept
+    return out
 
 
 def _plain(cfg) -> dict:

@@ -55,8 +55,20 @@ def window(server: ServerConfig, model: ModelConfig) -> int:
     return server.window if server.window is not None else model.draft_block_size + 1
 
 
+def with_flag(args, flag: str, value) -> list[str]:
+    """`args` with `flag`'s value replaced by `value` (appended where absent; None: `args` as they are)."""
+    args = list(args)
+    if value is None:
+        return args
+    if flag in args[:-1]:
+        at = args.index(flag)
+        return args[:at + 1] + [str(value)] + args[at + 2:]
+    return args + [flag, str(value)]
+
+
 def launch_args(server: ServerConfig, model: ModelConfig, precision: PrecisionConfig, python: str) -> list[str]:
-    argv = [python, "-m", "sglang.launch_server", "--model-path", model.target, *model.args,
+    model_args = with_flag(model.args, "--attention-backend", server.attention_backend)
+    argv = [python, "-m", "sglang.launch_server", "--model-path", model.target, *model_args,
             "--page-size", str(server.page_size), "--mem-fraction-static", str(model.mem_fraction_static),
             "--dtype", precision.dtype, "--max-running-requests", str(precision.max_running_requests),
             "--cuda-graph-bs-decode", *map(str, precision.cuda_graph_bs), *precision.args]

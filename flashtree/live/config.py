@@ -15,7 +15,8 @@ from omegaconf import MISSING
 from flashtree.experiments.config import LoggerConfig, WandbConfig, _check, to_run_config
 from flashtree.live.dummy import ARCHITECTURES, DummyShapes
 
-PHASES = ("identity", "stage", "speed", "sampled", "grammar", "features")
+PHASES = ("identity", "stage", "speed", "mixed", "sampled", "grammar", "features")
+SPEED_PHASES = ("stage", "speed", "mixed")  # SpeedPhase's, measured by the speed loop
 SPEED_BACKENDS = ("bench_serving", "ids")
 PROMPT_SOURCES = ("gsm8k", "random", "file")
 # The features phase's requests (flashtree/live/features.py builds them)
@@ -41,7 +42,6 @@ class ServerConfig:
     budget: Optional[int] = None  # FLASHTREE_TREE_BUDGET: batch-wide verify tokens
     draft_rows: Optional[int] = None  # FLASHTREE_DRAFT_ROWS: rows of the window the tree step's draft forward runs
     draft_temperature: Optional[float] = None  # FLASHTREE_DRAFT_TEMPERATURE of draws 1 .. N-1
-    policy: Optional[str] = None  # FLASHTREE_TREE_POLICY (prob: DFLASH models only)
     max_bs: Optional[int] = None  # FLASHTREE_TREE_MAX_BS: larger decode batches run DSPARK's chain step
     policy: Optional[str] = None  # FLASHTREE_TREE_POLICY: vote, prob or best-first (flashtree/tree/policies/)
     split_kv: bool = False  # FLASHTREE_SPLITKV_VERIFY=1
@@ -49,6 +49,8 @@ class ServerConfig:
     fused_sampler: bool = False  # FLASHTREE_FUSED_SAMPLER=1
     graph_draws: Optional[bool] = None  # FLASHTREE_GRAPH_DRAWS=1/0 (the N draws inside DSPARK's draft graph)
     page_size: int = 1
+    # the target's --attention-backend in place of the model's (e.g. flashinfer); null: the model's
+    attention_backend: Optional[str] = None
     env: dict[str, str] = field(default_factory=dict)  # more environment, e.g. SGLANG_SIMULATE_ACC_LEN
     args: list[str] = field(default_factory=list)  # more sglang flags
 
@@ -74,6 +76,10 @@ class ServerConfig:
         _check(not (self.split_kv and self.exact_verify), key, "split_kv+exact_verify",
                "choose one: split-KV verify is already exact on a deterministic server")
         _check(self.page_size >= 1, f"{key}.page_size", self.page_size, "must be >= 1")
+        _check(self.attention_backend is None or (isinstance(self.attention_backend, str) and
+                                                  self.attention_backend.strip() == self.attention_backend != ""),
+               f"{key}.attention_backend", self.attention_backend, "must be a backend name (sglang's "
+               "--attention-backend), or null for the model's")
 
 
 @dataclass
@@ -145,6 +151,11 @@ class IdentityPhase(Phase):
     in_flight: int = 8  # requests in flight per server
 
 
+# The speed phases' grammar: text of any length (so a constrained request runs to max_new_tokens like the others) from
+# a vocabulary every model has, which masks most of a tokenizer's tokens at every position.
+CONSTRAINED_REGEX = r"[A-Za-z0-9 ,.;:?!()'\n-]*"
+
+
 @dataclass
 class SpeedPhase(Phase):
     """Each server alone at each concurrency: tokens/s, time per output token, tau."""
@@ -155,9 +166,16 @@ class SpeedPhase(Phase):
     max_new_tokens: int = 256
     backend: str = "bench_serving"  # bench_serving (sglang's, needs a tokenizer) | ids (flashtree's input-id client)
     timeout_s: float = 600.0  # the whole phase; levels not reached by then are recorded as errors
+    # the fraction of each level's requests that carry `regex` (grammar-constrained output; ids client only)
+    constrained: float = 0.0
+    regex: str = CONSTRAINED_REGEX
 
     def __post_init__(self) -> None:
         _check(self.backend in SPEED_BACKENDS, "speed.backend", self.backend, f"use one of {', '.join(SPEED_BACKENDS)}")
+        _check(0.0 <= self.constrained <= 1.0, "speed.constrained", self.constrained, "must be a fraction in [0, 1]")
+        _check(self.constrained == 0.0 or self.backend == "ids", "speed.backend", self.backend,
+               "constrained requests are sent by flashtree's client: use ids (bench_serving sends no grammar)")
+        _check(bool(self.regex), "speed.regex", self.regex, "must be a non-empty regular expression")
         _check(self.rounds >= 1, "speed.rounds", self.rounds, "must be >= 1")
         _check(all(c >= 1 for c in self.concurrencies), "speed.concurrencies", list(self.concurrencies), "must be >= 1")
 
@@ -210,6 +228,8 @@ class PhasesConfig:
     identity: IdentityPhase = field(default_factory=IdentityPhase)
     stage: SpeedPhase = field(default_factory=SpeedPhase)  # the speed phase on FLASHTREE_STAGE_TIMES servers
     speed: SpeedPhase = field(default_factory=SpeedPhase)
+    # the speed phase with a share of grammar-constrained requests (the grammar's cost, tree against chain)
+    mixed: SpeedPhase = field(default_factory=lambda: SpeedPhase(constrained=0.3, backend="ids"))
     sampled: SampledPhase = field(default_factory=SampledPhase)
     grammar: GrammarPhase = field(default_factory=GrammarPhase)
     features: FeaturesPhase = field(default_factory=FeaturesPhase)
@@ -224,6 +244,9 @@ class RunOptions:
     start_timeout_s: float = 300.0  # every server up within this, or the run stops naming the one that is not
     stagger_s: float = 6.0  # between server starts (concurrent starts race sglang's memory check)
     stop_timeout_s: float = 15.0
+    # a server that fails to start: false stops the run (naming it); true drops it from every phase, which runs with
+    # the others (a phase whose reference or every compared server failed is not run) and the run exits 1
+    keep_going: bool = False
 
 
 @dataclass
@@ -260,7 +283,7 @@ class LiveConfig:
                    "a dummy-weight model has no tokenizer: use random token ids")
             _check("features" not in self.run, "run", list(self.run),
                    "the features phase sends chat requests, which a dummy-weight server (no tokenizer) cannot serve")
-            for phase_name in ("speed", "stage"):
+            for phase_name in SPEED_PHASES:
                 if phase_name in self.run:
                     _check(getattr(self.phases, phase_name).backend == "ids", f"phases.{phase_name}.backend",
                            getattr(self.phases, phase_name).backend,

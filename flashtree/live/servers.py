@@ -1,6 +1,7 @@
 """Start, health-check and stop sglang servers: one subprocess per instance, a free port on 127.0.0.1 each, one log
 file each, bounded waits. A server that dies or does not answer /health in time stops the run with an error naming
-it and quoting its log's tail; every server started is stopped on exit, error or Ctrl-C (use it as a context manager).
+it and quoting its log's tail (or, with `keep_going`, is stopped and reported while the others go on); every server
+started is stopped on exit, error or Ctrl-C (use it as a context manager).
 """
 
 from __future__ import annotations
@@ -102,28 +103,45 @@ class ServerManager:
         print(f"[live] started {inst.name} (pid {proc.pid}, port {port}, log {log})", flush=True)
         return self.running[inst.name]
 
-    def wait_healthy(self, timeout_s: float, names=None) -> None:
+    def wait_healthy(self, timeout_s: float, names=None, keep_going: bool = False) -> dict[str, str]:
         """Until every named server (default: all) answers /health; ServerStartError on the first that dies, or on
-        the timeout (naming those not up)."""
+        the timeout (naming those not up). With `keep_going` a server that dies or is not up in time is stopped
+        instead, and the return value says why, by name ({}: all up)."""
         waiting = set(names or self.running)
         deadline = time.monotonic() + timeout_s
+        failed: dict[str, str] = {}
         while waiting:
             for name in sorted(waiting):
                 r = self.running[name]
                 code = r.process.poll()
                 if code is not None:
-                    raise ServerStartError(self._why(r, f"exited with status {code} while starting"))
+                    why = self._why(r, f"exited with status {code} while starting")
+                    if not keep_going:
+                        raise ServerStartError(why)
+                    print(f"[live] {why}", flush=True)
+                    failed[name] = f"exited with status {code} while starting (log: {r.log})"
+                    waiting.discard(name)
+                    self.stop(name)
+                    continue
                 if healthy(r.port):
                     waiting.discard(name)
                     print(f"[live] {name} healthy after {time.monotonic() - r.started:.0f} s", flush=True)
             if not waiting:
-                return
+                return failed
             if time.monotonic() > deadline:
+                if keep_going:
+                    for name in sorted(waiting):
+                        print(f"[live] {self._why(self.running[name], f'not healthy after {timeout_s:.0f} s')}",
+                              flush=True)
+                        failed[name] = f"not healthy after {timeout_s:.0f} s (log: {self.running[name].log})"
+                        self.stop(name)
+                    return failed
                 name = sorted(waiting)[0]
                 raise ServerStartError(self._why(self.running[name], f"not healthy after {timeout_s:.0f} s"
                                                  + (f" (also not up: {', '.join(sorted(waiting - {name}))})"
                                                     if len(waiting) > 1 else "")))
             time.sleep(self.poll_s)
+        return failed
 
     @staticmethod
     def _why(r: Running, what: str) -> str:

@@ -74,16 +74,28 @@ def in_flight(port: int, jobs: list, conc: int, params: dict) -> list[dict]:
         return list(pool.map(lambda ids: generate(port, ids, params), jobs))
 
 
-def ids_level(port: int, prompts: list, conc: int, max_new_tokens: int, min_requests: int, burst: bool):
-    """-> (speed row, the timed responses)."""
+def constrained_jobs(n: int, fraction: float) -> list[bool]:
+    """Which of n requests carry the grammar: spread evenly, round(n x fraction) of them (the same ones on every
+    server)."""
+    return [int((i + 1) * fraction + 0.5) > int(i * fraction + 0.5) for i in range(n)]
+
+
+def ids_level(port: int, prompts: list, conc: int, max_new_tokens: int, min_requests: int, burst: bool,
+              constrained: float = 0.0, regex: str = ""):
+    """-> (speed row, the timed responses); `constrained`: the fraction of the requests sent with `regex`."""
     params = {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True}
     if burst and conc > 1:  # the batch sizes up to c (prefill and decode) run once before any timing
         in_flight(port, [prompts[i % len(prompts)] for i in range(conc)], conc, params)
     for ids in prompts[:2]:
         generate(port, ids, params)  # warm-up: first-shape compiles stay out of the timing
-    jobs = [prompts[i % len(prompts)] for i in range(requests_per_level(conc, min_requests))]
+        if constrained:
+            generate(port, ids, {**params, "regex": regex})  # the grammar backend's first compile too
+    count = requests_per_level(conc, min_requests)
+    jobs = [(prompts[i % len(prompts)], {**params, "regex": regex} if c else params)
+            for i, c in enumerate(constrained_jobs(count, constrained))]
     t0 = time.perf_counter()
-    rs = in_flight(port, jobs, conc, params)
+    with cf.ThreadPoolExecutor(conc) as pool:
+        rs = list(pool.map(lambda job: generate(port, *job), jobs))
     wall = time.perf_counter() - t0
     tokens = [r["meta_info"]["completion_tokens"] for r in rs]
     verify = sum(r["meta_info"].get("spec_verify_ct") or 0 for r in rs)
@@ -93,6 +105,8 @@ def ids_level(port: int, prompts: list, conc: int, max_new_tokens: int, min_requ
         "tokens_per_s": round(sum(tokens) / wall, 1), "ms_per_token": round(1e3 * sum(per_token) / len(per_token), 3),
         "tau": round(sum(tokens) / verify, 3) if verify else None, "verify_steps": verify, "client": "ids",
     }
+    if constrained:
+        row["constrained_requests"] = sum(1 for _, p in jobs if "regex" in p)
     return row, rs
 
 
@@ -105,7 +119,7 @@ def merge_rounds(rows: list[dict]) -> dict:
     for key in ("tokens_per_s", "tpot_ms", "median_tpot_ms", "ttft_ms", "ms_per_token"):
         if key in merged:
             merged[key] = round(sum(r[key] for r in ok) / len(ok), 3 if key != "tokens_per_s" else 1)
-    for key in ("requests", "output_tokens", "verify_steps"):
+    for key in ("requests", "output_tokens", "verify_steps", "constrained_requests"):
         if key in merged:
             merged[key] = sum(r[key] for r in ok)
     if merged.get("verify_steps"):

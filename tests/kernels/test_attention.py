@@ -166,8 +166,8 @@ TUNED = [
     dict(tree_part=False),
     dict(tree_part=False, fused_merge=True, partials="bf16"),
     dict(block_n=16, num_warps=2, num_stages=2, merge_rows=4),
-    dict(prefetch=True),
-    dict(prefetch=True, block_n=16, partials="bf16"),
+    dict(prefetch=False),
+    dict(prefetch=False, block_n=16, partials="bf16"),
 ]
 
 

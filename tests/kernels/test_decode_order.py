@@ -44,6 +44,11 @@ CASES = [
 ]
 
 
+# On the GPU the kernel's float32 dots run in TF32, as those of sglang's decode kernel (the order it matches) do: the
+# fp32 references agree to TF32's rounding there, exactly under the interpreter.
+TOL = dict(atol=5e-3, rtol=5e-3) if CUDA else dict(atol=2e-5, rtol=2e-5)
+
+
 def run(case, seed=0):
     bs, hq, hkv, d, w, prefix, tile = case
     g = torch.Generator().manual_seed(seed)
@@ -60,12 +65,12 @@ def test_decode_order_matches_references(case):
     got, (q, kb, vb, indptr, indices, ps, pl, loc, allowed), tile, _ = run(case)
     bs, hq, hkv, d, w, prefix, _ = case
     ref = decode_order_verify_reference(q, kb, vb, indptr, indices, ps, pl, w, d**-0.5, tile)
-    torch.testing.assert_close(got, ref, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(got, ref, **TOL)
     mask = torch.cat([torch.cat([torch.ones(w, p, dtype=torch.bool), allowed[b]], 1).flatten()
                       for b, p in enumerate(prefix)])
     mask_indptr = torch.tensor([0] + torch.tensor([w * (p + w) for p in prefix]).cumsum(0).tolist())
     plain = tree_attention_reference(q, kb[loc], vb[loc], kb, vb, indptr, indices, mask, w, d**-0.5, mask_indptr)
-    torch.testing.assert_close(got, plain, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(got, plain, **TOL)
 
 
 @pytest.mark.parametrize("case", CASES[:2])

@@ -5,7 +5,7 @@ MODE: plain | tree | broken (greedy outputs differ at token 4) | die (prints a l
 Greedy output = a function of the prompt (regex requests too); sampled output = draws from a fixed per-position
 distribution; `tree` adds flashtree statistics to meta_info.
 /health answers only after --start-delay seconds (a server still starting); a SIGTERM exits after --stop-delay seconds
-(a server shutting down); GET /stats counts POST /generate calls.
+(a server shutting down); GET /stats counts POST /generate calls, and those with a regex.
 POST /v1/chat/completions answers greedy chat requests as a function of the body (a JSON object for a schema, a tool
 call for tool_choice required, logprobs when asked); `tree` refuses logprobs with flashtree's message (sglang 0.5.17),
 `broken` answers frequency_penalty requests differently (a tree applying the root's penalty state).
@@ -43,7 +43,7 @@ def _stop(signum, frame):
 
 signal.signal(signal.SIGTERM, _stop)
 rng = random.Random(PORT)
-served = {"generate": 0}
+served = {"generate": 0, "regex": 0}
 
 
 def one(ids, sp):
@@ -106,6 +106,7 @@ class H(BaseHTTPRequestHandler):
             return self.chat(body)
         served["generate"] += 1
         sp = body.get("sampling_params", {})
+        served["regex"] += sum(1 for s in (sp if isinstance(sp, list) else [sp]) if s.get("regex"))
         ids = body["input_ids"]
         if ids and isinstance(ids[0], list):
             sps = sp if isinstance(sp, list) else [sp] * len(ids)

@@ -35,11 +35,11 @@ def ports(tmp_path_factory):
         yield {mode: m.port(mode) for mode in ("plain", "tree", "broken")}
 
 
-def served(port: int) -> int:
+def served(port: int, what: str = "generate") -> int:
     import urllib.request
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=10) as r:
-        return json.loads(r.read())["generate"]
+        return json.loads(r.read())[what]
 
 
 def test_identity_passes_agreeing_servers_and_fails_a_divergent_one(ports):
@@ -140,6 +140,22 @@ def test_ids_client_rate_time_and_tau_per_level(ports):
     assert row["requests"] == 12
     # c = 1: 2 warm-up requests + 8; c = 3: a warm-up burst of 3, 2 warm-up requests + 12
     assert served(ports["tree"]) - before == (2 + 8) + (3 + 2 + 12)
+
+
+def test_the_mixed_phase_sends_its_share_of_constrained_requests(ports):
+    """30% of a level's requests carry the regex, spread over the level, the same ones every time; the warm-up sends
+    it once per warm-up prompt (the grammar's first compile stays out of the timing); merged rounds add them up."""
+    assert [i for i, c in enumerate(speed.constrained_jobs(10, 0.3)) if c] == [1, 4, 8]
+    assert speed.constrained_jobs(5, 0.0) == [False] * 5 and speed.constrained_jobs(4, 1.0) == [True] * 4
+    assert sum(speed.constrained_jobs(128, 0.3)) == 38
+    before, regex_before = served(ports["tree"]), served(ports["tree"], "regex")
+    row, rs = speed.ids_level(ports["tree"], PROMPTS, conc=2, max_new_tokens=8, min_requests=10, burst=False,
+                              constrained=0.3, regex="[a-z]*")
+    assert row["requests"] == 10 and row["constrained_requests"] == 3 and len(rs) == 10
+    assert served(ports["tree"]) - before == 2 * 2 + 10 and served(ports["tree"], "regex") - regex_before == 2 + 3
+    plain_row, _ = speed.ids_level(ports["tree"], PROMPTS, conc=2, max_new_tokens=8, min_requests=10, burst=False)
+    assert "constrained_requests" not in plain_row and served(ports["tree"], "regex") - regex_before == 5
+    assert speed.merge_rounds([row, row])["constrained_requests"] == 6
 
 
 def test_merge_rounds_averages_rates_and_pools_tau():
@@ -291,6 +307,37 @@ def test_an_interrupted_app_keeps_what_ran(tmp_path, monkeypatch):
 
     df = load_results(tmp_path / "runs" / "summary.parquet")
     assert set(df["live.server"]) == {"fp32-plain", "fp32-tree8", "bf16-plain"}
+
+
+@pytest.mark.parametrize("keep_going", [True, False])
+def test_a_server_that_fails_to_start(tmp_path, monkeypatch, keep_going):
+    """live.keep_going: the server that dies is reported and left out, the phases run with the others (identity
+    without its reference is not run), and the run exits 1; without it the run stops at start with status 2."""
+    cfg = to_live_config(compose(
+        "run=[identity,speed,mixed]", "phases.identity.servers=[chain,tree8]", "phases.identity.prompts=2",
+        "phases.identity.max_new_tokens=8", "phases.speed.servers=[chain,tree8]", "phases.speed.backend=ids",
+        "phases.speed.concurrencies=[1]", "phases.speed.min_requests=2", "phases.speed.max_new_tokens=8",
+        "phases.mixed.servers=[tree8]", "phases.mixed.concurrencies=[2]", "phases.mixed.min_requests=10",
+        "phases.mixed.max_new_tokens=8", f"live.out_dir={tmp_path}", f"live.work_dir={tmp_path / 'work'}",
+        "live.stagger_s=0", "live.start_timeout_s=60", f"live.keep_going={keep_going}"))
+    modes = {"chain": "die", "tree8": "tree"}
+    real = app.phase_instances
+
+    def stand_ins(c):
+        return {p: [Instance(i.name, i.server, i.precision, fake(i.name, modes[i.server]).argv, i.env, i.label)
+                    for i in insts] for p, insts in real(c).items()}
+
+    monkeypatch.setattr(app, "phase_instances", stand_ins)
+    monkeypatch.setattr(app, "prepare_models", lambda cfg, out: None)
+    monkeypatch.setattr(app, "load", lambda cfg: Prompts(PROMPTS, None, "canned"))
+    if not keep_going:
+        assert app.run(cfg) == 2 and not (tmp_path / "speed_results.json").exists()
+        return
+    assert app.run(cfg) == 1
+    assert not (tmp_path / "identity_results.json").exists()
+    assert list(json.loads((tmp_path / "speed_results.json").read_text())["servers"]) == ["bf16-tree8"]
+    mixed = json.loads((tmp_path / "mixed" / "speed_results.json").read_text())["servers"]["bf16-tree8"]
+    assert mixed[0]["constrained_requests"] == 3 and mixed[0]["requests"] == 10
 
 
 def test_prepare_models_checks_the_staged_checkpoints(tmp_path):

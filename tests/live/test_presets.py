@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from flashtree.experiments.config import ConfigError
-from flashtree.live import app
+from flashtree.live import app, commands
 from flashtree.live.commands import all_instances, instance, phase_instances
 from flashtree.live.config import to_live_config
 
@@ -282,6 +282,33 @@ def test_the_auto_presets_put_the_planner_beside_the_chain_and_the_fixed_trees()
     assert big.phases.speed.concurrencies == [1, 8, 32, 64]
     env = instance(big, "auto-simtab", "bf16", "speed", {}).env
     assert env["FLASHTREE_TREE_N"] == "auto" and env["FLASHTREE_SIMULATE_ACC"].endswith("smollm2-dspark-gsm8k.json")
+
+
+def test_the_serving_preset_puts_flashinfer_beside_triton():
+    """Features on the exact-verify tree, FlashInfer's identity, then the chain and the best tree on both backends,
+    and the mixed phase's 30% constrained requests: a FlashInfer server's command replaces the model's backend
+    (one --attention-backend, the draft's stays Triton)."""
+    cfg = to_live_config(compose("+preset=serving", f"model.target={SMOLLM2}", "model.draft=/drafts/smollm2"))
+    plan = phase_instances(cfg)
+    assert list(plan) == ["features", "identity", "speed", "mixed"] and cfg.live.keep_going
+    assert [i.name for i in plan["identity"]] == ["fp32-plain-flashinfer", "fp32-tree8-w16-flashinfer"]
+    assert cfg.phases.mixed.constrained == 0.3 and cfg.phases.mixed.backend == "ids"
+    fi = instance(cfg, "tree64-w64-budget512-rows8-flashinfer", "bf16", "speed", {})
+    argv = list(fi.argv)
+    assert argv.count("--attention-backend") == 1 and argv[argv.index("--attention-backend") + 1] == "flashinfer"
+    assert argv[argv.index("--speculative-draft-attention-backend") + 1] == "triton"
+    triton = list(instance(cfg, "tree64-w64-budget512-rows8", "bf16", "speed", {}).argv)
+    at = triton.index("--attention-backend") + 1
+    assert argv == triton[:at] + ["flashinfer"] + triton[at + 1:]  # the same server otherwise
+    assert fi.env == instance(cfg, "tree64-w64-budget512-rows8", "bf16", "speed", {}).env
+    assert "30% of the requests constrained" in app.describe(cfg, plan)
+    with pytest.raises(ConfigError, match="^speed.backend=.*constrained"):
+        to_live_config(compose("phases.speed.constrained=0.5"))  # bench_serving sends no grammar
+    with pytest.raises(ConfigError, match="^speed.constrained="):
+        to_live_config(compose("phases.mixed.constrained=1.5"))
+    assert commands.with_flag(["--a", "1", "--b", "2"], "--a", "x") == ["--a", "x", "--b", "2"]
+    assert commands.with_flag(["--a", "1"], "--c", 3) == ["--a", "1", "--c", "3"]
+    assert commands.with_flag(["--a", "1"], "--a", None) == ["--a", "1"]
 
 
 def test_features_preset_and_its_keys():
