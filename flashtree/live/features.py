@@ -22,17 +22,23 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "unit": 
            "required": ["city", "unit"]}
 
 
+# A JSON answer cut at max_tokens is no JSON (sglang then returns no tool call at all), and a small model's
+# grammar-constrained JSON can run long on whitespace: the schema requests get at least this many tokens.
+JSON_MAX_TOKENS = 256
+
+
 def requests(logit_bias: dict[str, float], max_tokens: int, skip=()) -> dict[str, dict]:
     """name (config.FEATURE_REQUESTS) -> /v1/chat/completions body without the model (sglang's own sampling fields at
     the top level, where the openai client puts `extra_body`)."""
     ask = lambda text: [{"role": "user", "content": text}]  # noqa: E731
     story = ask("Write a short story about a lighthouse keeper and the sea.")
     base = {"temperature": 0.0, "max_tokens": max_tokens}
+    json_base = {**base, "max_tokens": max(max_tokens, JSON_MAX_TOKENS)}
     every = {
         "plain": {**base, "messages": story},
-        "json_schema": {**base, "messages": ask("Invent a person. Answer in JSON with a name and an age."),
+        "json_schema": {**json_base, "messages": ask("Invent a person. Answer in JSON with a name and an age."),
                         "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}},
-        "tool_required": {**base, "messages": ask("What is the weather in Paris?"), "tool_choice": "required",
+        "tool_required": {**json_base, "messages": ask("What is the weather in Paris?"), "tool_choice": "required",
                           "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]},
         "regex": {**base, "messages": ask("Is the sea salty? Answer yes or no and why."),
                   "regex": r"(yes|no), because [a-z ]{5,40}\."},

@@ -32,6 +32,13 @@ def verify_backend(adapter, worker) -> None:
         if value is not None:
             flags[flag] = value
     bad = {flag: value for flag, value in flags.items() if value not in backends}
+    if not bad and "flashinfer" in flags.values() and str(getattr(args, "dtype", "")) in ("float32", "torch.float32"):
+        # seen on the H200 (sglang 0.5.17, flashinfer 0.6.15): the first forward stops with KeyError: torch.float32
+        raise ToggleError(
+            "flashtree: FLASHTREE_TREE_N is set on a --dtype float32 server with --attention-backend flashinfer, "
+            "which has no float32 attention kernels: start with --dtype bfloat16 or float16, or use "
+            "--attention-backend triton for float32"
+        )
     if bad:
         got = ", ".join(f"{flag} {value if value is not None else 'unset (sglang picks)'}" for flag, value in bad.items())
         raise ToggleError(

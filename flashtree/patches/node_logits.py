@@ -55,13 +55,18 @@ def path_counts(committed: torch.Tensor, ids: torch.Tensor, ancestors: torch.Ten
     return counts
 
 
-def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, pen: Penalties) -> torch.Tensor:
+def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, pen: Penalties, scaling=None) -> torch.Tensor:
     """sglang's penalizers on (bs, W, V) logits with per-node counts: subtract frequency x count and presence x
-    (count > 0), then scale seen tokens by the repetition penalty (divide positive logits, multiply negative ones)."""
+    (count > 0), then scale seen tokens by the repetition penalty (divide positive logits, multiply negative ones);
+    `scaling(rows, factors)`: sglang's own in-place scaling (the adapter's), else the same in torch here."""
     seen = counts > 0
     out = logits - (pen.frequency.view(-1, 1, 1) * counts + pen.presence.view(-1, 1, 1) * seen).to(logits.dtype)
     scale = torch.where(seen, pen.repetition.view(-1, 1, 1), 1.0).to(logits.dtype)
-    return torch.where(out < 0, out * scale, out / scale)
+    if scaling is None:
+        return torch.where(out < 0, out * scale, out / scale)
+    v = out.shape[-1]
+    scaling(out.view(-1, v), scale.reshape(-1, v))
+    return out
 
 
 def min_p_filtered(logits: torch.Tensor, temperature: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
@@ -139,7 +144,8 @@ def adjust(run, worker, batch, tree, ids: torch.Tensor, logits: torch.Tensor) ->
     if pen is not None:
         table_rows = run.plan.adapter.req_to_token(worker).shape[0]
         committed = run.counts.rows(reqs, batch.req_pool_indices, ids[:, 0], table_rows, out.shape[-1])
-        out = apply_penalties(out, path_counts(committed, ids, ancestor_mask(tree)), pen)
+        out = apply_penalties(out, path_counts(committed, ids, ancestor_mask(tree)), pen,
+                              run.plan.adapter.scaling_penalties)
     bias = getattr(info, "logit_bias", None)
     if bias is not None:
         out = out + bias.to(out.dtype).view(bs, 1, -1)

@@ -291,7 +291,8 @@ def test_the_serving_preset_puts_flashinfer_beside_triton():
     cfg = to_live_config(compose("+preset=serving", f"model.target={SMOLLM2}", "model.draft=/drafts/smollm2"))
     plan = phase_instances(cfg)
     assert list(plan) == ["features", "identity", "speed", "mixed"] and cfg.live.keep_going
-    assert [i.name for i in plan["identity"]] == ["fp32-plain-flashinfer", "fp32-tree8-w16-flashinfer"]
+    assert [i.name for i in plan["identity"]] == ["bf16-det-plain-flashinfer", "bf16-det-chain-flashinfer",
+                                                   "bf16-det-tree8-w16-flashinfer"]
     assert cfg.phases.mixed.constrained == 0.3 and cfg.phases.mixed.backend == "ids"
     fi = instance(cfg, "tree64-w64-budget512-rows8-flashinfer", "bf16", "speed", {})
     argv = list(fi.argv)

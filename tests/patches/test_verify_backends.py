@@ -39,6 +39,17 @@ def test_triton_and_flashinfer_are_accepted(adapter):
             checks.verify_backend(adapter, worker_with(attention_backend="flashinfer"))
 
 
+def test_flashinfer_in_float32_is_refused_naming_the_dtypes(adapter):
+    """FlashInfer has no float32 attention kernels (on the H200 sglang's own first forward stopped with KeyError:
+    torch.float32): a float32 tree server on it stops at start with one message; bf16 and Triton in float32 start."""
+    if not adapter.flashinfer_verify:
+        pytest.skip("this release verifies trees on Triton only (test_triton_and_flashinfer_are_accepted)")
+    with pytest.raises(ToggleError, match=r"^flashtree: .*float32.*flashinfer.*--dtype bfloat16 or float16.*triton"):
+        checks.verify_backend(adapter, worker_with(attention_backend="flashinfer", dtype="float32"))
+    checks.verify_backend(adapter, worker_with(attention_backend="flashinfer", dtype="bfloat16"))
+    checks.verify_backend(adapter, worker_with(attention_backend="triton", dtype="float32"))
+
+
 @pytest.mark.parametrize("args, named", [
     ({"attention_backend": "fa3"}, "--attention-backend fa3"),
     ({"attention_backend": None}, "--attention-backend unset (sglang picks)"),

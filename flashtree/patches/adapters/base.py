@@ -28,6 +28,7 @@ DFLASH_UTILS = "sglang.srt.speculative.dflash_utils"
 COMMON_DRAFT = "sglang.srt.speculative.draft_worker_common"
 REQ = "sglang.srt.managers.schedule_batch:Req"
 SAMPLER = "sglang.srt.layers.sampler"
+PENALTIES = "sglang.srt.sampling.penaltylib.repetition_penalty"
 SPEC_UTILS = "sglang.srt.speculative.spec_utils"
 LOGPROBS = "sglang.srt.layers.logprob_processor"
 DSPARK_CONFIG = "sglang.srt.speculative.dspark_components.dspark_config"
@@ -370,6 +371,12 @@ class SglangAdapter:
         apply = resolve(f"{SAMPLER}:apply_custom_logit_processor")
         apply(logits, sampling_info, num_tokens_in_batch=rows_per_request)
 
+    def scaling_penalties(self, logits, scale) -> None:
+        """sglang's repetition scaling of (rows, V) logits by (rows, V) factors, in place: its own (torch.compile'd)
+        function, so each node's numbers are the ones its no-speculation decode step computes (a compiled division
+        need not round as an eager one does)."""
+        resolve(f"{PENALTIES}:apply_scaling_penalties")(logits, scale)
+
     def grammar_tree(self, first_child, next_sibling, ids_2d):
         """sglang's GrammarTree over the tree (EAGLE's child / sibling links, root first): its host copy starts
         now, so build it before the target verify."""
@@ -484,6 +491,7 @@ COMMON_PROBES = (
     Sig(f"{RESULTS}._maybe_collect_customized_info", ("self", "i", "req", "logits_output")),
     Has(f"{DFLASH_UTILS}:_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS"),
     Sig(f"{SAMPLER}:apply_custom_logit_processor", ("logits", "sampling_batch_info", "num_tokens_in_batch")),
+    Sig(f"{PENALTIES}:apply_scaling_penalties", ("logits", "scaling_penalties")),
     Has(f"{SPEC_UTILS}:GrammarTree.from_device", ("retrieve_next_token", "retrieve_next_sibling", "draft_token")),
     Sig(f"{SPEC_UTILS}:build_grammar_vocab_mask", ("reqs", "tree", "sampling_info", "device", "barrier")),
     Sig(f"{LOGPROBS}:get_top_logprobs", ("logprobs", "top_logprobs_nums", "no_copy_to_cpu")),
