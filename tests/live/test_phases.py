@@ -228,15 +228,8 @@ def test_live_requests_land_in_the_sweeps_tables(tmp_path):
     assert (df["live.label"] == "dummy weights, simulated acceptance").all()
 
 
-def test_the_app_with_stand_in_servers(tmp_path, monkeypatch):
-    """identity + speed (ids client, 2 rounds) + sampled end to end: results, tables, exit status."""
-    cfg = to_live_config(compose(
-        "run=[identity,speed,sampled]", "phases.identity.servers=[plain,tree8,chain]", "phases.identity.prompts=4",
-        "phases.identity.max_new_tokens=16", "phases.speed.servers=[chain,tree8]", "phases.speed.backend=ids",
-        "phases.speed.concurrencies=[1,2]", "phases.speed.rounds=2", "phases.speed.min_requests=4",
-        "phases.speed.max_new_tokens=32", "phases.sampled.servers=[plain,tree8]", f"live.out_dir={tmp_path}",
-        f"live.work_dir={tmp_path / 'work'}", "live.stagger_s=0", "live.start_timeout_s=60"))
-    modes = {"plain": "plain", "tree8": "tree", "chain": "broken"}
+def with_stand_ins(monkeypatch, modes: dict[str, str]) -> None:
+    """The app runs stand-in servers (`modes`: server name -> the stand-in's mode), no model checks, canned prompts."""
     real = app.phase_instances
 
     def stand_ins(c):
@@ -246,6 +239,18 @@ def test_the_app_with_stand_in_servers(tmp_path, monkeypatch):
     monkeypatch.setattr(app, "phase_instances", stand_ins)
     monkeypatch.setattr(app, "prepare_models", lambda cfg, out: None)
     monkeypatch.setattr(app, "load", lambda cfg: Prompts(PROMPTS, None, "canned"))
+
+
+def test_the_app_with_stand_in_servers(tmp_path, monkeypatch):
+    """identity + speed (ids client, 2 rounds) + sampled end to end: results, tables, exit status."""
+    cfg = to_live_config(compose(
+        "run=[identity,speed,sampled]", "phases.identity.servers=[plain,tree8,chain]", "phases.identity.prompts=4",
+        "phases.identity.max_new_tokens=16", "phases.speed.servers=[chain,tree8]", "phases.speed.backend=ids",
+        "phases.speed.concurrencies=[1,2]", "phases.speed.rounds=2", "phases.speed.min_requests=4",
+        "phases.speed.max_new_tokens=32", "phases.sampled.servers=[plain,tree8]", f"live.out_dir={tmp_path}",
+        f"live.work_dir={tmp_path / 'work'}", "live.stagger_s=0", "live.start_timeout_s=60"))
+    modes = {"plain": "plain", "tree8": "tree", "chain": "broken"}
+    with_stand_ins(monkeypatch, modes)
     assert app.run(cfg) == 1  # the chain stand-in diverges
     ident = json.loads((tmp_path / "identity_results.json").read_text())["servers"]
     assert ident["fp32-tree8"]["status"] == "pass" and ident["fp32-chain"]["status"] == "fail"
@@ -285,20 +290,14 @@ def test_an_interrupted_app_keeps_what_ran(tmp_path, monkeypatch):
         f"live.out_dir={tmp_path}", f"live.work_dir={tmp_path / 'work'}", "live.stagger_s=0",
         "live.start_timeout_s=60"))
     modes = {"plain": "plain", "tree8": "tree"}
-    real, real_level = app.phase_instances, app.Run.level
-
-    def stand_ins(c):
-        return {p: [Instance(i.name, i.server, i.precision, fake(i.name, modes[i.server]).argv, i.env, i.label)
-                    for i in insts] for p, insts in real(c).items()}
+    real_level = app.Run.level
 
     def level(self, phase, name, conc, rnd, left_s):
         if name == "bf16-tree8":
             raise KeyboardInterrupt
         return real_level(self, phase, name, conc, rnd, left_s)
 
-    monkeypatch.setattr(app, "phase_instances", stand_ins)
-    monkeypatch.setattr(app, "prepare_models", lambda cfg, out: None)
-    monkeypatch.setattr(app, "load", lambda cfg: Prompts(PROMPTS, None, "canned"))
+    with_stand_ins(monkeypatch, modes)
     monkeypatch.setattr(app.Run, "level", level)
     assert app.run(cfg) == 130
     assert json.loads((tmp_path / "identity_results.json").read_text())["servers"]["fp32-tree8"]["status"] == "pass"
@@ -321,15 +320,7 @@ def test_a_server_that_fails_to_start(tmp_path, monkeypatch, keep_going):
         "phases.mixed.max_new_tokens=8", f"live.out_dir={tmp_path}", f"live.work_dir={tmp_path / 'work'}",
         "live.stagger_s=0", "live.start_timeout_s=60", f"live.keep_going={keep_going}"))
     modes = {"chain": "die", "tree8": "tree"}
-    real = app.phase_instances
-
-    def stand_ins(c):
-        return {p: [Instance(i.name, i.server, i.precision, fake(i.name, modes[i.server]).argv, i.env, i.label)
-                    for i in insts] for p, insts in real(c).items()}
-
-    monkeypatch.setattr(app, "phase_instances", stand_ins)
-    monkeypatch.setattr(app, "prepare_models", lambda cfg, out: None)
-    monkeypatch.setattr(app, "load", lambda cfg: Prompts(PROMPTS, None, "canned"))
+    with_stand_ins(monkeypatch, modes)
     if not keep_going:
         assert app.run(cfg) == 2 and not (tmp_path / "speed_results.json").exists()
         return
