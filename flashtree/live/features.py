@@ -39,6 +39,9 @@ def requests(logit_bias: dict[str, float], max_tokens: int, skip=()) -> dict[str
         "json_schema": {**json_base, "messages": ask("Invent a person. Answer in JSON with a name and an age."),
                         "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}},
         "tool_required": {**json_base, "messages": ask("What is the weather in Paris?"), "tool_choice": "required",
+                          # one call: sglang's constraint for `required` is a JSON array of calls, without this
+                          # unbounded, so a small model's answer can run past max_tokens and parse as no call
+                          "parallel_tool_calls": False,
                           "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]},
         "regex": {**base, "messages": ask("Is the sea salty? Answer yes or no and why."),
                   "regex": r"(yes|no), because [a-z ]{5,40}\."},

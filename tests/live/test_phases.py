@@ -130,6 +130,18 @@ def test_features_schema_checks():
     assert schema_errors("plain", {"content": "anything"}) == []
 
 
+def test_the_schema_requests_can_finish_their_json():
+    """A JSON answer cut at max_tokens parses as no JSON (live run 28: no tool call at 256 tokens, for no speculation
+    too): the schema requests get at least JSON_MAX_TOKENS, and the required tool call is one call, not an array of any
+    length."""
+    from flashtree.live.features import JSON_MAX_TOKENS, requests
+
+    body = requests({}, 64)
+    assert body["tool_required"]["parallel_tool_calls"] is False
+    assert body["tool_required"]["max_tokens"] == body["json_schema"]["max_tokens"] == JSON_MAX_TOKENS >= 256
+    assert body["plain"]["max_tokens"] == 64 and requests({}, 512)["json_schema"]["max_tokens"] == 512
+
+
 def test_ids_client_rate_time_and_tau_per_level(ports):
     before = served(ports["tree"])
     row, rs = speed.ids_level(ports["tree"], PROMPTS, conc=1, max_new_tokens=256, min_requests=8, burst=True)
