@@ -103,6 +103,7 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeRun:
         forward_rows=rows,
         draw_cap=planning.draw_cap(worker) if planned else 0,
         draw_floor=planning.DRAW_FLOOR if planned else 0,
+        penalty_lag=adapter.overlap_schedule(worker),
     )
     device = torch.device(getattr(worker, "device", "cpu"))
     generator = torch.Generator(device=device)

@@ -8,6 +8,13 @@ counts the request's committed output tokens plus the tokens of the node's own r
 
 sglang's penalizer state does not follow speculative commits, so the committed counts are the tree step's own:
 `CommittedCounts`, one row per req_to_token row, updated on the device from each step's committed tokens.
+
+Under sglang's overlap scheduler the no-speculation decode counts one token late: before each decode step it adds
+`Req.output_ids[-1]`, which the scheduler has not yet extended by the step in flight, and on the first decode (no
+output yet) the prompt's last token (`ScheduleBatch.cumulate_penalty_output_tokens`, 0.5.17-0.5.23). So the token
+generated after position k is penalised by the prompt's last token and the outputs before k, not by the token at k
+(live run 28: the chat template's final newline kept a float32 repetition-penalty answer off "\n"). On such servers
+(`TreePlan.penalty_lag`) each node counts that way: `lagged_counts`.
 """
 
 from __future__ import annotations
@@ -53,6 +60,16 @@ def path_counts(committed: torch.Tensor, ids: torch.Tensor, ancestors: torch.Ten
     on_path = ancestors[:, :, 1:].to(counts.dtype)
     counts.scatter_add_(2, ids[:, None, 1:].clamp(min=0).expand(bs, w, w - 1), on_path)
     return counts
+
+
+def lagged_counts(counts: torch.Tensor, ids: torch.Tensor, prompt_last: torch.Tensor) -> torch.Tensor:
+    """(bs, W, V) per-node counts as sglang's overlap-scheduled decode keeps them: each node's own token (the root's:
+    the anchor) not yet counted, the prompt's last token (bs,) counted once."""
+    bs, w = ids.shape
+    own = (ids >= 0).to(counts.dtype).unsqueeze(-1)
+    counts = counts.scatter_add(2, ids.clamp(min=0).unsqueeze(-1), -own)
+    return counts.scatter_add(2, prompt_last.view(bs, 1, 1).expand(bs, w, 1).long(),
+                              torch.ones((bs, w, 1), dtype=counts.dtype, device=counts.device))
 
 
 def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, pen: Penalties, scaling=None) -> torch.Tensor:
@@ -144,8 +161,11 @@ def adjust(run, worker, batch, tree, ids: torch.Tensor, logits: torch.Tensor) ->
     if pen is not None:
         table_rows = run.plan.adapter.req_to_token(worker).shape[0]
         committed = run.counts.rows(reqs, batch.req_pool_indices, ids[:, 0], table_rows, out.shape[-1])
-        out = apply_penalties(out, path_counts(committed, ids, ancestor_mask(tree)), pen,
-                              run.plan.adapter.scaling_penalties)
+        counts = path_counts(committed, ids, ancestor_mask(tree))
+        if run.plan.penalty_lag:
+            last = torch.tensor([r.origin_input_ids[-1] for r in reqs], dtype=torch.long).to(ids.device, non_blocking=True)
+            counts = lagged_counts(counts, ids, last)
+        out = apply_penalties(out, counts, pen, run.plan.adapter.scaling_penalties)
     bias = getattr(info, "logit_bias", None)
     if bias is not None:
         out = out + bias.to(out.dtype).view(bs, 1, -1)

@@ -28,6 +28,9 @@ class TreePlan:
     forward_rows: int  # rows of DSPARK's window the tree step's draft forward runs (gamma: DSPARK's own proposer)
     draw_cap: int = 0  # FLASHTREE_TREE_N=auto: candidates drawn per batch at most (planning.draw_cap; 0: none)
     draw_floor: int = 0  # ... but at least this many per request (planning.DRAW_FLOOR), whatever the cap
+    # whether this server's decode without speculation counts penalties one token late, from the prompt's last token
+    # (sglang's overlap scheduler: node_logits.lagged_counts); False: each position counts the tokens before it
+    penalty_lag: bool = False
 
     def width_for(self, bs: int) -> int:
         w = self.tree_width

@@ -130,6 +130,20 @@ def test_features_schema_checks():
     assert schema_errors("plain", {"content": "anything"}) == []
 
 
+def test_a_refusal_names_flashtree_or_the_refused_field():
+    """sglang 0.5.17 refuses logprobs on a DSPARK server itself (live run 27): an HTTP 400 naming flashtree or the
+    request's sglang field is a refusal; any other error is a failure."""
+    from flashtree.live.features import refused_clearly, verdict
+
+    sglang_own = 'HTTP 400: {"message": "DFLASH speculative decoding does not support return_logprob yet."}'
+    assert refused_clearly("logprobs", sglang_own) and refused_clearly("logprobs", "HTTP 400: flashtree: this server")
+    assert not refused_clearly("logprobs", "HTTP 500: return_logprob crashed")
+    assert not refused_clearly("min_p", 'HTTP 400: {"message": "bad min_p"}')
+    got = {"ok": False, "error": sglang_own}
+    assert verdict("logprobs", {}, got, True, 1e-3, ["logprobs"])["status"] == "refused"
+    assert verdict("logprobs", {}, got, True, 1e-3, [])["status"] == "fail"
+
+
 def test_the_schema_requests_can_finish_their_json():
     """A JSON answer cut at max_tokens parses as no JSON (live run 28: no tool call at 256 tokens, for no speculation
     too): the schema requests get at least JSON_MAX_TOKENS, and the required tool call is one call, not an array of any

@@ -70,11 +70,13 @@ def batch_info(reqs):
     return SamplingBatchInfo.from_schedule_batch(holder, V), holder
 
 
-def sequential(prompts, reqs, n: int):
+def sequential(prompts, reqs, n: int, overlap: bool = False):
     """Each request's decode without speculation by sglang's own code path: its penalizers fed the last output token
     before every decode step, `apply_logits_bias` of the forward copy the overlap scheduler hands the model (additive
     penalties, then repetition scaling, then logit_bias; the non-overlap path applies the penalizers in the order of a
-    set, which varies between processes), the custom logit processors, argmax.
+    set, which varies between processes), the custom logit processors, argmax. `overlap`: as under sglang's overlap
+    scheduler, whose `cumulate_penalty_output_tokens` reads `Req.output_ids` before the step in flight has extended
+    it: the prompt's last token before the first decode, then each output token one step late.
     -> (sequences, the adjusted logits of every generated position)."""
     from sglang.srt.layers.sampler import apply_custom_logit_processor
 
@@ -82,8 +84,11 @@ def sequential(prompts, reqs, n: int):
     seqs, adjusted = [list(p) for p in prompts], [[] for _ in prompts]
     for step in range(n):
         logits = torch.stack([target_logits(s) for s in seqs])
-        if step:
+        if step and not overlap:
             info.penalizer_orchestrator.cumulate_output_tokens(torch.tensor([s[-1] for s in seqs]))
+        elif step:
+            late = [p[-1] if step == 1 else s[-2] for p, s in zip(prompts, seqs)]
+            info.penalizer_orchestrator.cumulate_output_tokens(torch.tensor(late))
         info.copy_for_forward().apply_logits_bias(logits)
         if info.has_custom_logit_processor:
             apply_custom_logit_processor(logits, info)
@@ -113,9 +118,9 @@ def feature_batch():
     ]
 
 
-def run_features(settings, steps: int = 12, batch_extra=None, on_step=None, reqs=None):
+def run_features(settings, steps: int = 12, batch_extra=None, on_step=None, reqs=None, overlap: bool = False):
     reqs = reqs or make_reqs(PROMPTS, settings)
-    refs, adjusted = sequential(PROMPTS, make_reqs(PROMPTS, settings), N_TOKENS)
+    refs, adjusted = sequential(PROMPTS, make_reqs(PROMPTS, settings), N_TOKENS, overlap=overlap)
     info, holder = batch_info(reqs)
     result = run(n=4, steps=steps, prompts=PROMPTS, sampling_info=info.copy_for_forward(), refs=refs, reqs=reqs,
                  batch_extra=batch_extra, on_step=on_step)
@@ -140,6 +145,26 @@ def test_root_state_penalties_are_not_the_sequential_decode(monkeypatch):
         1, ids.shape[1], 1))
     with pytest.raises(AssertionError):
         run_features(feature_batch())
+
+
+@pytest.mark.parametrize("lag", [True, False], ids=["lagged", "negative-control"])
+def test_overlap_scheduled_servers_count_penalties_as_their_decode_does(monkeypatch, lag):
+    """Under sglang's overlap scheduler the decode without speculation counts the prompt's last token and each output
+    one step late: a server that runs it (TreePlan.penalty_lag) commits that decode token for token, and without the
+    lag (the negative control) does not; the two decodes differ, so the check can fail."""
+    from flashtree.patches.adapters import base
+
+    monkeypatch.setattr(base.SglangAdapter, "overlap_schedule", lambda self, worker: lag)
+    settings = feature_batch()
+    late, _ = sequential(PROMPTS, make_reqs(PROMPTS, settings), N_TOKENS, overlap=True)
+    exact, _ = sequential(PROMPTS, make_reqs(PROMPTS, settings), N_TOKENS)
+    assert [late[b] != exact[b] for b in range(4)][3] is False and late[:2] != exact[:2]
+    if lag:
+        (_accepts, state, _generated, _world), _refs, _adjusted = run_features(settings, overlap=True)
+        assert state.plan.penalty_lag and state.steps == 12
+    else:
+        with pytest.raises(AssertionError):
+            run_features(settings, overlap=True)
 
 
 def test_penalized_batches_keep_the_tree_step_above_max_bs():

@@ -371,6 +371,12 @@ class SglangAdapter:
         apply = resolve(f"{SAMPLER}:apply_custom_logit_processor")
         apply(logits, sampling_info, num_tokens_in_batch=rows_per_request)
 
+    def overlap_schedule(self, worker) -> bool:
+        """Whether the server runs sglang's overlap scheduler (on unless --disable-overlap-schedule; False without a
+        server context)."""
+        args = getattr(worker, "server_args", None)
+        return args is not None and not getattr(args, "disable_overlap_schedule", True)
+
     def scaling_penalties(self, logits, scale) -> None:
         """sglang's repetition scaling of (rows, V) logits by (rows, V) factors, in place: its own (torch.compile'd)
         function, so each node's numbers are the ones its no-speculation decode step computes (a compiled division
