@@ -90,7 +90,7 @@ def test_train_and_live_help_describe_their_keys_from_the_schemas(installed, tmp
         assert "the cosine schedule ends here" in text.split("optim.time_limit_s = null")[1]  # a comment above
     else:
         assert "  preset: auto-qwen3-8b-simtab, auto-smollm2, best, " in text
-        assert "  servers: auto, baseline, dflash, paged, simulated, wide, window" in text
+        assert "  servers: auto, baseline, dflash, flashinfer, paged, simulated, wide, window" in text
         assert "  servers.<name>.tree_n = null" in text and "FLASHTREE_TREE_N" in text  # the catalog's values
         assert "  phases.identity.precision = fp32" in text and "  model.dummy.architecture = ???" in text
         assert "  logger.wandb.mode = disabled" in text  # LiveConfig's own logger default, not the sweep's
