@@ -69,9 +69,10 @@ def bench_serving_level(cmd: list[str], output_file: Path, log: Path, timeout_s:
 
 # ---- flashtree's input-id client -------------------------------------------------------------------------------
 
-def in_flight(port: int, jobs: list, conc: int, params: dict) -> list[dict]:
+def in_flight(port: int, jobs: list, conc: int) -> list[dict]:
+    """`jobs` (prompt ids, sampling params) with `conc` in flight; their responses in order."""
     with cf.ThreadPoolExecutor(conc) as pool:
-        return list(pool.map(lambda ids: generate(port, ids, params), jobs))
+        return list(pool.map(lambda job: generate(port, *job), jobs))
 
 
 def constrained_jobs(n: int, fraction: float) -> list[bool]:
@@ -85,7 +86,7 @@ def ids_level(port: int, prompts: list, conc: int, max_new_tokens: int, min_requ
     """-> (speed row, the timed responses); `constrained`: the fraction of the requests sent with `regex`."""
     params = {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True}
     if burst and conc > 1:  # the batch sizes up to c (prefill and decode) run once before any timing
-        in_flight(port, [prompts[i % len(prompts)] for i in range(conc)], conc, params)
+        in_flight(port, [(prompts[i % len(prompts)], params) for i in range(conc)], conc)
     for ids in prompts[:2]:
         generate(port, ids, params)  # warm-up: first-shape compiles stay out of the timing
         if constrained:
@@ -94,8 +95,7 @@ def ids_level(port: int, prompts: list, conc: int, max_new_tokens: int, min_requ
     jobs = [(prompts[i % len(prompts)], {**params, "regex": regex} if c else params)
             for i, c in enumerate(constrained_jobs(count, constrained))]
     t0 = time.perf_counter()
-    with cf.ThreadPoolExecutor(conc) as pool:
-        rs = list(pool.map(lambda job: generate(port, *job), jobs))
+    rs = in_flight(port, jobs, conc)
     wall = time.perf_counter() - t0
     tokens = [r["meta_info"]["completion_tokens"] for r in rs]
     verify = sum(r["meta_info"].get("spec_verify_ct") or 0 for r in rs)

@@ -63,13 +63,12 @@ def path_counts(committed: torch.Tensor, ids: torch.Tensor, ancestors: torch.Ten
 
 
 def lagged_counts(counts: torch.Tensor, ids: torch.Tensor, prompt_last: torch.Tensor) -> torch.Tensor:
-    """(bs, W, V) per-node counts as sglang's overlap-scheduled decode keeps them: each node's own token (the root's:
-    the anchor) not yet counted, the prompt's last token (bs,) counted once."""
+    """(bs, W, V) per-node counts, changed in place, as sglang's overlap-scheduled decode keeps them: each node's own
+    token (the root's: the anchor) not yet counted, the prompt's last token (bs,) counted once."""
     bs, w = ids.shape
     own = (ids >= 0).to(counts.dtype).unsqueeze(-1)
-    counts = counts.scatter_add(2, ids.clamp(min=0).unsqueeze(-1), -own)
-    return counts.scatter_add(2, prompt_last.view(bs, 1, 1).expand(bs, w, 1).long(),
-                              torch.ones((bs, w, 1), dtype=counts.dtype, device=counts.device))
+    counts.scatter_add_(2, ids.clamp(min=0).unsqueeze(-1), -own)  # in place: path_counts' own tensor
+    return counts.scatter_add_(2, prompt_last.view(bs, 1, 1).expand(bs, w, 1).long(), torch.ones_like(own))
 
 
 def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, pen: Penalties, scaling=None) -> torch.Tensor:
@@ -163,8 +162,8 @@ def adjust(run, worker, batch, tree, ids: torch.Tensor, logits: torch.Tensor) ->
         committed = run.counts.rows(reqs, batch.req_pool_indices, ids[:, 0], table_rows, out.shape[-1])
         counts = path_counts(committed, ids, ancestor_mask(tree))
         if run.plan.penalty_lag:
-            last = torch.tensor([r.origin_input_ids[-1] for r in reqs], dtype=torch.long).to(ids.device, non_blocking=True)
-            counts = lagged_counts(counts, ids, last)
+            last = torch.tensor([r.origin_input_ids[-1] for r in reqs], dtype=torch.long)
+            counts = lagged_counts(counts, ids, last.to(ids.device, non_blocking=True))
         out = apply_penalties(out, counts, pen, run.plan.adapter.scaling_penalties)
     bias = getattr(info, "logit_bias", None)
     if bias is not None:

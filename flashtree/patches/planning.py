@@ -10,7 +10,8 @@ server, choosing per decode batch between trees and DSPARK's own chain step.
   verified at depth + 1 tokens, cheaper than DSPARK's own step over a wider window). A tree step draws
   the menu's largest N up to `draw_cap` candidates per batch (`TreePlan.draws_for`; PLANNED_DRAW_LOGITS over the
   vocabulary, but at least DRAW_FLOOR per request) and a batch is offered only the shapes of that many; a narrower
-  shape's tree is built from the first N of them, so one step can credit every shape of no more candidates (`flashtree.planner.acceptance`).
+  shape's tree is built from the first N of them, so one step can credit every shape of no more candidates
+  (`flashtree.planner.acceptance`).
 - init_cuda_graphs (startup.py), after the verify graphs at every menu width (verify_widths.py) and the kernels'
   warm-up: `measure` fills the cost table, each shape's step time at each captured batch size, and logs it once.
   On a GPU `StepProbe` times the parts of a step that differ between shapes, back to back, with CUDA events: the
