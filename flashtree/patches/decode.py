@@ -38,7 +38,7 @@ Under FLASHTREE_TREE_N=auto the planner (planning.py) picks each remaining batch
 step's candidates at its width, or DSPARK's own decode ("planned-chain"); batches with penalties or min_p skip it
 (the default tree). Penalties, logit_bias and custom logit processors adjust each node's verify logits before the
 walk (node_logits.py); grammar requests mask every node's row by the grammar state of its own root-to-node path
-(sglang's GrammarTree and build_grammar_vocab_mask, its DFS with accept / rollback), and sglang's result processor
+(grammar_masks.py: sglang's grammar objects walk each constrained request's tree on the host), and sglang's result processor
 advances each request's grammar over the committed tokens as after DSPARK's steps; return_logprob batches get the
 committed path's logprobs from the adjusted rows (logprobs.py).
 """
@@ -52,12 +52,12 @@ import torch
 from flashtree.sampler import candidate_rows
 from flashtree.sampler.markov import markov_draws, new_state
 from flashtree.tree import DraftScores, build_tree, chain_tree, pad_tree, sampled_draws, verify_inputs, walk_and_commit
-from flashtree.tree.encode import child_links
 from flashtree.tree.simulate import simulated_walk_and_commit
 from flashtree.tree.types import VoteTree
 
 from . import checks, flashmap_draft, graph_draws, logprobs, node_logits, planning, policy_draws, simulate
 from .draft_rows import DraftRows, drafting
+from .grammar_masks import TreeGrammar
 from .host_copy import HostCopy
 from .stage_times import NoTimer, StageTimer
 from .tp_sync import TpSync
@@ -357,17 +357,15 @@ def tree_step(run: TreeRun, worker, batch, on_publish, shape=None, grammar_barri
     if policy_draws.grows(plan.policy):
         inputs.stats[:, :2] = 0  # best-first draws no candidates
     grammar = None
-    if getattr(batch, "has_grammar", False):  # each node's mask from its own path's grammar state, built on the host
-        grammar = adapter.grammar_tree(*child_links(tree), inputs.ids.view(bs, w))
+    if getattr(batch, "has_grammar", False):  # each node's mask from its own path's grammar state (grammar_masks.py)
+        grammar = TreeGrammar.start(batch.reqs, tree, inputs.ids.view(bs, w))
     timer.mark("build")
     with verifying_with(worker, run.verify_runners.get(w)):
         verified = adapter.target_verify(worker, batch, draft_input, window, inputs.ids, inputs.positions.view(bs, w),
                                          inputs.mask)
     logits, penalties = node_logits.adjust(run, worker, batch, tree, inputs.ids.view(bs, w), verified.logits)
-    if grammar is not None:
-        mask = adapter.grammar_mask(batch, grammar, logits.device, grammar_barrier)
-        if mask is not None:
-            mask.apply(logits)  # the bonus row too: the walk commits grammar-valid tokens only
+    if grammar is not None:  # the bonus row too: the walk commits grammar-valid tokens only
+        grammar.apply(logits, run.grammar_rows, batch.sampling_info, grammar_barrier)
     timer.mark("verify")
 
     # Page size 1: the walk also permutes the window in req_to_token so the accepted path's slots come first (no KV

@@ -9,6 +9,7 @@ from typing import Callable, Iterable
 
 import torch
 
+from .grammar_masks import MaskBuffer
 from .node_logits import CommittedCounts
 from .toggles import TreeToggles
 from .tp_sync import TpSync
@@ -88,6 +89,7 @@ class TreeRun:
     planner: object | None = None  # FLASHTREE_TREE_N=auto: the per-batch choice (planning.ServerPlanner)
     grown: tuple | None = None  # FLASHTREE_TREE_POLICY=best-first: the vanilla head's (w1, w2), () for a headless draft
     counts: CommittedCounts = field(default_factory=CommittedCounts)  # penalties' committed tokens (node_logits.py)
+    grammar_rows: MaskBuffer = field(default_factory=MaskBuffer)  # grammar requests' node masks (grammar_masks.py)
 
     def row_tail(self, bs: int, width: int) -> torch.Tensor:
         """(bs, 2) int32 [verify width, simulated] of a step's statistics rows: fixed per shape, built once."""

@@ -4,10 +4,13 @@ greedy decode under the same grammar token for token, in a batch mixed with unco
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
 import sglang_cpu
+from flashtree.patches import grammar_masks
 from test_decode_cpu import MAX_LEN, V, W, reference, run, target_logits
 from test_node_logits_cpu import batch_info, make_reqs, sampling_context  # noqa: F401 (an autouse fixture)
 
@@ -97,13 +100,84 @@ def test_grammar_requests_commit_the_constrained_greedy_decode(grammar_backend):
 
 def test_unmasked_tree_breaks_the_grammar(grammar_backend, monkeypatch):
     """Negative control: the same run with the masks dropped commits tokens the grammar forbids."""
-    from flashtree.patches import adapters
+    from flashtree.patches import grammar_masks
 
-    real = adapters.select_adapter()
-    monkeypatch.setattr(type(real), "grammar_mask", lambda self, batch, tree, device, barrier: None)
+    monkeypatch.setattr(grammar_masks.TreeGrammar, "apply", lambda *args: None)
     refs = [masked_decode(grammar_backend, PROMPTS[0], N_TOKENS)]
     reqs, info = grammar_reqs(grammar_backend, PROMPTS[:1], [True])
     reqs[0].grammar.accept_token(refs[0][len(PROMPTS[0])])
     with pytest.raises(AssertionError):
         run(n=4, steps=6, prompts=PROMPTS[:1], refs=refs, reqs=reqs, sampling_info=info,
             batch_extra={"has_grammar": True})
+
+
+def random_trees(bs: int, w: int, seed: int):
+    """Parents-first random trees (node i's parent among the 4 before it) with tokens from the regex's alphabet and
+    beyond, and sglang's child / sibling links of the same trees."""
+    g = torch.Generator().manual_seed(seed)
+    parents = torch.full((bs, w), -1, dtype=torch.long)
+    for i in range(1, w):
+        parents[:, i] = torch.randint(max(0, i - 4), i, (bs,), generator=g)
+    parents[:, w - 3:] = grammar_masks.INVALID  # padding
+    tokens = torch.randint(0, V, (bs, w), generator=g)
+    first, sibling = torch.full((bs, w), -1, dtype=torch.long), torch.full((bs, w), -1, dtype=torch.long)
+    for b in range(bs):
+        last = {}
+        for i in range(1, w):
+            p = int(parents[b, i])
+            if p < 0:
+                continue
+            if p in last:
+                sibling[b, last[p]] = i
+            else:
+                first[b, p] = i
+            last[p] = i
+    return parents, tokens, first, sibling
+
+
+class BoolMasks:
+    """A grammar object with outlines' mask layout (one bool per token, True where forbidden) over an xgrammar one."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def allocate_vocab_mask(self, vocab_size, batch_size, device):
+        return torch.zeros(batch_size, vocab_size, dtype=torch.bool)
+
+    def fill_vocab_mask(self, vocab_mask, idx):
+        words = self.inner.allocate_vocab_mask(vocab_size=V, batch_size=1, device="cpu")
+        self.inner.fill_vocab_mask(words, 0)
+        allowed = (words[0].view(-1, 1) >> torch.arange(32)) & 1
+        vocab_mask[idx] = allowed.flatten()[:V] == 0
+
+
+@pytest.mark.parametrize("layout", ["bitmask", "bool"])
+def test_tree_walk_fills_the_rows_sglang_fills(grammar_backend, layout):
+    """flashtree's walk of each constrained request's tree gives every node the row sglang's own builder
+    (`generate_token_bitmask`, DSPARK's) gives it, and leaves each grammar in its start state."""
+    from sglang.srt.speculative import spec_utils
+
+    bs, w = 6, 24
+    parents, tokens, first, sibling = random_trees(bs, w, seed=5)
+    tokens[:, 1:8] = torch.tensor([0, 3, 27, 5, 1, 26, 2])  # some allowed paths for sure ("ad1fb0c")
+    grammars = [grammar_backend.dispatch_regex(REGEX) for _ in range(bs)]
+    for b, grammar in enumerate(grammars):
+        for tok in [0, 27, 1][: b % 3]:  # different start states
+            grammar.accept_token(tok)
+    reqs = [types.SimpleNamespace(grammar=g) for g in grammars]
+    want, _ = spec_utils.generate_token_bitmask(reqs, first, sibling, tokens, V)
+    for b, grammar in enumerate(grammars):
+        wrapped = grammar if layout == "bitmask" else BoolMasks(grammar)
+        rows = grammar_masks.MaskBuffer().take(wrapped, w, V)
+        grammar_masks.walk_tree(wrapped, parents[b].numpy(), tokens[b].numpy(), rows, V)
+        ref = want[b * w:(b + 1) * w]
+        if layout == "bool":
+            ref = ((ref.view(-1, 1) >> torch.arange(32)) & 1).view(w, -1)[:, :V] == 0
+        assert torch.equal(rows, ref), b
+        again, _ = spec_utils.generate_token_bitmask(reqs[b:b + 1], first[b:b + 1], sibling[b:b + 1], tokens[b:b + 1], V)
+        assert torch.equal(again, want[b * w:(b + 1) * w])  # the walk rolled its grammar back
+    filled = (want != -1).any(dim=1).view(bs, w)
+    assert filled[:, 0].all() and 2 < int(filled[:, 1:].sum()) < bs * (w - 1)  # deep paths and forbidden nodes

@@ -29,7 +29,7 @@ COMMON_DRAFT = "sglang.srt.speculative.draft_worker_common"
 REQ = "sglang.srt.managers.schedule_batch:Req"
 SAMPLER = "sglang.srt.layers.sampler"
 PENALTIES = "sglang.srt.sampling.penaltylib.repetition_penalty"
-SPEC_UTILS = "sglang.srt.speculative.spec_utils"
+GRAMMAR = "sglang.srt.constrained.base_grammar_backend:BaseGrammarObject"
 LOGPROBS = "sglang.srt.layers.logprob_processor"
 DSPARK_CONFIG = "sglang.srt.speculative.dspark_components.dspark_config"
 
@@ -383,17 +383,6 @@ class SglangAdapter:
         need not round as an eager one does)."""
         resolve(f"{PENALTIES}:apply_scaling_penalties")(logits, scale)
 
-    def grammar_tree(self, first_child, next_sibling, ids_2d):
-        """sglang's GrammarTree over the tree (EAGLE's child / sibling links, root first): its host copy starts
-        now, so build it before the target verify."""
-        return resolve(f"{SPEC_UTILS}:GrammarTree").from_device(first_child, next_sibling, ids_2d)
-
-    def grammar_mask(self, batch, tree, device, barrier):
-        """sglang's vocabulary masks of every node, from each grammar request's state along the node's own path
-        (its DFS over the tree); `barrier` first advances the previous step's grammars. None: no grammar to mask."""
-        build = resolve(f"{SPEC_UTILS}:build_grammar_vocab_mask")
-        return build(reqs=batch.reqs, tree=tree, sampling_info=batch.sampling_info, device=device, barrier=barrier)
-
     # The DSPARK worker lets return_logprob batches reach its decode step (0.5.17's refuses them on entry).
     serves_logprobs = True
     # FlashInfer verifies the tree: DFlashVerifyInput.generate_attn_arg_prefill hands it the FULL_MASK and the
@@ -498,8 +487,11 @@ COMMON_PROBES = (
     Has(f"{DFLASH_UTILS}:_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS"),
     Sig(f"{SAMPLER}:apply_custom_logit_processor", ("logits", "sampling_batch_info", "num_tokens_in_batch")),
     Sig(f"{PENALTIES}:apply_scaling_penalties", ("logits", "scaling_penalties")),
-    Has(f"{SPEC_UTILS}:GrammarTree.from_device", ("retrieve_next_token", "retrieve_next_sibling", "draft_token")),
-    Sig(f"{SPEC_UTILS}:build_grammar_vocab_mask", ("reqs", "tree", "sampling_info", "device", "barrier")),
+    # grammar_masks.py: the grammar objects' own walk and mask calls
+    *(Has(f"{GRAMMAR}.{name}", params) for name, params in (
+        ("accept_token", ("token",)), ("rollback", ("k",)), ("is_terminated", ()),
+        ("fill_vocab_mask", ("vocab_mask", "idx")), ("allocate_vocab_mask", ("vocab_size", "batch_size", "device")),
+        ("apply_vocab_mask", ("logits", "vocab_mask")))),
     Sig(f"{LOGPROBS}:get_top_logprobs", ("logprobs", "top_logprobs_nums", "no_copy_to_cpu")),
     Sig(f"{LOGPROBS}:get_token_ids_logprobs", ("logprobs", "token_ids_logprobs", "no_copy_to_cpu")),
     Has("sglang.srt.speculative.dflash_info:DFlashVerifyInput", ("draft_token", "positions", "draft_token_num", "custom_mask", "capture_hidden_mode")),
