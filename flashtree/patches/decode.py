@@ -136,8 +136,6 @@ def make_worker_init(original, adapter, toggles: TreeToggles):
 
 
 def make_forward_decode(original, adapter, toggles: TreeToggles):
-    from . import greedy_graphs
-
     def _forward_decode(self, batch, on_publish, *args, **kwargs):
         run = getattr(self, "_flashtree", None)
         if run is None:
@@ -152,8 +150,7 @@ def make_forward_decode(original, adapter, toggles: TreeToggles):
             shape = run.planner.choose(bs)
             with run.planner.timing(shape, bs):
                 if not shape.is_chain:
-                    with greedy_graphs.stepping(run, shape):  # N = 1: the greedy-only draft graphs
-                        return tree_step(run, self, batch, on_publish, shape, grammar_barrier=barrier)
+                    return tree_step(run, self, batch, on_publish, shape, grammar_barrier=barrier)
                 result = dspark_step(run, original, self, batch, on_publish, "planned-chain", args, kwargs)
                 run.planner.after_chain_step(result.accept_lens)
                 return result

@@ -35,7 +35,6 @@ class DraftRows:
 
     proposer: object  # DSPARK's proposer, copied, over the plan's forward_rows rows
     runner: object | None = None  # the draft graph runner captured at `rows` tokens per request (None: eager)
-    greedy: object | None = None  # FLASHTREE_TREE_N=auto: at `rows` too, its tail the greedy block (greedy_graphs.py)
 
 
 def capture(run, worker) -> None:
@@ -71,13 +70,12 @@ def capture(run, worker) -> None:
     logger.info("flashtree: tree steps' draft forward over %d of DSPARK's %d rows (graphs captured)", rows, gamma)
 
 
-def tail_hook(sampler, rows: int, greedy: bool = False):
-    """The D-row graphs' tail: flashtree's N draws over the forward's D rows per request (sglang's capture-hook call);
-    greedy: the greedy block alone (GraphDraws.draw)."""
+def tail_hook(sampler, rows: int):
+    """The D-row graphs' tail: flashtree's N draws over the forward's D rows per request (sglang's capture-hook call)."""
     view = types.SimpleNamespace(gamma=rows, model=sampler.model, markov_head=sampler.markov_head)
 
     def hook(runner, out, forward_batch, num_tokens):
-        sampler.flashtree_draws.draw(view, out.hidden_states, forward_batch.input_ids, None, greedy=greedy)
+        sampler.flashtree_draws.draw(view, out.hidden_states, forward_batch.input_ids, None)
 
     return hook
 

@@ -119,7 +119,7 @@ class GraphDraws:
         self.inv_temperature, self.greedy = candidate_rows(self.max_bs, self.n, temperature, device)
         # The same per-row constants for every smaller candidate count a batch size draws (made here, not in capture).
         self.rows = {self.n: (self.inv_temperature, self.greedy)}
-        for m in ({self.n_for(bs) for bs in range(1, self.max_bs + 1)} | {1}) - {self.n}:  # 1: greedy-only tails
+        for m in {self.n_for(bs) for bs in range(1, self.max_bs + 1)} - {self.n}:
             self.rows[m] = candidate_rows(self.max_bs, m, temperature, device)
         self.logp = (torch.zeros((self.max_bs, self.n, self.k), dtype=torch.float32, device=device)
                      if policy_draws.needs_logp(policy) else None)
@@ -139,10 +139,6 @@ class GraphDraws:
         self.calls = 0  # tail runs (warm-up, capture and eager tails; not replays)
         self.skips = 0  # tail runs above max_bs with a limit: DSPARK's tail only, no draws
         self.drawn_sizes: dict[int, int] = {}  # batch sizes the tail drew for -> the candidates it drew per request
-        # FLASHTREE_TREE_N=auto on 0.5.17: the greedy-only draft graphs' tail runs (greedy_graphs.py) and whether the
-        # step reading the buffers replayed one of those (then it reads candidate 0 alone)
-        self.greedy_sizes: set[int] = set()
-        self.greedy_only = False
         self.skipped_sizes: set[int] = set()  # batch sizes the tail ran for without the draws
 
     # ---- the step sampler ---------------------------------------------------------------------------------------
@@ -163,10 +159,7 @@ class GraphDraws:
         return sample
 
     # ---- the tail ------------------------------------------------------------------------------------------------
-    def draw(self, sampler, hidden_states: torch.Tensor, input_ids: torch.Tensor, base_logits,
-             greedy: bool = False) -> None:
-        """The tail: the batch's candidates into `out`; greedy: candidate 0 alone, the draft's greedy block (the
-        greedy-only graphs of N = 1 steps, greedy_graphs.py)."""
+    def draw(self, sampler, hidden_states: torch.Tensor, input_ids: torch.Tensor, base_logits) -> None:
         bs, model_hidden, draft_hidden, anchor = self.adapter.tail_inputs(sampler, hidden_states, input_ids)
         if bs > self.max_bs:
             if self.limit:  # only chain steps (bs > FLASHTREE_TREE_MAX_BS) replay this graph: DSPARK's tail only
@@ -174,12 +167,8 @@ class GraphDraws:
                 self.skips += 1
                 return
             raise RuntimeError(f"flashtree: the draft tail ran for {bs} requests, above its {self.max_bs}-row buffer")
-        if greedy:
-            n = 1
-            self.greedy_sizes.add(bs)
-        else:
-            n = self.n_for(bs)
-            self.drawn_sizes[bs] = n
+        n = self.n_for(bs)
+        self.drawn_sizes[bs] = n
         if base_logits is None:  # DSPARK's tail computed none (lean tail, 0.5.23's megakernel step): the K kept rows
             kept = model_hidden.view(bs, int(sampler.gamma), -1)[:, : self.k].reshape(bs * self.k, -1)
             base_logits, _ = sampler.model.compute_base_logits(kept)
@@ -223,9 +212,7 @@ class GraphDraws:
 
     def drawn_n(self, bs: int) -> int:
         """Candidates per request a batch of bs reads: what the replayed graph (the smallest drawn size >= bs) drew;
-        all N when no tail has run (CPU stand-ins); 1 after a greedy-only graph's replay."""
-        if self.greedy_only:
-            return 1
+        all N when no tail has run (CPU stand-ins)."""
         sizes = [s for s in self.drawn_sizes if s >= bs]
         return self.drawn_sizes[min(sizes)] if sizes else self.n
 

@@ -7,8 +7,7 @@ server, choosing per decode batch between trees and DSPARK's own chain step.
   (--speculative-num-draft-tokens) and trees of N in {1, 4, 8, 16, 32, 64} (N <= width) at widths {depth + 1, 16,
   32, 64} up to that window, and the window itself (FLASHTREE_TREE_WIDTH lowers the largest), each N only at the
   widths its N x depth + 1 nodes can fill (`default_shapes`; N = 1, the draft's greedy block, is DSPARK's chain
-  verified at depth + 1 tokens, cheaper than DSPARK's own step over a wider window: on 0.5.17 its draft graphs'
-  tail computes the greedy block alone, not the batch's draws, greedy_graphs.py). A tree step draws
+  verified at depth + 1 tokens, cheaper than DSPARK's own step over a wider window). A tree step draws
   the menu's largest N up to `draw_cap` candidates per batch (`TreePlan.draws_for`; PLANNED_DRAW_LOGITS over the
   vocabulary, but at least DRAW_FLOOR per request) and a batch is offered only the shapes of that many; a narrower
   shape's tree is built from the first N of them, so one step can credit every shape of no more candidates
@@ -16,9 +15,8 @@ server, choosing per decode batch between trees and DSPARK's own chain step.
 - init_cuda_graphs (startup.py), after the verify graphs at every menu width (verify_widths.py) and the kernels'
   warm-up: `measure` fills the cost table, each shape's step time at each captured batch size, and logs it once.
   On a GPU `StepProbe` times the parts of a step that differ between shapes, back to back, with CUDA events: the
-  draft graph the step replays (the tree steps', N = 1 steps' greedy-only ones, or DSPARK's), the tree kernels at
-  (bs, N, W) and the target verify graph at W; the parts every step shares (sglang's scheduling, the window, the
-  draft-context injection) are left out.
+  draft graph (the tree steps' or DSPARK's), the tree kernels at (bs, N, W) and the target verify graph at W;
+  the parts every step shares (sglang's scheduling, the window, the draft-context injection) are left out.
 - Per decode batch `choose(bs)`: host numbers only (the batch size, the table, the estimates). Every `time_every`-th
   decision also times its whole step (CUDA events, read when done); after `retime_after` timed steps of a shape at
   a table size their mean replaces the start-up entry, and every other shape's entry there moves by the served
@@ -45,7 +43,6 @@ import torch
 from flashtree.planner import AcceptanceModel, CostTable, Planner, Shape, counterfactual_commits, default_shapes
 from flashtree.planner.acceptance import prior_tau
 
-from .greedy_graphs import draft_runner
 from .host_copy import HostCopy
 from .toggles import ToggleError, TreeToggles
 
@@ -296,11 +293,10 @@ class ServerPlanner:
 # ---- timing at server start --------------------------------------------------------------------------------------
 class StepProbe:
     """`time_step(shape, bs)` on a server with CUDA graphs: the shape's draft graph replay (the tree steps' draft rows,
-    for N = 1 the greedy-only graphs where captured, DSPARK's own for the chain), for trees the tree kernels at
-    (bs, N, W) on dummy inputs (warmup.dummy_step), and the target's verify graph replay at the shape's verify
-    width, run back to back; the fastest of `repeats` after an untimed run, CUDA events (wall clock on CPU). Graphs
-    replay with the inputs they were captured with, at server start, before any request: their KV writes land in the
-    slots capture staged."""
+    or DSPARK's own for the chain), for trees the tree kernels at (bs, N, W) on dummy inputs (warmup.dummy_step), and
+    the target's verify graph replay at the shape's verify width, run back to back; the fastest of `repeats` after an
+    untimed run, CUDA events (wall clock on CPU). Graphs replay with the inputs they were captured with, at server
+    start, before any request: their KV writes land in the slots capture staged."""
 
     def __init__(self, run, worker, repeats: int = REPEATS):
         from .warmup import dummy_step
@@ -312,11 +308,8 @@ class StepProbe:
         self.verify.update({w: adapter.graph_replays(r) for w, r in run.verify_runners.items()})
         dmr = getattr(worker, "draft_model_runner", None)
         self.dspark_draft = adapter.graph_replays(getattr(dmr, "decode_cuda_graph_runner", None))
-        # The tree steps' draft graphs, and N = 1 steps' greedy-only ones where captured (greedy_graphs.py).
-        self.tree_draft = {}
-        for greedy in (False, True):
-            runner = draft_runner(run, greedy)
-            self.tree_draft[greedy] = self.dspark_draft if runner is None else adapter.graph_replays(runner)
+        rows = run.draft_rows
+        self.tree_draft = self.dspark_draft if rows is None else adapter.graph_replays(rows.runner)
         self.device = torch.device(getattr(worker, "device", "cpu"))
         self.table = adapter.req_to_token(worker) if plan.page_size == 1 else None
 
@@ -328,7 +321,7 @@ class StepProbe:
         else:
             tree_w, w = plan.fit_width(shape.width, self.run.verify_runners)
             step = (lambda: self.dummy_step(plan, self.device, self.table, bs, shape.n, tree_w, w))
-            parts = [self.tree_draft[shape.n == 1].get(bs), step, self.verify.get(w, {}).get(bs)]
+            parts = [self.tree_draft.get(bs), step, self.verify.get(w, {}).get(bs)]
         return None if any(p is None for p in parts) else parts
 
     def __call__(self, shape: Shape, bs: int) -> float | None:

@@ -1,8 +1,7 @@
 """What the tree path does at DSparkWorkerV2.init_cuda_graphs, the first point of a server's start at which sglang has
 allocated the KV pools (its scheduler builds the workers first, then the pools, then every worker's graphs, with CUDA
 graphs or without): the paged-KV commit check that needs the target's pool (before DSPARK captures anything), then,
-after DSPARK's graphs, with FLASHTREE_DRAFT_ROWS below gamma the draft graphs at that many rows (draft_rows.py), under
-auto the N = 1 steps' greedy-only draft graphs (greedy_graphs.py), and
+after DSPARK's graphs, with FLASHTREE_DRAFT_ROWS below gamma the draft graphs at that many rows (draft_rows.py), and
 with FLASHTREE_TREE_BUDGET, FLASHTREE_TREE_WIDTH or FLASHTREE_TREE_N=auto the narrower target-verify graphs
 (verify_widths.py) and the tree kernels' warm-up (warmup.py), and under auto the planner's cost table (planning.py)."""
 
@@ -27,10 +26,6 @@ def make_init_cuda_graphs(original, narrow: bool):
             from . import draft_rows
 
             draft_rows.capture(run, self)
-        if run is not None and run.planner is not None:
-            from . import greedy_graphs
-
-            greedy_graphs.capture(run, self)
         if run is not None and narrow:
             from . import verify_widths, warmup
 

@@ -33,8 +33,7 @@ def default_shapes(window: int, depth: int, max_n: int = 64) -> list[Shape]:
     `max_n` and the width) at widths {depth + 1, 16, 32, 64} up to the window, and the window itself. N candidates
     hold at most N x depth + 1 nodes, so a tree of N is offered only at widths it can fill (and at the narrowest):
     a wider one is the same tree with padding, verified at a higher cost (N = 1 is the draft's greedy block, DSPARK's
-    chain, at depth + 1: the chain at the draft's own width, which a server's wide window makes cheaper than DSPARK's
-    own step; on sglang 0.5.17 its draft graphs compute that block alone, flashtree/patches/greedy_graphs.py)."""
+    chain, at depth + 1)."""
     shapes = [Shape(0, window)]
     widths = sorted({w for w in (depth + 1, 16, 32, 64, window) if 2 <= w <= window})
     for w in widths:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import sglang_cpu
-from flashtree.patches import adapters, greedy_graphs, planning, verify_widths
+from flashtree.patches import adapters, planning, verify_widths
 from flashtree.patches.decode import create_state, make_forward_decode
 from flashtree.patches.toggles import AUTO_N, ToggleError, TreeToggles, read_toggles
 from flashtree.planner import Shape
@@ -52,7 +52,6 @@ def planned_server(graph_max_bs=None, simulate_acc="", capture_bs=(1, 2, 3)):
             from flashtree.patches import draft_rows
 
             draft_rows.capture(state, worker)
-    greedy_graphs.capture(state, worker)
     worker.model_runner.attn_backend = StandInAttnBackend(worker.model_runner)
     worker.model_runner.decode_cuda_graph_runner = StandInGraphRunner(worker.model_runner, capture_bs=list(capture_bs))
     verify_widths.capture(state, worker)
@@ -174,8 +173,7 @@ def test_auto_serves_trees_or_the_chain_per_batch_size_and_commits_the_greedy_de
 def test_a_batch_is_offered_only_the_shapes_whose_candidates_it_draws(monkeypatch, graph_max_bs):
     """Under a cap of 4 candidates per batch (planning.draw_cap): one request draws N = 4, two draw 2, three draw 1, so the
     4-candidate trees are timed and offered at one request only and larger batches take the N = 1 tree though N = 4
-    is cheaper; each step draws its batch's N (N = 1 steps over 0.5.17's greedy-only graphs: one) and commits the
-    greedy decode."""
+    is cheaper; each step draws its batch's N and commits the greedy decode."""
     monkeypatch.setattr(planning, "draw_cap", lambda worker: 4)
     monkeypatch.setattr(planning, "DRAW_FLOOR", 1)
     world, adapter, worker, state = planned_server(graph_max_bs)
@@ -190,77 +188,7 @@ def test_a_batch_is_offered_only_the_shapes_whose_candidates_it_draws(monkeypatc
     state.planner.after_tree_step = lambda shape, cands, *a: drawn.append(cands.shape[1]) or real_after(shape, cands, *a)
     labels, _commits, _rows, _chain = decode(world, adapter, worker, state, [[0, 1, 2], [0], [1, 2]], 9)
     assert labels == [single.label(), best.label(), single.label()] * 3
-    greedy_only = state.draft_rows is not None and state.draft_rows.greedy is not None  # 0.5.17's N = 1 graphs
-    assert drawn == [1, 4, 1 if greedy_only else 2] * 3
-
-
-
-@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "mixed"])
-def test_the_chain_at_the_drafts_width_replays_greedy_only_draft_graphs(caplog, sampled):
-    """N = 1 (the draft's greedy block verified at depth + 1) chosen at every batch size: on 0.5.17 its steps replay
-    the greedy-only draft-row graphs, whose tail writes candidate 0 alone (the full-draw graphs never run) and each
-    step reads that one candidate; elsewhere they replay the tree steps' graphs, as logged at start. Every greedy
-    commit is the sequential greedy decode (sampled rows: tokens the target samples), and each step is credited."""
-    caplog.set_level("INFO", logger="flashtree.patches")
-    world, adapter, worker, state = planned_server(graph_max_bs=8)
-    single = state.planner.trees[0]
-    assert single.n == 1 and single.width == BLOCK + 1
-    planning.measure(state, worker, table(lambda shape, bs: 0.1 if shape == single else 5.0))
-    state.planner.credit_every = {"tree": 1, "chain": 1}
-    drawn, real_after = [], state.planner.after_tree_step
-    state.planner.after_tree_step = lambda shape, cands, *a: drawn.append(cands.shape[1]) or real_after(shape, cands,
-                                                                                                          *a)
-    info = None
-    if sampled:
-        greedy = torch.tensor([True, False, True])
-        info = types.SimpleNamespace(is_all_greedy=False, temperatures=torch.where(greedy, 1.0, 0.7).view(-1, 1),
-                                     top_ks=torch.where(greedy, 1, 1 << 30).to(torch.int32), top_ps=torch.ones(3))
-    schedule = [[0, 1, 2]] if sampled else [[0, 1, 2], [2, 0], [1], [0, 2]]
-    labels, commits, rows, _chain = decode(world, adapter, worker, state, schedule, 12, sampling_info=info)
-    assert set(labels) == {single.label()} and state.steps == len(labels) == 12
-    greedy_only = adapters.select_adapter().draft_rows_release
-    sizes = [len(schedule[i % len(schedule)]) for i in range(12)]
-    assert drawn == [1 if greedy_only else state.plan.draws_for(bs) for bs in sizes]
-    assert all(r[0] == 1 and r[4] == BLOCK + 1 for step in rows for r in step)
-    assert sum(int((c > 1).sum()) for c in commits["tree"]) > 0  # the greedy block accepted
-    assert state.draw_paths == {"graph": 12} and state.planner.credited == 11
-    draws, path = state.graph_draws, state.draft_rows
-    logged = [r.getMessage() for r in caplog.records if "N = 1 steps" in r.getMessage()]
-    if greedy_only:
-        assert path.greedy is not None and path.greedy.width == BLOCK and path.runner.width == BLOCK
-        assert draws.drawn_sizes == {} and draws.greedy_sizes == ({3} if sampled else {1, 2, 3})
-        assert not draws.greedy_only  # restored after each step
-        assert logged and "their tail the greedy block alone, captured at batch sizes" in logged[0]
-    else:
-        assert path is None and set(draws.drawn_sizes) == ({3} if sampled else {1, 2, 3})
-        assert logged == ["flashtree: FLASHTREE_TREE_N=auto: N = 1 steps replay the tree steps' draft graphs, whose "
-                          "tail draws the batch's candidates for every tree (draft-row graphs need sglang 0.5.17); "
-                          "the cost table prices them so"]
-
-
-def test_a_failed_greedy_capture_leaves_n1_on_the_tree_steps_graphs(caplog, monkeypatch):
-    """0.5.17: a greedy-only capture that fails is logged; N = 1 steps then replay the tree steps' draft-row graphs
-    (the probe times them there) and still commit the greedy decode."""
-    if not adapters.select_adapter().draft_rows_release:
-        pytest.skip("draft-row graphs: sglang 0.5.17 only")
-    caplog.set_level("INFO", logger="flashtree.patches")
-    world, adapter, worker, state = planned_server(graph_max_bs=8)
-    state.draft_rows.greedy = None
-    runner = type(state.draft_rows.runner)
-
-    def refuse(*args, **kwargs):
-        raise RuntimeError("out of memory")
-
-    monkeypatch.setattr(runner, "__init__", refuse)
-    greedy_graphs.capture(state, worker)
-    assert state.draft_rows.greedy is None
-    assert any("capturing the N = 1 steps' greedy-only draft graphs failed (RuntimeError: out of memory)"
-               in r.getMessage() for r in caplog.records)
-    assert greedy_graphs.draft_runner(state, True) is state.draft_rows.runner
-    single = state.planner.trees[0]
-    planning.measure(state, worker, table(lambda shape, bs: 0.1 if shape == single else 5.0))
-    labels, _commits, _rows, _chain = decode(world, adapter, worker, state, [[0, 1, 2], [1]], 6)
-    assert set(labels) == {single.label()} and state.graph_draws.greedy_sizes == set()
+    assert drawn == [1, 4, 2] * 3
 
 
 def test_sampled_rows_take_the_planned_tree_walk():
@@ -425,15 +353,9 @@ def test_step_probe_times_each_shape_over_its_own_graphs():
     if draft is not None:
         graphs(draft, log, "rows-draft@", [1, 2])
     tree_draft = "rows-draft@" if draft is not None else "dspark-draft@"
-    greedy = state.draft_rows.greedy if state.draft_rows is not None else None
-    if greedy is not None:
-        graphs(greedy, log, "greedy-draft@", [1, 2])
-    single = state.planner.trees[0]
-    assert single.n == 1  # the chain at the draft's own width: its draft graphs' tail the greedy block alone (0.5.17)
     probe = planning.StepProbe(state, worker, repeats=2)
     for shape, bs, want in [(Shape(0, W), 2, ["dspark-draft@2", "verify6@2"]),
-                            (state.planner.trees[1], 1, [f"{tree_draft}1", "verify4@1"]),
-                            (single, 1, ["greedy-draft@1" if greedy is not None else f"{tree_draft}1", "verify4@1"])]:
+                            (state.planner.trees[1], 1, [f"{tree_draft}1", "verify4@1"])]:
         log.clear()
         assert probe(shape, bs) > 0
         assert log == want * 3, (shape, log)
@@ -441,7 +363,6 @@ def test_step_probe_times_each_shape_over_its_own_graphs():
     ragged = types.SimpleNamespace(ragged_verify_mode=True, **vars(worker.model_runner.decode_cuda_graph_runner))
     assert adapters.select_adapter().graph_replays(ragged) == {}  # keyed by tokens there, not requests
     costs = planning.measure(state, worker, probe)
-    assert costs.sizes(single) == [1]
     assert {(s.label(), bs) for s, bs in costs.seconds} == (
         {(s.label(), bs) for s in state.planner.shapes for bs in (1, 2)} - {(s.label(), 2) for s in state.planner.trees
                                                                           if s.width == 4})
