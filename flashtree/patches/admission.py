@@ -15,10 +15,11 @@ PREFIX = "flashtree"
 
 def unsupported_reason(req, toggles: TreeToggles, serves_logprobs: bool = True) -> str | None:
     """Why the tree path cannot serve `req` (None = it can). Grammars, penalties, logit_bias, min_p and custom logit
-    processors are served (decode.py, node_logits.py), return_logprob where the release's DSPARK worker lets it
-    through (logprobs.py)."""
+    processors are served (decode.py, node_logits.py), return_logprob wherever the server's worker lets it reach the
+    tree step (logprobs.py)."""
     if getattr(req, "return_logprob", False) and not serves_logprobs:
-        what = "return_logprob on this sglang release (its DSPARK worker refuses it; sglang 0.5.20 and 0.5.23 serve it)"
+        what = ("return_logprob on a DFLASH server with this sglang release (its DFLASH worker refuses it; DSPARK "
+                "servers serve it, and sglang 0.5.20 and 0.5.23 DFLASH ones)")
     elif getattr(req, "return_hidden_states", False):
         what = "return_hidden_states"
     else:
@@ -29,11 +30,15 @@ def unsupported_reason(req, toggles: TreeToggles, serves_logprobs: bool = True) 
     )
 
 
-def make_add_request_to_queue(original, toggles: TreeToggles, serves_logprobs: bool = True):
+def make_add_request_to_queue(original, toggles: TreeToggles, dspark_only_logprobs: bool = False):
+    """`dspark_only_logprobs`: the release serves return_logprob on DSPARK servers only (logprobs.py)."""
+
     def _add_request_to_queue(self, req, is_retracted: bool = False):
         # Retracted requests were admitted before; already-finished ones carry their own error.
         if not is_retracted and getattr(req, "to_finish", None) is None and getattr(req, "finished_reason", None) is None:
-            reason = unsupported_reason(req, toggles, serves_logprobs)
+            algorithm = getattr(self, "spec_algorithm", None)
+            serves = not dspark_only_logprobs or bool(algorithm is not None and algorithm.is_dspark())
+            reason = unsupported_reason(req, toggles, serves)
             if reason is not None:
                 req.set_finish_with_abort(reason)
         return original(self, req, is_retracted)

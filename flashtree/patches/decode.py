@@ -33,14 +33,15 @@ the TP group's first rank's, and the ranks compare their commits every 64 steps 
 Batches the step does not take go to DSPARK's own decode unchanged: idle batches (DSPARK's idle result), DP-attention
 coordination, sampled batches when N = 1 (DSPARK's chain rejection sampling uses the draft's probabilities and
 accepts more than the target-only walk can with one candidate), and batches above FLASHTREE_TREE_MAX_BS requests;
-the last two stay on the tree step when a request has penalties or min_p (node_logits.py: per-node exact there).
+the last two stay on the tree step when a request has penalties or min_p (node_logits.py: per-node exact there) or,
+on 0.5.17, return_logprob (logprobs.py: DSPARK's decode there returns none).
 Under FLASHTREE_TREE_N=auto the planner (planning.py) picks each remaining batch's shape: a tree of the first N of the
-step's candidates at its width, or DSPARK's own decode ("planned-chain"); batches with penalties or min_p skip it
-(the default tree). Penalties, logit_bias and custom logit processors adjust each node's verify logits before the
-walk (node_logits.py); grammar requests mask every node's row by the grammar state of its own root-to-node path
-(grammar_masks.py: sglang's grammar objects walk each constrained request's tree on the host), and sglang's result processor
-advances each request's grammar over the committed tokens as after DSPARK's steps; return_logprob batches get the
-committed path's logprobs from the adjusted rows (logprobs.py).
+step's candidates at its width, or DSPARK's own decode ("planned-chain"); batches with penalties or min_p (and on
+0.5.17 return_logprob, logprobs.py) skip it (the default tree). Penalties, logit_bias and custom logit processors
+adjust each node's verify logits before the walk (node_logits.py); grammar requests mask every node's row by the
+grammar state of its own root-to-node path (grammar_masks.py: sglang's grammar objects walk each constrained request's
+tree on the host), and sglang's result processor advances each request's grammar over the committed tokens as after
+DSPARK's steps; return_logprob batches get the committed path's logprobs from the adjusted rows (logprobs.py).
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ def make_forward_decode(original, adapter, toggles: TreeToggles):
             )
         reason = skip_reason(run.plan, batch, args, kwargs)
         barrier = args[0] if args else kwargs.get("grammar_barrier")
-        if reason is None and run.planner is not None and not node_logits.batch_needs_tree(batch):  # TREE_N=auto
+        if reason is None and run.planner is not None and not keeps_tree(run.plan, batch):  # TREE_N=auto
             bs = len(batch.seq_lens)
             shape = run.planner.choose(bs)
             with run.planner.timing(shape, bs):
@@ -209,12 +210,18 @@ def mask_prefix_bound(plan: TreePlan, worker, batch) -> int:
     return int(batch.seq_lens.sum())
 
 
+def keeps_tree(plan: TreePlan, batch) -> bool:
+    """Whether a batch stays on the tree step whatever the fallbacks say: DSPARK's chain would apply the root's
+    penalty state, ignore min_p (node_logits.py), or return no logprobs (logprobs.py)."""
+    return node_logits.batch_needs_tree(batch) or logprobs.needs_tree(plan.adapter, batch)
+
+
 def skip_reason(plan: TreePlan, batch, args, kwargs) -> str | None:
     if batch.forward_mode.is_idle():
         return "idle"
     if kwargs.get("coordination_plan") is not None or (len(args) > 1 and args[1] is not None):
         return "dp-attention"
-    per_node = node_logits.batch_needs_tree(batch)  # DSPARK's chain would apply the root's penalty state
+    per_node = keeps_tree(plan, batch)
     limit = plan.toggles.tree_max_bs
     if limit and len(batch.seq_lens) > limit and not per_node:
         # FLASHTREE_TREE_MAX_BS: DSPARK's chain step is cheaper here. Both steps leave req_to_token (accepted slots

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from . import admission, decode, dflash_step, flashmap_draft, startup
+from . import admission, decode, dflash_step, flashmap_draft, logprobs, startup
 from .adapters import base
 from .adapters.base import DFLASH_UTILS, REQ, RESULTS, SCHEDULER, TRITON, WORKER, SglangAdapter
 from .adapters.probe import resolve
@@ -67,7 +67,7 @@ def _tree_patches(adapter: SglangAdapter, toggles: TreeToggles) -> list[Patch]:
         Patch(worker_cls, "_forward_decode", lambda orig: decode.make_forward_decode(orig, adapter, toggles),
               "DSparkWorkerV2._forward_decode"),
         Patch(resolve(SCHEDULER), "_add_request_to_queue",
-              lambda orig: admission.make_add_request_to_queue(orig, toggles, adapter.serves_logprobs),
+              lambda orig: admission.make_add_request_to_queue(orig, toggles, adapter.dspark_refuses_logprobs),
               "Scheduler._add_request_to_queue"),
         Patch(resolve(RESULTS), "_maybe_collect_customized_info", decode.make_collect_stats,
               "SchedulerBatchResultProcessor._maybe_collect_customized_info"),
@@ -75,7 +75,7 @@ def _tree_patches(adapter: SglangAdapter, toggles: TreeToggles) -> list[Patch]:
         Patch(importlib.import_module(DFLASH_UTILS), "_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS",
               lambda orig: _TaggableFrozenSet(orig - {"TritonAttnBackend", "FlashInferAttnBackend"}),
               "dflash_utils._DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS"),
-    ] + dflash_step.patches(adapter, toggles)  # the same tree step on DFLASH's worker (or its refusal)
+    ] + logprobs.patches(adapter, worker_cls) + dflash_step.patches(adapter, toggles)  # DFLASH: the same tree step
 
 
 def _simulated_chain_patch(adapter: SglangAdapter, toggles: TreeToggles) -> Patch:

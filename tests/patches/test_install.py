@@ -19,6 +19,7 @@ U = "sglang.srt.speculative.dflash_utils:"
 P = "sglang.srt.speculative.dspark_components.dspark_planner:"
 R = "sglang.srt.managers.scheduler_components.batch_result_processor:SchedulerBatchResultProcessor"
 Q = "sglang.srt.managers.schedule_batch:Req"
+M = "sglang.srt.managers.scheduler:"  # the scheduler module
 
 
 def owner(path: str):
@@ -27,7 +28,7 @@ def owner(path: str):
     return getattr(obj, attr) if attr else obj
 
 
-OWNERS = [W, S, T, U, P, R, Q]
+OWNERS = [W, S, T, U, P, R, Q, M]
 TREE_KEYS = {
     (W, "__init__"),
     (W, "init_cuda_graphs"),
@@ -39,8 +40,10 @@ TREE_KEYS = {
 
 
 def tree_keys(release: str) -> set:
-    """What FLASHTREE_TREE_N installs: on 0.5.17 also the stop-token fix (finish.py)."""
-    return TREE_KEYS | ({(Q, "update_finish_state")} if release == "0.5.17" else set())
+    """What FLASHTREE_TREE_N installs: on 0.5.17 also the stop-token fix (finish.py) and the way through its two
+    return_logprob refusals (logprobs.py)."""
+    extra = {(Q, "update_finish_state"), (M, "validate_dflash_request"), (W, "forward_batch_generation")}
+    return TREE_KEYS | (extra if release == "0.5.17" else set())
 
 
 def snapshot() -> dict:

@@ -167,16 +167,24 @@ def test_overlap_scheduled_servers_count_penalties_as_their_decode_does(monkeypa
             run_features(settings, overlap=True)
 
 
-def test_penalized_batches_keep_the_tree_step_above_max_bs():
+def test_penalized_and_logprob_batches_keep_the_tree_step_above_max_bs():
     from flashtree.patches.decode import skip_reason
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    plan = types.SimpleNamespace(toggles=types.SimpleNamespace(tree_max_bs=2, tree_n=8))
-    for settings, want in (([{"temperature": 0.0}] * 4, "batch-size"), (feature_batch(), None)):
+    from flashtree.patches import adapters
+
+    adapter = adapters.select_adapter()
+    plan = types.SimpleNamespace(toggles=types.SimpleNamespace(tree_max_bs=2, tree_n=8), adapter=adapter)
+    greedy = [{"temperature": 0.0}] * 4
+    # return_logprob: DSPARK's own decode returns none on 0.5.17 (logprobs.py), so such batches keep the tree step there
+    logprob_want = None if adapter.dspark_refuses_logprobs else "batch-size"
+    for settings, logprob, want in ((greedy, False, "batch-size"), (feature_batch(), False, None),
+                                    (greedy, True, logprob_want)):
         reqs = make_reqs(PROMPTS, settings)
         info, _holder = batch_info(reqs)
         batch = types.SimpleNamespace(forward_mode=ForwardMode.DECODE, seq_lens=torch.zeros(4, dtype=torch.long),
-                                      sampling_info=info.copy_for_forward(), has_grammar=False, reqs=reqs)
+                                      sampling_info=info.copy_for_forward(), has_grammar=False, reqs=reqs,
+                                      return_logprob=logprob)
         assert skip_reason(plan, batch, (), {}) == want
 
 

@@ -383,8 +383,9 @@ class SglangAdapter:
         need not round as an eager one does)."""
         resolve(f"{PENALTIES}:apply_scaling_penalties")(logits, scale)
 
-    # The DSPARK worker lets return_logprob batches reach its decode step (0.5.17's refuses them on entry).
-    serves_logprobs = True
+    # Whether sglang refuses return_logprob on DSPARK servers (0.5.17: the scheduler's check and the worker's entry;
+    # flashtree lets them through to the tree step, logprobs.py); later releases' DSPARK serves it.
+    dspark_refuses_logprobs = False
     # FlashInfer verifies the tree: DFlashVerifyInput.generate_attn_arg_prefill hands it the FULL_MASK and the
     # window's slots from req_to_token (0.5.17, 0.5.20; 0.5.23's goes through a KV translation plan, not wired).
     flashinfer_verify = True

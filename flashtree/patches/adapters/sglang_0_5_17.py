@@ -18,7 +18,7 @@ class Adapter(SglangAdapter):
     has_shared_kv = False
     draft_rows_release = True  # FLASHTREE_DRAFT_ROWS: base.proposer_with_rows
     stops_after_length = True  # its stop check after the length limit (finish.py)
-    serves_logprobs = False  # DSparkWorkerV2.forward_batch_generation raises on return_logprob (prefill too)
+    dspark_refuses_logprobs = True  # and flashtree lets them through (logprobs.py)
     probes = COMMON_PROBES + CHAIN_ERA_PROBES + (
         Lacks(f"{TRITON}:_should_use_verify_shared_kv"),
         Has(f"{SCHEDULER}._apply_war_barrier"),
