@@ -207,8 +207,9 @@ class FeaturesPhase(Phase):
     max_new_tokens: int = 64
     logit_bias: dict[str, float] = field(default_factory=lambda: {"13": -100.0, "11": 5.0})  # token id -> bias
     logprob_tol: float = 1e-3  # largest |logprob difference| allowed against the reference
-    # requests a tree server may refuse with flashtree's message (logprobs: sglang 0.5.17's DSPARK worker refuses them)
-    may_refuse: list[str] = field(default_factory=lambda: ["logprobs"])
+    # requests a tree server may refuse with a clear message (none by default: every release's DSPARK tree serves them
+    # all; `[logprobs]` for a DFLASH tree on sglang 0.5.17, whose DFLASH worker refuses return_logprob)
+    may_refuse: list[str] = field(default_factory=list)
     # requests not sent, e.g. [json_schema, tool_required, regex] on a server without xgrammar (the H200 bundle keeps
     # its runtime bindings, libxgrammar_bindings.so; it drops only xgrammar/lib/libxgrammar.a, a static archive for C++
     # builds that neither import nor grammar compilation reads)

@@ -5,8 +5,8 @@ against the first server's (no speculation), request by request.
 Every request is greedy, so on float32 deterministic servers the texts, tool calls and logprob tokens must be equal
 (logprob values within `logprob_tol`); JSON answers are validated against their schema. A request named in
 `may_refuse` that a tree server refuses with flashtree's message counts as refused, not failed, as long as the server
-keeps serving (logprobs on sglang 0.5.17, whose DSPARK worker refuses them); every other refusal or difference fails
-the phase.
+keeps serving (logprobs on a DFLASH tree server on sglang 0.5.17, whose DFLASH worker refuses them); every other
+refusal or difference fails the phase.
 """
 
 from __future__ import annotations
@@ -106,8 +106,9 @@ def logprob_gap(ref: list | None, got: list | None) -> float | None:
     return max(gaps, default=0.0)
 
 
-# The sglang field a refusal names when sglang itself refuses the request before flashtree sees it (0.5.17's DSPARK
-# server answers logprobs requests "DFLASH speculative decoding does not support return_logprob yet", live run 27).
+# The sglang field a refusal names when sglang itself refuses the request before flashtree sees it (0.5.17 answered a
+# DSPARK tree server's logprobs requests "DFLASH speculative decoding does not support return_logprob yet" before
+# flashtree let them through, live runs 27-29).
 REFUSED_FIELD = {"logprobs": "return_logprob"}
 
 
