@@ -20,6 +20,7 @@ from flashtree.live.servers import ServerManager, ServerStartError, launch_envir
 from flashtree.live.tables import request_record, write_tables
 
 STAGE_LINE = "stage times"  # FLASHTREE_STAGE_TIMES log lines
+PROFILE_LINE = "flashtree host profile"  # FLASHTREE_PROFILE_HOST reports
 
 
 def describe(cfg: LiveConfig, plan: dict[str, list[Instance]]) -> str:
@@ -176,6 +177,19 @@ def stage_times(log_dir: Path, out_file: Path) -> None:
         out_file.write_text("\n".join(lines) + "\n")
 
 
+def host_profiles(log_dir: Path, out_file: Path) -> None:
+    """The servers' FLASHTREE_PROFILE_HOST reports (a header line, then indented rows), each tagged with its server."""
+    lines = []
+    for log in sorted(log_dir.glob("server_*.log")):
+        inside = False
+        for line in log.read_text(errors="replace").splitlines():
+            inside = PROFILE_LINE in line or (inside and line.startswith("  "))
+            if inside:
+                lines.append(f"[{log.stem}] {line}" if PROFILE_LINE in line else line)
+    if lines:
+        out_file.write_text("\n".join(lines) + "\n")
+
+
 def run(cfg) -> int:
     raw = cfg
     cfg = cfg if isinstance(cfg, LiveConfig) else to_live_config(cfg)
@@ -236,6 +250,7 @@ def run(cfg) -> int:
     presets = {i.name: i.server for insts in plan.values() for i in insts}
     steps_path, summary_path = write_tables(state.records, config, out, presets)
     stage_times(out / "logs", out / "stage_times.txt")
+    host_profiles(out / "logs", out / "host_profile.txt")
     print(f"[live] tables: {steps_path}, {summary_path}; not passed: {state.failed or 'none'}", flush=True)
     return 130 if interrupted else 1 if state.failed else 0
 

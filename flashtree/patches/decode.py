@@ -60,6 +60,7 @@ from . import checks, flashmap_draft, graph_draws, logprobs, node_logits, planni
 from .draft_rows import DraftRows, drafting
 from .grammar_masks import TreeGrammar
 from .host_copy import HostCopy
+from .host_profile import HostProfile
 from .stage_times import NoTimer, StageTimer
 from .tp_sync import TpSync
 from .state import TreePlan, TreeRun
@@ -114,6 +115,7 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeRun:
         generator=generator,
         noise=new_state(toggles.seed, device) if toggles.fused_sampler else None,
         timer=StageTimer(toggles.stage_times, device) if toggles.stage_times else None,
+        host_profile=HostProfile(toggles.profile_host) if toggles.profile_host else None,
         draft_rows=DraftRows(adapter.proposer_with_rows(worker, rows)) if rows < gamma else None,
         simulate=simulate.from_server(adapter, toggles, worker, gamma, device),
         tp=TpSync(adapter.tp_group(worker)),
@@ -144,6 +146,8 @@ def make_forward_decode(original, adapter, toggles: TreeToggles):
                 f"flashtree: {type(self).__name__} was built before flashtree patched it (no tree state); the plugin "
                 "must load before the worker is constructed"
             )
+        if run.host_profile is not None:
+            run.host_profile.on_decode_step()
         reason = skip_reason(run.plan, batch, args, kwargs)
         barrier = args[0] if args else kwargs.get("grammar_barrier")
         if reason is None and run.planner is not None and not keeps_tree(run.plan, batch):  # TREE_N=auto

@@ -72,6 +72,7 @@ class TreeRun:
     generator: torch.Generator  # the eager draws' and the sampled walk's (FLASHTREE_SEED)
     noise: torch.Tensor | None = None  # FLASHTREE_FUSED_SAMPLER: the fused Markov draws' (seed, calls) state
     timer: object | None = None  # FLASHTREE_STAGE_TIMES: a StageTimer
+    host_profile: object | None = None  # FLASHTREE_PROFILE_HOST: a HostProfile
     steps: int = 0
     fallbacks: dict = field(default_factory=dict)
     # FLASHTREE_GRAPH_DRAWS: the draws DSPARK's draft graph tail fills (graph_draws.py), or why there are none.

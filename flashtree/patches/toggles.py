@@ -274,6 +274,10 @@ class TreeToggles:
         "FLASHTREE_STAGE_TIMES", Ints(0, 1 << 20), 0,
         "every N tree steps (0 = off), log the mean time per stage of those steps (draft, draws, build, verify, walk, "
         "commit, output; CUDA events read once per N steps) and where the draws ran (graph / eager)", "set")
+    profile_host: int = toggle(
+        "FLASHTREE_PROFILE_HOST", Ints(0, 1 << 20), 0,
+        "profiling: Python's profiler over decode steps N + 1 to 2N of the scheduler's thread (0 = off), then one log "
+        "of the functions with the most host time (host_profile.py)", "set")
     graph_draws: bool = toggle(
         "FLASHTREE_GRAPH_DRAWS", Flag(), True,
         "draw the N candidate blocks inside DSPARK's captured draft CUDA graph (its draft-sampler tail hook) instead "

@@ -399,3 +399,26 @@ def test_the_app_refuses_tree_servers_sglang_plugins_would_drop(tmp_path, monkey
     assert capsys.readouterr().out == ""
     monkeypatch.setenv("SGLANG_PLUGINS", "someone-else,flashtree")
     assert app.run(cfg) == 0
+
+
+def test_host_profiles_are_collected_from_the_server_logs(tmp_path):
+    """FLASHTREE_PROFILE_HOST's report (a header log line, then indented rows) lands in host_profile.txt, tagged with
+    its server; the rest of the log stays out."""
+    from flashtree.patches.host_profile import HostProfile
+
+    profile = HostProfile(steps=1)
+    profile.on_decode_step()
+    profile.on_decode_step()
+    sum(range(1000))
+    profile.profile.disable()
+    report = profile.report()
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "server_bf16-tree8.log").write_text(f"[2026-12-02 10:00:00] loading\n[2026-12-02 10:00:01] {report}\n"
+                                                "[2026-12-02 10:00:02] Decode batch, #running-req: 1\n  not a row\n")
+    (logs / "server_bf16-plain.log").write_text("[2026-12-02 10:00:00] serving\n")
+    app.host_profiles(logs, tmp_path / "host_profile.txt")
+    got = (tmp_path / "host_profile.txt").read_text().splitlines()
+    assert got[0].startswith("[server_bf16-tree8] [2026-12-02 10:00:01] flashtree host profile over decode steps 2-2")
+    assert len(got) == len(report.splitlines()) and "Decode batch" not in "\n".join(got)
+    assert sum(line.startswith("[server_bf16-tree8] ") for line in got) == 3  # the header and the two rankings' titles
