@@ -65,7 +65,9 @@ class TreeGrammar:
         constrained = [b for b, req in enumerate(reqs) if getattr(req, "grammar", None) is not None]
         if not constrained:
             return None
-        index = torch.tensor(constrained, dtype=torch.long).to(ids_2d.device, non_blocking=True)
+        index = torch.tensor(constrained, dtype=torch.long)
+        if ids_2d.is_cuda:  # pinned: a pageable source may make the copy wait for the stream
+            index = index.pin_memory().to(ids_2d.device, non_blocking=True)
         parents = torch.where(with_root(tree.valid, True), with_root(tree.parents, -1), INVALID)
         nodes = torch.stack([parents, ids_2d.to(parents.dtype)]).index_select(1, index)
         return cls(constrained, [reqs[b].grammar for b in constrained], HostCopy(nodes), index, ids_2d.shape[1])
