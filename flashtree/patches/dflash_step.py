@@ -5,8 +5,8 @@ req_to_token or copy commit, draft context for the committed path) over the DFLA
 (adapters/dflash.py): the draft forward over [anchor, mask x K] through the target's LM head, N draws per position
 (candidate 0 the argmax block, DFLASH's chain), DFLASH's own verify input and draft-KV writer. DFLASH's worker runs
 prefill and decode in one `forward_batch_generation`; prefill, idle batches and the tree step's fallbacks (decode.py)
-run DFLASH's own. Unset toggles leave DFLASH untouched; a release whose DFLASH worker the family does not adapt gets
-its worker start refused with the reason.
+run DFLASH's own. Unset toggles leave DFLASH untouched; a DFLASH worker lacking what the family's probes require gets
+its worker start refused with the gaps.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import logging
 import torch
 
 from . import decode, simulate, startup
-from .adapters import dflash_adapter
+from .adapters import SUPPORTED, dflash_adapter
 from .adapters.dflash import DFLASH_MODULE, DFLASH_WORKER
 from .adapters.probe import resolve
 from .installer import Patch
@@ -58,7 +58,7 @@ def make_refusal(original, release: str, gaps: list[str]):
         raise ToggleError(
             f"flashtree: FLASHTREE_TREE_N is set on a DFLASH server, but sglang {release}'s DFlashWorkerV2 is not one "
             f"flashtree's DFLASH tree step adapts ({'; '.join(gaps[:3])}); unset FLASHTREE_TREE_N for this server "
-            "(or serve DFLASH on sglang 0.5.17 / 0.5.20)"
+            f"(or serve DFLASH on a stock sglang {' / '.join(SUPPORTED)})"
         )
 
     return __init__

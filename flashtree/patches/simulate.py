@@ -118,11 +118,12 @@ def from_server(adapter, toggles, worker, gamma: int, device):
 
 def make_dflash_chain_acceptance(table: accept_table.AcceptTable, path: str, seed: int):
     """dflash_worker_v2.apply_dflash_simulated_acceptance drawing each request's accepted length from the table's
-    chain shape (N = 1 over DFLASH's block), filled as DFLASH fills its forced lengths (sglang 0.5.17 / 0.5.20)."""
+    chain shape (N = 1 over DFLASH's block), filled as DFLASH fills its forced lengths (sglang 0.5.17 - 0.5.23)."""
     state: dict = {}
 
     def apply_dflash_simulated_acceptance(*, candidates, target_predict, accept_len, commit_lens, bonus, out_tokens,
-                                          simulate_acc_token_mode, fixed_token_id=100, **_sglang_length):
+                                          simulate_acc_token_mode, next_token_logits=None, fixed_token_id=100,
+                                          **_sglang_length):
         bs, w = candidates.shape
         if "source" not in state:
             generator = torch.Generator(device=candidates.device)
@@ -136,6 +137,8 @@ def make_dflash_chain_acceptance(table: accept_table.AcceptTable, path: str, see
             bonus.fill_(fixed_token_id)
             out_tokens.fill_(fixed_token_id)
             return
+        if target_predict is None:  # 0.5.23's sampled verify hands the logits, not their argmax
+            target_predict = next_token_logits.argmax(dim=-1).view(bs, w)
         drafts = torch.cat([candidates[:, 1:], candidates.new_zeros(bs, 1)], dim=1)
         keep = torch.arange(w, device=candidates.device)[None] < accepted[:, None]
         out_tokens.copy_(torch.where(keep, drafts, 0).to(out_tokens.dtype))

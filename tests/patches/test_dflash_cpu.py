@@ -1,8 +1,9 @@
 """The tree step on sglang's DFLASH worker, on CPU: a real `DFlashWorkerV2` object (its own block buffers, mask
 token, draft-KV writer `_append_target_hidden_to_draft_kv_by_loc` with its validation and prefix-valid commit), the
 DFLASH family's real primitives (window, ForwardBatch of the draft forward, target LM head, N draws per position,
-DFLASH's DFlashVerifyInput carrying the tree mask), flashtree's walk and commit; stand-ins only for the model forwards
-(the stand-in target and draft of test_decode_cpu) and the KV pools."""
+DFLASH's DFlashVerifyInput carrying the tree mask; 0.5.23: the step's real KV-location plan over a real
+`KVIndexTranslator`), flashtree's walk and commit; stand-ins only for the model forwards (the stand-in target and
+draft of test_decode_cpu) and the KV pools."""
 
 from __future__ import annotations
 
@@ -25,7 +26,6 @@ from flashtree.tree import DraftScores, build_tree
 W = 6  # DFLASH's block_size: the anchor and K = 5 mask positions (test_decode_cpu's window)
 K = W - 1
 MASK = V - 1
-ADAPTED = ("0.5.17", "0.5.20")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -46,10 +46,8 @@ def _one_gpu_server():
 
 
 @pytest.fixture(scope="module")
-def family(sglang_release):
+def family():
     real = adapters.dflash_adapter(adapters.select_adapter())
-    if sglang_release not in ADAPTED:
-        pytest.skip(f"sglang {sglang_release}'s DFLASH worker is refused (test_refused_release)")
     assert real.mismatches() == []
     from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 
@@ -57,14 +55,33 @@ def family(sglang_release):
         """DFLASH's verify input; prepare_for_verify hands the stand-in target what ForwardBatch.init_new would read."""
 
         def prepare_for_verify(self, batch, target_worker):
-            return types.SimpleNamespace(verify=self, out_cache_loc=batch.out_cache_loc, seq_lens=batch.seq_lens,
-                                         seq_lens_cpu=batch.seq_lens_cpu, req_pool_indices=batch.req_pool_indices), False
+            prepared = types.SimpleNamespace(verify=self, out_cache_loc=batch.out_cache_loc, seq_lens=batch.seq_lens,
+                                             seq_lens_cpu=batch.seq_lens_cpu, req_pool_indices=batch.req_pool_indices,
+                                             kv_loc_plan=None)
+            plan = getattr(self, "kv_loc_plan", None)
+            if plan is not None:  # ForwardBatch.init_new binds the verify's plan (0.5.23)
+                plan.bind(prepared, target_worker.model_runner.kv_index_translator, cols=self.kv_loc_cols)
+            return prepared, False
 
     class Family(type(real)):
         def verify_input_cls(self):
             return PreparedVerify
 
     return Family()
+
+
+def kv_translator(world: StandIns, pool, page_size: int):
+    """The runner's real KVIndexTranslator over an untranslated stand-in pool (None: a release whose DFLASH worker
+    plans no KV ids); sets `world.plans`, which the stand-in forwards check."""
+    try:
+        import sglang.srt.mem_cache.kv_loc_plan  # noqa: F401
+        from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
+    except ImportError:  # 0.5.17, 0.5.20
+        world.plans = False
+        return None
+    world.plans = True
+    return KVIndexTranslator(req_to_token=world.req_to_token, token_to_kv_pool_allocator=None, token_to_kv_pool=pool,
+                             page_size=page_size, device="cpu")
 
 
 def dflash_worker(world: StandIns, bs: int, page_size: int = 1):
@@ -80,11 +97,13 @@ def dflash_worker(world: StandIns, bs: int, page_size: int = 1):
     target_model = types.SimpleNamespace(lm_head=head, get_input_embeddings=lambda: embed)
     target_runner = types.SimpleNamespace(
         model=target_model, device="cpu", page_size=page_size, token_to_kv_pool=world,
+        kv_index_translator=kv_translator(world, world, page_size),
         req_to_token_pool=types.SimpleNamespace(req_to_token=world.req_to_token),
         attn_backend=types.SimpleNamespace(verify_mask=types.SimpleNamespace(buffer=world.verify_mask)))
     attn = types.SimpleNamespace(kv_proj_only=lambda h: (h, h), apply_k_norm=lambda k: k,
                                  apply_k_rope=lambda pos, k: k, num_kv_heads=1, head_dim=2,
                                  attn=types.SimpleNamespace(k_scale=None, v_scale=None))
+    draft_pool = DraftPool(world)
     worker = object.__new__(resolve(DFLASH_WORKER))
     worker.__dict__.update(
         block_size=W, device="cpu", page_size=page_size, _mask_token_id=MASK, _block_pos_offsets=torch.arange(W),
@@ -92,6 +111,7 @@ def dflash_worker(world: StandIns, bs: int, page_size: int = 1):
         _draft_block_ids_buf=None, use_compact_draft_cache=False, _need_mamba_verify_commit=False,
         _use_fused_kv_materialize=False, _fused_kv_helper=None, selector=None, lilicorr=None, _is_domino=False,
         _full_embed_gpu=None, _noise_embed_scale=1.0, draft_tp_context=lambda group: torch.enable_grad(),
+        draft_parallel_layout=types.SimpleNamespace(tp_group=None, disable_cp=False),
         server_args=types.SimpleNamespace(tp_size=1, pp_size=1, enable_dp_attention=False, attention_backend="triton"),
         model_runner=target_runner,
         _target_worker=types.SimpleNamespace(model_runner=target_runner,
@@ -99,7 +119,8 @@ def dflash_worker(world: StandIns, bs: int, page_size: int = 1):
         draft_model=types.SimpleNamespace(project_target_hidden=lambda h: h, layers=[types.SimpleNamespace(self_attn=attn)],
                                           prepare_context_hidden_for_kv=lambda layer, h: h),
         draft_model_runner=types.SimpleNamespace(forward=lambda fb: draft_forward(world, fb), tp_group=None,
-                                                 token_to_kv_pool=DraftPool(world)),
+                                                 token_to_kv_pool=draft_pool,
+                                                 kv_index_translator=kv_translator(world, draft_pool, page_size)),
     )
     return worker
 
@@ -129,6 +150,12 @@ def draft_forward(world, fb):
     assert torch.equal(fb.out_cache_loc.view(bs, W), world.req_to_token[fb.req_pool_indices.view(-1, 1),
                                                                          fb.positions.view(bs, W)])
     assert fb.seq_lens_sum == int(fb.seq_lens_cpu.sum()) and torch.equal(fb.seq_lens_cpu, fb.seq_lens + W)
+    plan = getattr(fb, "kv_loc_plan", None)
+    assert (plan is not None) == world.plans, "0.5.23: the draft forward carries the step's KV-location plan"
+    if plan is not None:  # the window, planned once, its reads one block past the committed prefixes
+        assert torch.equal(plan.write_virtual, fb.out_cache_loc) and plan.read_extent == W
+        assert torch.equal(plan.seq_lens, fb.seq_lens) and fb.out_cache_loc_is_physical
+    world.last_plan = plan
     hidden = torch.zeros(bs, W, V)
     hidden[:, 1:] = standin_base_logits(world, fb, ids[:, 0], bs, K)
     return types.SimpleNamespace(logits_output=types.SimpleNamespace(hidden_states=hidden.view(bs * W, V)),
@@ -143,6 +170,9 @@ def target_forward(world, *, batch, forward_batch, is_verify, skip_attn_backend_
     ids, positions = vi.draft_token.view(-1, w), vi.positions.view(-1, w)
     bs = ids.shape[0]
     assert torch.equal(fb.seq_lens_cpu, fb.seq_lens + w), "the host lengths cover the verify block"
+    assert (fb.kv_loc_plan is not None) == world.plans, "0.5.23: the verify writes through the draft forward's plan"
+    if fb.kv_loc_plan is not None:
+        assert world.last_plan is fb.kv_loc_plan
     world.kv[fb.out_cache_loc, 0] = positions.reshape(-1)
     world.kv[fb.out_cache_loc, 1] = ids.reshape(-1)
     mask, offset = vi.custom_mask.bool(), 0
@@ -188,7 +218,7 @@ def run(family, n: int, steps: int, prompts=None, sampling_info=None, policy: st
             seq_lens=seq_lens.clone(), seq_lens_cpu=seq_lens.clone(), seq_lens_sum=int(seq_lens.sum()),
             req_pool_indices=world.rows.clone(), forward_mode=ForwardMode.DECODE, is_extend_in_batch=False,
             sampling_info=sampling_info, spec_info=draft_input, has_grammar=False, return_logprob=False,
-            out_cache_loc=None)
+            out_cache_loc=None, can_run_decode_cuda_graph=False)
         res = step(worker, batch, None)
         commit = res.accept_lens.to(torch.int64)
         out = res.next_token_ids.view(bs, W)
@@ -226,9 +256,10 @@ def test_dflash_paged_kv_commit_copies_accepted_kv(family):
 
 def test_dflash_n1_equals_dflash_chain_accept(family, monkeypatch):
     """N = 1: the tree is DFLASH's own chain (candidate 0 = each position's argmax), and each step commits what
-    DFLASH's chain accept (dflash_utils.compute_dflash_correct_drafts_and_bonus) commits."""
+    DFLASH's chain accept (compute_dflash_correct_drafts_and_bonus, as the worker imports it: 0.5.23 moved it to
+    sglang.kernels) commits."""
     import flashtree.patches.decode as decode
-    from sglang.srt.speculative.dflash_utils import compute_dflash_correct_drafts_and_bonus
+    from sglang.srt.speculative.dflash_worker_v2 import compute_dflash_correct_drafts_and_bonus
 
     real_walk, checked = decode.walk, []
 
@@ -336,27 +367,82 @@ def test_each_worker_scores_every_registered_policy():
     assert torch.equal(grown.tokens, full.tokens) and torch.equal(grown.parents, full.parents)
 
 
-def test_dflash_install_patches_or_refuses(sglang_release, monkeypatch):
+def worker_methods(cls) -> dict:
+    return {name: cls.__dict__[name] for name in ("__init__", "init_cuda_graphs", "forward_batch_generation")}
+
+
+def replaced(cls, before: dict) -> set:
+    return {name for name, fn in before.items() if cls.__dict__[name] is not fn}
+
+
+def test_dflash_install_patches_and_restores(monkeypatch):
     """With FLASHTREE_TREE_N the plugin replaces DFlashWorkerV2's __init__, init_cuda_graphs and
-    forward_batch_generation on the adapted releases and restores them; elsewhere the worker start is refused with
-    the reason. Without toggles DFLASH is untouched."""
+    forward_batch_generation on every adapted release and restores them; without toggles DFLASH is untouched."""
     import flashtree.patches as patches
 
     cls = resolve(DFLASH_WORKER)
-    before = {name: cls.__dict__[name] for name in ("__init__", "init_cuda_graphs", "forward_batch_generation")}
+    before = worker_methods(cls)
     patches.install()
-    assert all(cls.__dict__[name] is fn for name, fn in before.items()), "no toggles: DFLASH must stay untouched"
+    assert replaced(cls, before) == set(), "no toggles: DFLASH must stay untouched"
     monkeypatch.setenv("FLASHTREE_TREE_N", "4")
     patches.install()
-    changed = {name for name, fn in before.items() if cls.__dict__[name] is not fn}
-    if sglang_release in ADAPTED:
-        assert changed == set(before)
-    else:
-        assert changed == {"__init__"}
-        with pytest.raises(ToggleError, match=f"sglang {sglang_release}'s DFlashWorkerV2 is not one"):
-            cls(types.SimpleNamespace())
+    assert replaced(cls, before) == set(before)
     patches.uninstall()
-    assert all(cls.__dict__[name] is fn for name, fn in before.items())
+    assert replaced(cls, before) == set()
+
+
+def test_dflash_worker_whose_probes_fail_is_refused_at_start(sglang_release, monkeypatch):
+    """A DFlashWorkerV2 lacking what the family calls: only __init__ is patched, and it refuses with the gaps."""
+    import flashtree.patches as patches
+
+    family_cls = type(adapters.dflash_adapter(adapters.select_adapter()))
+    gap = "DFlashWorkerV2._ensure_draft_block_buffers: gone"
+    monkeypatch.setattr(family_cls, "mismatches", lambda self: [gap])
+    cls = resolve(DFLASH_WORKER)
+    before = worker_methods(cls)
+    monkeypatch.setenv("FLASHTREE_TREE_N", "4")
+    patches.install()
+    assert replaced(cls, before) == {"__init__"}
+    with pytest.raises(ToggleError, match=rf"sglang {sglang_release}'s DFlashWorkerV2 is not one .*\({gap}\)"):
+        cls(types.SimpleNamespace())
+
+
+def test_dflash_narrow_verify_writes_the_window_first_columns(family):
+    """0.5.23: a verify graph narrower than the block (FLASHTREE_TREE_BUDGET / WIDTH) writes the plan's first w
+    columns, the narrowed window's slots; the full verify writes the whole plan."""
+    from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
+
+    prompts = [[3, 1, 4], [9, 2, 6, 5]]
+    world = StandIns(prompts, [reference(p, 8) for p in prompts])
+    worker = dflash_worker(world, 2)
+    if not world.plans:
+        pytest.skip("this release's DFLASH worker plans no KV ids")
+    seq_lens = torch.tensor([3, 4])
+    batch = types.SimpleNamespace(seq_lens=seq_lens, seq_lens_cpu=seq_lens.clone(), req_pool_indices=world.rows)
+    draft_input = make_draft_input_v2(bonus_tokens=torch.tensor([1, 2]), new_seq_lens=seq_lens)
+    window = family.alloc_window(worker, batch, 2, draft_input)
+    translator = worker.model_runner.kv_index_translator
+    for w in (W, W - 2):
+        extra = family.verify_window_extra(worker, window, w)
+        assert extra["kv_loc_plan"] is window.native
+        ids = window.native.write_ids(translator, cols=extra["kv_loc_cols"])
+        assert torch.equal(ids, window.narrowed(w).cache_loc)
+
+
+@pytest.mark.parametrize("runner", ["model_runner", "draft_model_runner"])
+def test_dflash_translated_kv_ids_are_refused(family, runner):
+    """0.5.23: a target or draft runner whose KV ids are translated (unified / fused draft pools: virtual ids in
+    req_to_token) is refused at worker start; the tree commit permutes req_to_token."""
+    prompts = [[3, 1, 4]]
+    world = StandIns(prompts, [reference(p, 8) for p in prompts])
+    worker = dflash_worker(world, 1)
+    if getattr(getattr(worker, runner), "kv_index_translator", None) is None:
+        pytest.skip("this release's DFLASH worker plans no KV ids")
+    create_state(family, TreeToggles(tree_n=4), worker)  # untranslated: served
+    getattr(worker, runner).kv_index_translator = types.SimpleNamespace(is_translating=True)
+    which = "target" if runner == "model_runner" else "draft"
+    with pytest.raises(ToggleError, match=f"the DFLASH {which}'s KV ids are translated"):
+        create_state(family, TreeToggles(tree_n=4), worker)
 
 
 def test_dflash_chain_steps_draw_simulated_lengths_from_the_table(family, tmp_path, monkeypatch):
@@ -383,6 +469,13 @@ def test_dflash_chain_steps_draw_simulated_lengths_from_the_table(family, tmp_pa
          simulate_acc_token_mode="real-draft-token")
     counts = Counter(accept.tolist())
     assert set(counts) == {0, 3} and counts[3] > counts[0] > 0 and torch.equal(commit, accept + 1)
+    # 0.5.23's sampled verify hands the target's logits instead of their argmax: the same tokens from them
+    sampled = simulate.make_dflash_chain_acceptance(table, "t.json", seed=3)
+    a1, c1, b1, o1 = buffers()
+    sampled(candidates=candidates, target_predict=None, accept_len=a1, commit_lens=c1, bonus=b1, out_tokens=o1,
+            simulate_acc_len=1.0, simulate_acc_method="match-expected", simulate_acc_token_mode="real-draft-token",
+            next_token_logits=torch.nn.functional.one_hot(predict, V).float().view(bs * W, V))
+    assert all(torch.equal(x, y) for x, y in ((a1, accept), (c1, commit), (b1, bonus), (o1, out)))
     draw = "sample_simulated_acc_len" if hasattr(dflash_utils, "sample_simulated_acc_len") else "_sample_simulated_acc_len"
     for b in range(bs):
         monkeypatch.setattr(dflash_utils, draw, lambda *a, n=int(commit[b]): n)

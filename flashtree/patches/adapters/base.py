@@ -327,8 +327,9 @@ class SglangAdapter:
     def verify_input_cls(self):
         return resolve("sglang.srt.speculative.dflash_info:DFlashVerifyInput")
 
-    def verify_input(self, batch, ids_2d, positions_2d, custom_mask):
-        """The release's verify input over the W tree tokens of each request (FULL_MASK layout, flat bool mask)."""
+    def verify_input(self, batch, ids_2d, positions_2d, custom_mask, **extra):
+        """The release's verify input over the W tree tokens of each request (FULL_MASK layout, flat bool mask);
+        `extra`: the caller's own fields of it."""
         capture = resolve("sglang.srt.model_executor.forward_batch_info:CaptureHiddenMode")
         return self.verify_input_cls()(
             draft_token=ids_2d.reshape(-1),
@@ -337,6 +338,7 @@ class SglangAdapter:
             custom_mask=custom_mask,
             capture_hidden_mode=capture.FULL,
             **self.verify_input_extra(batch),
+            **extra,
         )
 
     def target_verify(self, worker, batch, draft_input, window: Window, ids_2d, positions_2d, custom_mask) -> Verified:

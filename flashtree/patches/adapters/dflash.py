@@ -9,7 +9,8 @@ A leaf like the release adapters: `DFlashFamily` overrides what differs from DSP
 combines it with its own adapter (`class DFlash(DFlashFamily, Adapter)`), so release-specific answers (host lengths,
 the req_to_token barrier) stay the release's. The DFLASH worker is one monolithic `forward_batch_generation`, so the
 draft forward and the verify are rebuilt here from the worker's own parts (its buffers, mask token, draft model
-runner, target worker), following sglang 0.5.17's / 0.5.20's decode branch.
+runner, target worker), following each release's decode branch (`DFlashFamily`: 0.5.17's; `DFlashFamilyV20`:
+what 0.5.20's and 0.5.23's share).
 """
 
 from __future__ import annotations
@@ -102,8 +103,15 @@ class DFlashFamily(SglangAdapter):
         """The block's input embeddings as DFLASH embeds it (0.5.17: the target's input embeddings)."""
         return worker.target_worker.model_runner.model.get_input_embeddings()(block_ids)
 
-    def draft_batch_extra(self, bs: int, block: int, device) -> dict:
+    def draft_batch_extra(self, batch, bs: int, block: int, device) -> dict:
         """Release-specific keyword arguments of the draft forward's ForwardBatch."""
+        return {}
+
+    def bind_draft_batch(self, worker, forward_batch, window: Window) -> None:
+        """Hand the draft forward's ForwardBatch the step's KV ids (0.5.23: the window's KV-location plan)."""
+
+    def verify_window_extra(self, worker, window: Window, w: int) -> dict:
+        """DFlashVerifyInput's keyword arguments for the step's window (0.5.23: its plan and the columns verified)."""
         return {}
 
     def draft_context(self, worker):
@@ -121,8 +129,13 @@ class DFlashFamily(SglangAdapter):
             out.copy_(lens)
             return out, int(total)
         else:
-            out.copy_(batch.seq_lens.to("cpu", dtype=out.dtype))
+            self.unreserved_host_lens(batch, out)
         return out, int(out.sum())
+
+    def unreserved_host_lens(self, batch, out: torch.Tensor) -> None:
+        """The draft forward's host lengths where sglang keeps neither host lengths nor a reservation bound: the
+        committed prefixes (0.5.23: each request's allocated KV length)."""
+        out.copy_(batch.seq_lens.to("cpu", dtype=out.dtype))
 
     def draft_forward(self, worker, batch, draft_input, window: Window, bs: int, proposer=None, sampler=None,
                       graph_candidates: Callable | None = None) -> DraftOut:
@@ -151,8 +164,9 @@ class DFlashFamily(SglangAdapter):
             spec_algorithm=resolve("sglang.srt.speculative.spec_info:SpeculativeAlgorithm").DFLASH,
             spec_info=worker._draft_block_spec_info,
             capture_hidden_mode=fb_mod.CaptureHiddenMode.NULL,
-            **self.draft_batch_extra(bs, block, ids.device),
+            **self.draft_batch_extra(batch, bs, block, ids.device),
         )
+        self.bind_draft_batch(worker, forward_batch, window)
         with self.draft_context(worker):
             out = worker.draft_model_runner.forward(forward_batch)
         hidden = out.logits_output.hidden_states
@@ -193,7 +207,8 @@ class DFlashFamily(SglangAdapter):
     def target_verify(self, worker, batch, draft_input, window: Window, ids_2d, positions_2d, custom_mask) -> Verified:
         """DFLASH's verify (its DFlashVerifyInput, prepared and run on the target worker) under the tree mask."""
         w = ids_2d.shape[1]
-        verify_input = self.verify_input(batch, ids_2d, positions_2d, custom_mask)
+        verify_input = self.verify_input(batch, ids_2d, positions_2d, custom_mask,
+                                         **self.verify_window_extra(worker, window, w))
         batch.out_cache_loc = window.cache_loc
         cpu_backup, sum_backup = batch.seq_lens_cpu, batch.seq_lens_sum
         self.add_window_to_host_lens(batch, draft_input, w)
@@ -222,10 +237,53 @@ class DFlashFamily(SglangAdapter):
         return make(bonus_tokens=bonus, new_seq_lens=new_seq_lens)
 
 
-class DFlashUnsupported(DFlashFamily):
-    """A release whose DFlashWorkerV2 the tree step does not adapt: its worker start is refused with `reason`."""
+# What 0.5.20's and later DFlashWorkerV2s give the family (DFlashFamilyV20).
+DFLASH_V20_PROBES = (
+    Has(f"{DFLASH_MODULE}:_resolve_dflash_embedding_module", ("draft_model", "target_model")),
+    Has(f"{FORWARD_BATCH}:enable_num_token_non_padded"),
+    Has(f"{DFLASH_MODULE}:DFlashDraftInputV2", ("nxt_kv_lens_cpu",)),
+    Has(f"{DFLASH_WORKER}._cache_full_embed_weight"),
+    Has("sglang.srt.lora.layers:unwrap_lora_layer"),
+)
 
-    reason = ""
 
-    def mismatches(self) -> list[str]:
-        return [self.reason]
+class DFlashFamilyV20(DFlashFamily):
+    """0.5.20's and later DFlashWorkerV2s: the block's embeddings may come from a replicated table and carry a noise
+    scale, the target's LM head may be LoRA-wrapped, and the draft forward's ForwardBatch counts the non-padded
+    tokens. Each release adds its draft TP context (`draft_context`)."""
+
+    def noise_embeddings(self, worker, block_ids: torch.Tensor) -> torch.Tensor:
+        full = getattr(worker, "_full_embed_gpu", None)
+        if full is not None:
+            embeds = torch.nn.functional.embedding(block_ids, full)
+        else:
+            pick = resolve(f"{DFLASH_MODULE}:_resolve_dflash_embedding_module")
+            unwrap = resolve("sglang.srt.lora.layers:unwrap_lora_layer")
+            embeds = unwrap(pick(worker.draft_model, worker.target_worker.model_runner.model))(block_ids)
+        scale = float(getattr(worker, "_noise_embed_scale", 1.0))
+        return embeds * scale if scale != 1.0 else embeds
+
+    def draft_batch_extra(self, batch, bs: int, block: int, device) -> dict:
+        padded = resolve(f"{FORWARD_BATCH}:enable_num_token_non_padded")()
+        return {
+            "num_token_non_padded": torch.tensor(bs * block, dtype=torch.int32, device=device) if padded else None,
+            "global_num_token_non_padded_cpu": bs * block,
+        }
+
+    def lm_head(self, worker):
+        return resolve("sglang.srt.lora.layers:unwrap_lora_layer")(super().lm_head(worker))
+
+
+class Both:
+    """Two context managers entered in order (contextlib.ExitStack's job, without its per-step allocations)."""
+
+    def __init__(self, first, second):
+        self.first, self.second = first, second
+
+    def __enter__(self):
+        self.first.__enter__()
+        self.second.__enter__()
+
+    def __exit__(self, *exc):
+        self.second.__exit__(*exc)
+        return self.first.__exit__(*exc)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from .base import CHAIN_ERA_PROBES, COMMON_PROBES, LIVE_LENS_PROBES, TRITON, SglangAdapter
-from .dflash import DFLASH_MODULE, DFLASH_PROBES, DFLASH_WORKER, FORWARD_BATCH, DFlashFamily
-from .probe import Has, Sig, resolve
+from .dflash import DFLASH_PROBES, DFLASH_V20_PROBES, DFLASH_WORKER, Both, DFlashFamilyV20
+from .probe import Has, Sig
 
 
 class Adapter(SglangAdapter):
@@ -28,54 +28,13 @@ class Adapter(SglangAdapter):
     flashmap_noise_draws = True  # flashmap 0.1.0's sglang draft model runs on this release only (flashmap_draft.py)
 
 
-class DFlash(DFlashFamily, Adapter):
-    """0.5.20's DFlashWorkerV2: the block's embeddings may come from a replicated table and carry a noise scale, the
-    draft forward runs in DFLASH's draft TP context, and its ForwardBatch counts the non-padded tokens."""
+class DFlash(DFlashFamilyV20, Adapter):
+    """0.5.20's DFlashWorkerV2: the draft forward runs in DFLASH's draft TP context, the worker's own method."""
 
-    probes = DFLASH_PROBES + (
+    probes = DFLASH_PROBES + DFLASH_V20_PROBES + (
         Sig(f"{DFLASH_WORKER}.forward_batch_generation",
             ("self", "batch", "on_publish", "grammar_barrier", "pp_proxy_tensors")),
-        Has(f"{DFLASH_MODULE}:_resolve_dflash_embedding_module", ("draft_model", "target_model")),
-        Has(f"{FORWARD_BATCH}:enable_num_token_non_padded"),
-        Has(f"{DFLASH_MODULE}:DFlashDraftInputV2", ("nxt_kv_lens_cpu",)),
-        Has(f"{DFLASH_WORKER}._cache_full_embed_weight"),
     )
 
-    def noise_embeddings(self, worker, block_ids: torch.Tensor) -> torch.Tensor:
-        full = getattr(worker, "_full_embed_gpu", None)
-        if full is not None:
-            embeds = torch.nn.functional.embedding(block_ids, full)
-        else:
-            pick = resolve(f"{DFLASH_MODULE}:_resolve_dflash_embedding_module")
-            unwrap = resolve("sglang.srt.lora.layers:unwrap_lora_layer")
-            embeds = unwrap(pick(worker.draft_model, worker.target_worker.model_runner.model))(block_ids)
-        scale = float(getattr(worker, "_noise_embed_scale", 1.0))
-        return embeds * scale if scale != 1.0 else embeds
-
-    def draft_batch_extra(self, bs: int, block: int, device) -> dict:
-        padded = resolve(f"{FORWARD_BATCH}:enable_num_token_non_padded")()
-        return {
-            "num_token_non_padded": torch.tensor(bs * block, dtype=torch.int32, device=device) if padded else None,
-            "global_num_token_non_padded_cpu": bs * block,
-        }
-
     def draft_context(self, worker):
-        return _Both(torch.inference_mode(), worker.draft_tp_context(worker.draft_model_runner.tp_group))
-
-    def lm_head(self, worker):
-        return resolve("sglang.srt.lora.layers:unwrap_lora_layer")(super().lm_head(worker))
-
-
-class _Both:
-    """Two context managers entered in order (contextlib.ExitStack's job, without its per-step allocations)."""
-
-    def __init__(self, first, second):
-        self.first, self.second = first, second
-
-    def __enter__(self):
-        self.first.__enter__()
-        self.second.__enter__()
-
-    def __exit__(self, *exc):
-        self.second.__exit__(*exc)
-        return self.first.__exit__(*exc)
+        return Both(torch.inference_mode(), worker.draft_tp_context(worker.draft_model_runner.tp_group))
