@@ -22,6 +22,8 @@ def unsupported_reason(req, toggles: TreeToggles, serves_logprobs: bool = True) 
                 "servers serve it, and sglang 0.5.20 and 0.5.23 DFLASH ones)")
     elif getattr(req, "return_hidden_states", False):
         what = "return_hidden_states"
+    elif getattr(req, "return_sampling_mask", False):  # the tree step builds no sampling-mask output
+        what = "return_sampling_mask"
     else:
         return None
     return (

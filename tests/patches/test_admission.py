@@ -77,12 +77,15 @@ def test_other_refusals_and_retracted_requests():
     logprob.return_logprob = True
     hidden = make_req("hidden")
     hidden.return_hidden_states = True
+    mask = make_req("mask")
+    mask.return_sampling_mask = True
     served = [make_req("freq", frequency_penalty=0.5), make_req("pres", presence_penalty=0.3),
               make_req("rep", repetition_penalty=1.2), make_req("bias", logit_bias={"3": -5.0}),
               make_req("minp", temperature=0.8, min_p=0.1)]
-    arrive(sched, [logprob, hidden] + served)
+    arrive(sched, [logprob, hidden, mask] + served)
     assert logprob.to_finish is None  # DSPARK: the tree step writes them (0.5.17 too, logprobs.py)
     assert "cannot serve return_hidden_states" in hidden.to_finish.message
+    assert "cannot serve return_sampling_mask" in mask.to_finish.message
     assert all(r.to_finish is None for r in served), [r.to_finish.message for r in served if r.to_finish]
     from sglang.srt.managers.scheduler import Scheduler
 
