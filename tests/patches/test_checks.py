@@ -1,7 +1,7 @@
 """Worker-start refusals (flashtree/patches/checks.py) through the installed DSparkWorkerV2.__init__ replacement, with
 each release's real ServerArgs: multi-GPU servers (tensor, pipeline, attention data parallelism) are refused with one
 message naming the setting; FLASHTREE_TP=1 lets tensor parallelism (only) start, with sglang's TP group; a single-GPU
-server starts."""
+server starts; on 0.5.20 a --enable-unified-memory server (virtual KV ids in req_to_token) is refused."""
 
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ from flashtree.patches.toggles import TreeToggles
 REFUSAL = ("flashtree: FLASHTREE_TREE_N is set but this server runs {settings}; the tree path is single-GPU only for "
            "now: drop {flags} or unset FLASHTREE_TREE_N")
 TP_OPT_IN = "; for --tp-size, FLASHTREE_TP=1 opts in to the tree path's tensor-parallel sync (not yet proven on GPUs)"
+UNIFIED_REFUSAL = ("flashtree: FLASHTREE_TREE_N is set but this server runs --enable-unified-memory, whose unified KV "
+                   "pool keeps virtual KV ids in req_to_token, which the tree commit rewrites (sglang audits only "
+                   "DSPARK's chain verify on it); unset FLASHTREE_TREE_N for this server")
 
 
 def server_args(**kwargs):
@@ -85,3 +88,14 @@ def test_single_gpu_server_starts_and_workers_keep_server_args():
     worker = start_worker(server_args())
     assert worker._flashtree.plan.width == 8 and worker._flashtree.plan.policy == "vote"
     assert "self.server_args = server_args" in inspect.getsource(DSparkWorkerV2.__init__)  # what parallelism() reads
+
+
+def test_unified_memory_servers_are_refused_at_worker_start(sglang_release):
+    """0.5.20 lets DSPARK (only) run --enable-unified-memory, whose target pool hands out virtual KV ids; the worker
+    starts before sglang builds the pools and their KVIndexTranslator, so the flag is what the refusal reads."""
+    if sglang_release != "0.5.20":
+        pytest.skip("0.5.17's ServerArgs refuses the flag on every speculative server; 0.5.23 has its own check")
+    start_worker(server_args())  # without the flag: served
+    with pytest.raises(SystemExit) as err:
+        start_worker(server_args(enable_unified_memory=True))
+    assert str(err.value) == UNIFIED_REFUSAL

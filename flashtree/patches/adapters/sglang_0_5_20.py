@@ -1,4 +1,6 @@
-"""sglang 0.5.20: the release the public peer (flashmap 0.1.0) targets."""
+"""sglang 0.5.20: the release the public peer (flashmap 0.1.0) targets. flashtree refuses, at worker start, DSPARK
+servers with --enable-unified-memory (the one setting whose target KV ids are translated here): req_to_token holds
+virtual ids there."""
 
 from __future__ import annotations
 
@@ -16,7 +18,16 @@ class Adapter(SglangAdapter):
         Has(f"{TRITON}:_should_use_verify_shared_kv"),
         Has("sglang.srt.model_executor.model_runner:ModelRunner"),
         Has("sglang.srt.models.dspark:VanillaMarkov.sample_block", ("collect_corrected",)),
+        Has("sglang.srt.server_args:ServerArgs", ("enable_unified_memory",)),
     )
+
+    def unsupported_worker(self, worker) -> str | None:
+        # The flag, not the target's KVIndexTranslator: sglang builds that with the pools, after this worker. With
+        # it the target's allocator is a unified one (or the pool build fails), and sglang lets only DSPARK through.
+        if getattr(getattr(worker, "server_args", None), "enable_unified_memory", False):
+            return ("this server runs --enable-unified-memory, whose unified KV pool keeps virtual KV ids in "
+                    "req_to_token, which the tree commit rewrites (sglang audits only DSPARK's chain verify on it)")
+        return None
 
     # The tree's draws never read the corrected logits (0.5.20's sample_block can skip keeping them).
     sample_block_extra = {"collect_corrected": False}
