@@ -99,7 +99,11 @@ def at_worker_start(adapter, toggles: TreeToggles, worker) -> None:
 
 
 def at_init_cuda_graphs(adapter, worker, page_size: int) -> None:
-    """Page size > 1: the target KV pool must take the copy commit (sglang builds the workers before the pools)."""
+    """What only the KV pools tell (sglang builds the workers before the pools): pools the tree commit cannot write
+    (translated KV ids); page size > 1: the target KV pool must take the copy commit."""
+    refuse = adapter.unsupported_pools(worker)
+    if refuse:
+        raise ToggleError(f"flashtree: FLASHTREE_TREE_N is set but {refuse}; unset FLASHTREE_TREE_N for this server")
     if page_size == 1:
         return
     missing = adapter.copy_commit_unsupported(worker)

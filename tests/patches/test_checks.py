@@ -1,7 +1,8 @@
 """Worker-start refusals (flashtree/patches/checks.py) through the installed DSparkWorkerV2.__init__ replacement, with
 each release's real ServerArgs: multi-GPU servers (tensor, pipeline, attention data parallelism) are refused with one
 message naming the setting; FLASHTREE_TP=1 lets tensor parallelism (only) start, with sglang's TP group; a single-GPU
-server starts; on 0.5.20 a --enable-unified-memory server (virtual KV ids in req_to_token) is refused."""
+server starts; on 0.5.20 a --enable-unified-memory server (virtual KV ids in req_to_token) is refused, on 0.5.23 one
+whose target pool translates KV ids once the pools exist; a target with recurrent (mamba) state is refused."""
 
 from __future__ import annotations
 
@@ -94,8 +95,43 @@ def test_unified_memory_servers_are_refused_at_worker_start(sglang_release):
     """0.5.20 lets DSPARK (only) run --enable-unified-memory, whose target pool hands out virtual KV ids; the worker
     starts before sglang builds the pools and their KVIndexTranslator, so the flag is what the refusal reads."""
     if sglang_release != "0.5.20":
-        pytest.skip("0.5.17's ServerArgs refuses the flag on every speculative server; 0.5.23 has its own check")
+        pytest.skip("0.5.17's ServerArgs refuses the flag on every speculative server; 0.5.23: the pool check below")
     start_worker(server_args())  # without the flag: served
     with pytest.raises(SystemExit) as err:
         start_worker(server_args(enable_unified_memory=True))
     assert str(err.value) == UNIFIED_REFUSAL
+
+
+def test_mamba_targets_are_refused_at_worker_start():
+    """DSPARK marks a target with recurrent state (`_need_mamba_verify_commit`: its chain verify commits that state
+    itself); a tree verify cannot commit it along one path of the tree."""
+    from flashtree.patches.checks import ToggleError
+
+    def sglang_init_mamba(self, server_args):
+        self.server_args = server_args
+        self._need_mamba_verify_commit = True
+
+    adapter = adapters.select_adapter()
+    patch = next(p for p in plan.patches(adapter, TreeToggles(tree_n=4)) if p.key == "DSparkWorkerV2.__init__")
+    worker = types.SimpleNamespace(verify_num_draft_tokens=8, device="cpu", model_runner=types.SimpleNamespace(page_size=1),
+                                   _proposer=types.SimpleNamespace(draft_model=types.SimpleNamespace()))
+    with pytest.raises(ToggleError, match="FLASHTREE_TREE_N is set but the target has recurrent \\(mamba\\) state"):
+        patch.make(sglang_init_mamba)(worker, server_args())
+
+
+def test_translated_target_pools_are_refused_once_the_pools_exist(sglang_release):
+    """0.5.23 can translate the target's KV ids (unified / fused pools: virtual ids in req_to_token, which the tree
+    commit permutes); sglang builds the runner's KVIndexTranslator with the pools, after the worker, so the check runs
+    at init_cuda_graphs."""
+    from flashtree.patches import checks
+    from flashtree.patches.checks import ToggleError
+
+    if sglang_release != "0.5.23":
+        pytest.skip("no KV index translation on DSPARK servers there (0.5.20: the flag check above)")
+    adapter = adapters.select_adapter()
+    worker = start_worker(server_args())  # no translator yet at worker start
+    worker.model_runner.kv_index_translator = types.SimpleNamespace(is_translating=False)
+    checks.at_init_cuda_graphs(adapter, worker, page_size=1)
+    worker.model_runner.kv_index_translator = types.SimpleNamespace(is_translating=True)
+    with pytest.raises(ToggleError, match="FLASHTREE_TREE_N is set but KV index translation .* is on"):
+        checks.at_init_cuda_graphs(adapter, worker, page_size=1)

@@ -432,17 +432,25 @@ def test_dflash_narrow_verify_writes_the_window_first_columns(family):
 @pytest.mark.parametrize("runner", ["model_runner", "draft_model_runner"])
 def test_dflash_translated_kv_ids_are_refused(family, runner):
     """0.5.23: a target or draft runner whose KV ids are translated (unified / fused draft pools: virtual ids in
-    req_to_token) is refused at worker start; the tree commit permutes req_to_token."""
+    req_to_token) is refused once the pools exist (init_cuda_graphs: sglang builds the runners' translators with the
+    pools, after the workers); the tree commit permutes req_to_token."""
+    from flashtree.patches import checks
+
     prompts = [[3, 1, 4]]
     world = StandIns(prompts, [reference(p, 8) for p in prompts])
     worker = dflash_worker(world, 1)
     if getattr(getattr(worker, runner), "kv_index_translator", None) is None:
         pytest.skip("this release's DFLASH worker plans no KV ids")
-    create_state(family, TreeToggles(tree_n=4), worker)  # untranslated: served
+    checks.at_init_cuda_graphs(family, worker, page_size=1)  # untranslated: served
+    translator = getattr(worker, runner).kv_index_translator
+    for attr in ("model_runner", "draft_model_runner"):  # at worker start no runner has a translator yet
+        delattr(getattr(worker, attr), "kv_index_translator")
+    create_state(family, TreeToggles(tree_n=4), worker)
+    worker.model_runner.kv_index_translator = worker.draft_model_runner.kv_index_translator = translator
     getattr(worker, runner).kv_index_translator = types.SimpleNamespace(is_translating=True)
     which = "target" if runner == "model_runner" else "draft"
-    with pytest.raises(ToggleError, match=f"the DFLASH {which}'s KV ids are translated"):
-        create_state(family, TreeToggles(tree_n=4), worker)
+    with pytest.raises(ToggleError, match=f"FLASHTREE_TREE_N is set but the DFLASH {which}'s KV ids are translated"):
+        checks.at_init_cuda_graphs(family, worker, page_size=1)
 
 
 def test_dflash_chain_steps_draw_simulated_lengths_from_the_table(family, tmp_path, monkeypatch):

@@ -119,6 +119,13 @@ class SglangAdapter:
 
     def unsupported_worker(self, worker) -> str | None:
         """Why the tree path cannot serve this worker on this release (None = it can)."""
+        if getattr(worker, "_need_mamba_verify_commit", False):
+            return "the target has recurrent (mamba) state, which a tree verify cannot commit along a path"
+        return None
+
+    def unsupported_pools(self, worker) -> str | None:
+        """Why the tree path cannot serve this worker's KV pools (None = it can); sglang builds the pools after the
+        workers, so this is asked at init_cuda_graphs."""
         return None
 
     # ---- FLASHTREE_TREE_N=auto (planning.py) -----------------------------------------------------------------

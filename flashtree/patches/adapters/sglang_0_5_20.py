@@ -24,6 +24,9 @@ class Adapter(SglangAdapter):
     def unsupported_worker(self, worker) -> str | None:
         # The flag, not the target's KVIndexTranslator: sglang builds that with the pools, after this worker. With
         # it the target's allocator is a unified one (or the pool build fails), and sglang lets only DSPARK through.
+        found = super().unsupported_worker(worker)
+        if found:
+            return found
         if getattr(getattr(worker, "server_args", None), "enable_unified_memory", False):
             return ("this server runs --enable-unified-memory, whose unified KV pool keeps virtual KV ids in "
                     "req_to_token, which the tree commit rewrites (sglang audits only DSPARK's chain verify on it)")

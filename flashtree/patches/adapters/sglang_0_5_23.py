@@ -42,8 +42,9 @@ class Adapter(SglangAdapter):
         Has("sglang.srt.speculative.dspark_components.dspark_kv_inject:TargetHiddenKvInjector.ids_for"),
     )
 
-    def unsupported_worker(self, worker) -> str | None:
-        # untranslated pools only: there virtual ids are the physical ids the commit and the injection write
+    def unsupported_pools(self, worker) -> str | None:
+        # untranslated pools only: there virtual ids are the physical ids the commit and the injection write (the
+        # runner's translator exists once its pool does)
         if translating(worker.model_runner):
             return "KV index translation (unified/fused draft KV pools) is on; the tree commit rewrites req_to_token"
         return None
@@ -104,10 +105,7 @@ class DFlash(DFlashFamilyV20, Adapter):
         Has(f"{FORWARD_BATCH}:ForwardBatch", ("can_run_decode_cuda_graph", "kv_loc_plan")),
     )
 
-    def unsupported_worker(self, worker) -> str | None:
-        found = super().unsupported_worker(worker)
-        if found:
-            return found
+    def unsupported_pools(self, worker) -> str | None:
         for which, runner in (("target", worker.model_runner), ("draft", worker.draft_model_runner)):
             if translating(runner):
                 return (f"the DFLASH {which}'s KV ids are translated (a unified or fused draft KV pool); the tree "
