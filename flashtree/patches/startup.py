@@ -2,8 +2,9 @@
 allocated the KV pools (its scheduler builds the workers first, then the pools, then every worker's graphs, with CUDA
 graphs or without): the checks that need the pools (translated KV ids, the paged-KV commit; before DSPARK captures
 anything), then, after DSPARK's graphs, with FLASHTREE_DRAFT_ROWS below gamma the draft graphs at that many rows
-(draft_rows.py), and with FLASHTREE_TREE_BUDGET, FLASHTREE_TREE_WIDTH or FLASHTREE_TREE_N=auto the narrower target-verify graphs
-(verify_widths.py) and the tree kernels' warm-up (warmup.py), and under auto the planner's cost table (planning.py)."""
+(draft_rows.py), and with FLASHTREE_TREE_BUDGET, FLASHTREE_TREE_WIDTH or FLASHTREE_TREE_N=auto the narrower
+target-verify graphs (verify_widths.py) and the tree kernels' warm-up (warmup.py), and under auto the planner's cost
+table (planning.py)."""
 
 from __future__ import annotations
 
