@@ -8,7 +8,7 @@ stream), no `TritonAttnBackend.use_verify_shared_kv`.
 
 from __future__ import annotations
 
-from .base import CHAIN_ERA_PROBES, COMMON_PROBES, REQ, SCHEDULER, TRITON, SglangAdapter
+from .base import CHAIN_ERA_PROBES, COMMON_PROBES, REQ, SCHEDULER, TRITON, WORKER, SglangAdapter
 from .dflash import DFLASH_MODULE, DFLASH_PROBES, DFLASH_WORKER, DFlashFamily
 from .probe import Has, Lacks, Sig
 
@@ -27,6 +27,10 @@ class Adapter(SglangAdapter):
         Sig(f"{REQ}.update_finish_state", ("self", "new_accepted_len")),
         Sig(f"{REQ}._check_token_based_finish", ("self", "new_accepted_tokens")),
         Lacks(f"{REQ}._cap_finished_len_at_max_new_tokens"),  # 0.5.20's fix of the stop check (finish.py)
+        # return_logprob through its two refusals (logprobs.py)
+        Sig("sglang.srt.managers.scheduler:validate_dflash_request", ("req", "enable_overlap")),
+        Sig(f"{WORKER}.forward_batch_generation", ("self", "batch", "on_publish", "grammar_barrier")),
+        Sig(f"{WORKER}._forward_prefill", ("self", "batch", "on_publish")),
     )
 
     def simulated_correct_len(self, simulate_acc_len: float, gamma: int) -> int:
