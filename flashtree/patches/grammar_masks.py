@@ -4,7 +4,7 @@ root-to-node path, built on the host while the target verifies.
 sglang's own builder (`spec_utils.build_grammar_vocab_mask`, which DSPARK's chain and EAGLE's trees use) allocates and
 fills a mask row for every node of every request of the batch, constrained or not, and walks each tree with torch
 scalar indexing. Over a tree's 16-64 nodes per request that is host work the step's walk waits for: on the dev CPU
-(SmolLM2's tokenizer, the live mix's regex, 32 requests x 64 nodes, 10 of them constrained) 5-14 ms a step, 3.5 ms of
+(2026-12-02; SmolLM2's tokenizer, the live mix's regex, 32 requests x 64 nodes, 10 of them constrained) 5-14 ms a step, 3.5 ms of
 it the (2048, 1536) mask's allocation and fill alone, against a 5-9 ms step. Here only the constrained requests' rows
 exist:
   1. `TreeGrammar.start` (before the target verify launch): those requests' parents and node tokens, one copy to the

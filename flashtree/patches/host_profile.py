@@ -1,12 +1,12 @@
 """Where a tree server's host time goes (FLASHTREE_PROFILE_HOST=N): Python's profiler over N decode steps.
 
 On a small target the tree step is bound by the host, not the GPU (SmolLM2-135M on the H200: 3-5 ms of host time per
-step against 3.5-5.5 ms of device time, and 1-3 ms of scheduler work between steps under the planner or a grammar
-mix, BENCHMARKS.md 4.0b), so the stage timer's device times cannot say where the time goes. This turns cProfile on
-in the scheduler's thread at the start of decode step N (after N steps of warm-up: Triton compiles, CUDA graph
-captures and the planner's first choices are behind it) and off at the start of step 2N, so it covers whole steps
-and the scheduler's work between them (scheduling, result processing, grammar advances), then logs the functions
-with the most own time and the most cumulative time, one line each. The profiler's own overhead inflates what it
+step against 3.5-5.5 ms of device time, and 1-3 ms of device idle between steps under the planner or a grammar mix,
+live runs 29 / 30, BENCHMARKS.md 4.0 / 4.0b), so the stage timer's device times cannot say where the time goes. This
+turns cProfile on in the scheduler's thread at the start of decode step N + 1 (after N steps of warm-up: Triton
+compiles, CUDA graph captures and the planner's first choices are behind it) and off at the start of step 2N + 1, so
+it covers whole steps and the scheduler's work between them (scheduling, result processing, grammar advances), then
+logs the functions with the most own time and the most cumulative time, one line each. The profiler's own overhead inflates what it
 measures (several µs per Python call): read the ranking and the shares, not the absolute times.
 """
 
