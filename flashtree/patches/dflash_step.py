@@ -37,13 +37,7 @@ def patches(adapter, toggles: TreeToggles) -> list[Patch]:
         return [Patch(worker_cls, "__init__", lambda orig: make_refusal(orig, family.release, gaps),
                       "DFlashWorkerV2.__init__")]
     narrow = bool(toggles.tree_budget or toggles.tree_width)
-    out = []
-    if toggles.simulate_acc:  # DFLASH's own chain steps at the table's chain lengths too (plan.py checked the table)
-        table = simulate.load_table(toggles.simulate_acc)
-        out.append(Patch(resolve(DFLASH_MODULE), "apply_dflash_simulated_acceptance",
-                         lambda orig: simulate.make_dflash_chain_acceptance(table, toggles.simulate_acc, toggles.seed),
-                         "dflash_worker_v2.apply_dflash_simulated_acceptance"))
-    return out + [
+    return [
         Patch(worker_cls, "__init__", lambda orig: make_worker_init(orig, family, toggles), "DFlashWorkerV2.__init__"),
         Patch(worker_cls, "init_cuda_graphs", lambda orig: startup.make_init_cuda_graphs(orig, narrow),
               "DFlashWorkerV2.init_cuda_graphs"),
@@ -51,6 +45,18 @@ def patches(adapter, toggles: TreeToggles) -> list[Patch]:
               lambda orig: make_forward_batch_generation(orig, family, toggles),
               "DFlashWorkerV2.forward_batch_generation"),
     ]
+
+
+def simulated_chain_patches(table, toggles: TreeToggles) -> list[Patch]:
+    """FLASHTREE_SIMULATE_ACC on DFLASH's own chain steps (a chain server's or a tree server's fallback): each step's
+    length drawn from the table's chain shape; none where the release has no DFLASH worker."""
+    try:
+        module = resolve(DFLASH_MODULE)
+    except LookupError:
+        return []
+    return [Patch(module, "apply_dflash_simulated_acceptance",
+                  lambda orig: simulate.make_dflash_chain_acceptance(table, toggles.simulate_acc, toggles.seed),
+                  "dflash_worker_v2.apply_dflash_simulated_acceptance")]
 
 
 def make_refusal(original, release: str, gaps: list[str]):

@@ -36,7 +36,7 @@ def patches(adapter: SglangAdapter, toggles: TreeToggles) -> list[Patch]:
                          lambda orig: exact_verify.make_triton_init(orig, adapter.exact_declined),
                          "TritonAttnBackend.__init__"))
     if toggles.simulate_acc:
-        out.append(_simulated_chain_patch(adapter, toggles))
+        out += _simulated_chain_patches(adapter, toggles)
     if adapter.stops_after_length and (toggles.tree_enabled or toggles.exact_verify or toggles.splitkv_verify):
         from . import finish
 
@@ -78,15 +78,16 @@ def _tree_patches(adapter: SglangAdapter, toggles: TreeToggles) -> list[Patch]:
     ] + logprobs.patches(adapter, worker_cls) + dflash_step.patches(adapter, toggles)  # DFLASH: the same tree step
 
 
-def _simulated_chain_patch(adapter: SglangAdapter, toggles: TreeToggles) -> Patch:
+def _simulated_chain_patches(adapter: SglangAdapter, toggles: TreeToggles) -> list[Patch]:
+    """The chain steps of DSPARK and DFLASH at the table's chain lengths, on chain and tree servers alike."""
     from . import simulate
 
     adapter.require(base.SIMULATED_CHAIN_PROBES, "FLASHTREE_SIMULATE_ACC", "none (sglang's SGLANG_SIMULATE_ACC_LEN)")
     simulate.check_chain_simulation(adapter.env_simulate_acc_len())
     table = simulate.load_table(toggles.simulate_acc)  # a bad table stops the server here, before any patch
-    return Patch(resolve(f"{base.VERIFY}:TargetVerifyExecutor"), "_simulated_correct_len",
-                 lambda orig: simulate.make_chain_correct_len(table, toggles.simulate_acc, toggles.seed),
-                 "TargetVerifyExecutor._simulated_correct_len")
+    return [Patch(resolve(f"{base.VERIFY}:TargetVerifyExecutor"), "_simulated_correct_len",
+                  lambda orig: simulate.make_chain_correct_len(table, toggles.simulate_acc, toggles.seed),
+                  "TargetVerifyExecutor._simulated_correct_len")] + dflash_step.simulated_chain_patches(table, toggles)
 
 
 def _splitkv_patch(adapter: SglangAdapter) -> Patch:

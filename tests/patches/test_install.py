@@ -449,12 +449,25 @@ def test_simulated_chain_draws_dspark_lengths_from_the_table(monkeypatch, sglang
         patches.install(toggles)
     assert dict(vars(executor)) == before and patches.installed() == []
     monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", "1")
+    dflash = importlib.import_module("sglang.srt.speculative.dflash_worker_v2")
+    stock = dflash.apply_dflash_simulated_acceptance
     try:
-        assert "TargetVerifyExecutor._simulated_correct_len" in patches.install(toggles)
+        installed = patches.install(toggles)
+        assert "TargetVerifyExecutor._simulated_correct_len" in installed
         verify = types.SimpleNamespace(gamma=31)
         drawn = executor._simulated_correct_len(verify, bs=4000, dtype=torch.int32, device=torch.device("cpu"))
         assert drawn.dtype == torch.int32 and drawn.shape == (4000,) and set(drawn.tolist()) == {0, 3}
         assert 0.7 < float((drawn == 3).float().mean()) < 0.8
+        # a DFLASH chain server's steps (no tree toggle) draw from the same table, through the name its worker calls
+        assert "dflash_worker_v2.apply_dflash_simulated_acceptance" in installed
+        bs, w = 4000, 16
+        accept, commit = torch.zeros(bs, dtype=torch.int32), torch.zeros(bs, dtype=torch.int32)
+        dflash.apply_dflash_simulated_acceptance(
+            candidates=torch.zeros(bs, w, dtype=torch.int64), target_predict=torch.zeros(bs, w, dtype=torch.int64),
+            accept_len=accept, commit_lens=commit, bonus=torch.zeros(bs, dtype=torch.int64),
+            out_tokens=torch.zeros(bs, w, dtype=torch.int64), simulate_acc_len=1.0, simulate_acc_method="x",
+            simulate_acc_token_mode="real-draft-token")
+        assert set(accept.tolist()) == {0, 3} and torch.equal(commit, accept + 1)
     finally:
         patches.uninstall()
-    assert dict(vars(executor)) == before
+    assert dict(vars(executor)) == before and dflash.apply_dflash_simulated_acceptance is stock
