@@ -50,6 +50,9 @@ def test_qwen3_8b_dummy_dflash_preset_writes_a_dflash_draft(tmp_path):
     envs = {i.server: i.env for i in speed}
     assert all(env["FLASHTREE_SIMULATE_ACC"].endswith("smollm2-dspark-gsm8k.json") for env in envs.values())
     assert "FLASHTREE_TREE_N" not in envs["chain-simtab"] and envs["tree8-simtab"]["FLASHTREE_TREE_N"] == "8"
+    # the trees verify through flashtree's split-KV kernel, DFLASH's chain through its own causal verify
+    assert "FLASHTREE_SPLITKV_VERIFY" not in envs["chain-simtab"]
+    assert envs["tree8-simtab"]["FLASHTREE_SPLITKV_VERIFY"] == envs["tree16-w16-simtab"]["FLASHTREE_SPLITKV_VERIFY"] == "1"
     acc1 = phase_instances(to_live_config(compose(
         "+preset=qwen3-8b-dummy-dflash", "phases.speed.servers=[chain-sim-acc1,tree8-sim-acc1,tree32-w32-sim-acc1]")))
     assert [spec_args(i.argv)["window"] for i in acc1["speed"]] == ["16", "16", "32"]
