@@ -50,7 +50,7 @@ import logging
 
 import torch
 
-from flashtree.sampler import candidate_rows
+from flashtree.sampler import candidate_draws, candidate_rows
 from flashtree.sampler.markov import markov_draws, new_state
 from flashtree.tree import DraftScores, build_tree, chain_tree, pad_tree, sampled_draws, verify_inputs, walk_and_commit
 from flashtree.tree.simulate import simulated_walk_and_commit
@@ -256,10 +256,14 @@ def draw_candidates(run: TreeRun, worker, base_logits, anchor, draft_hidden, n: 
         inv_temperature, greedy = candidate_rows(base.shape[0], n, temperature, base.device)
         return markov_draws(base, anchor, w1, w2, n, inv_temperature, greedy, run.noise, return_logp=with_logp)
 
+    def row_draws(rows: torch.Tensor) -> torch.Tensor:  # independent positions (DFLASH): N per row, one read
+        return candidate_draws(rows, n, temperature, run.generator)
+
     if with_logp:
         sampler, taken = policy_draws.recording_logp(sampler)
-    out = plan.adapter.sample_blocks(worker, base_logits, anchor, draft_hidden, n, sampler,
-                                     fused if run.noise is not None else None)
+    fast = run.noise is not None  # FLASHTREE_FUSED_SAMPLER=1
+    out = plan.adapter.sample_blocks(worker, base_logits, anchor, draft_hidden, n, sampler, fused if fast else None,
+                                     row_draws if fast else None)
     if not with_logp or isinstance(out, tuple):
         return out
     return out, taken(base_logits.shape[0], n)

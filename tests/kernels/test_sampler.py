@@ -209,3 +209,19 @@ def test_mean_logit_z_scores_at_full_shape():
     zs = torch.tensor(zs)
     assert abs(zs.mean()) < 4 / 24**0.5, zs
     assert 0.5 < zs.std() < 1.6, zs
+
+
+def test_candidate_draws_column_zero_argmax_rest_at_temperature():
+    """candidate_draws (DFLASH's N draws per position): column 0 the row's argmax (ties to the lowest id), the other
+    columns the tempered law (chi-square; the untempered law as the negative control), one read of the rows."""
+    from flashtree.sampler import candidate_draws
+
+    logits = torch.tensor([0.5, 2.0, 2.0, -1.0, 1.0, 0.0, 1.5])
+    rows = logits.expand(400, -1).contiguous().to(DEV)
+    out = candidate_draws(rows, 6, 0.7, torch.Generator(DEV).manual_seed(3)).cpu()
+    assert out.shape == (400, 6) and out.dtype == torch.int64 and (out[:, 0] == 1).all()
+    drawn = out[:, 1:]
+    assert chi2_pvalue(drawn, torch.softmax(logits / 0.7, -1)) > 1e-3
+    assert chi2_pvalue(drawn, torch.softmax(logits, -1)) < 1e-3
+    assert torch.equal(candidate_draws(rows, 4, 0.0).cpu(), torch.ones(400, 4, dtype=torch.int64))
+    assert torch.equal(candidate_draws(rows, 1, 0.7).cpu(), torch.ones(400, 1, dtype=torch.int64))

@@ -192,7 +192,8 @@ def target_forward(world, *, batch, forward_batch, is_verify, skip_attn_backend_
     return types.SimpleNamespace(logits_output=out, can_run_cuda_graph=False)
 
 
-def run(family, n: int, steps: int, prompts=None, sampling_info=None, policy: str = "vote", page_size: int = 1):
+def run(family, n: int, steps: int, prompts=None, sampling_info=None, policy: str = "vote", page_size: int = 1,
+        fused: bool = False):
     """`steps` tree steps through flashtree's DFlashWorkerV2.forward_batch_generation; greedy rows are checked
     token for token against the sequential greedy decode, every row's req_to_token / target KV / draft KV layout."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -204,7 +205,7 @@ def run(family, n: int, steps: int, prompts=None, sampling_info=None, policy: st
     world = StandIns(prompts, refs, page_size)
     worker = dflash_worker(world, bs, page_size)
     table = world.req_to_token.clone()
-    toggles = TreeToggles(tree_n=n, seed=5, tree_policy=policy)
+    toggles = TreeToggles(tree_n=n, seed=5, tree_policy=policy, fused_sampler=fused)
     worker._flashtree = create_state(family, toggles, worker)
     step = dflash_step.make_forward_batch_generation(resolve(DFLASH_WORKER).forward_batch_generation, family, toggles)
     greedy_rows = [True] * bs if sampling_info is None else (sampling_info.top_ks <= 1).tolist()
@@ -247,6 +248,13 @@ def test_dflash_tree_matches_sequential_greedy_decode(family, policy):
     assert max(accepts) >= 2, f"the steps must accept deep: {accepts}"
     if policy != "best-first":  # sampled trees also miss the target's first token (best-first keeps the best ones)
         assert 0 in accepts, f"the steps must reject too: {accepts}"
+
+
+def test_dflash_fused_sampler_draws_commit_the_sequential_greedy_decode(family):
+    """FLASHTREE_FUSED_SAMPLER=1: the N draws of each position come from one read of its logits (candidate_draws);
+    the commits are still the sequential greedy decode, token for token (run checks them)."""
+    accepts, state, _gen = run(family, n=4, steps=8, fused=True)
+    assert state.steps == 8 and max(accepts) >= 2 and 0 in accepts, accepts
 
 
 def test_dflash_paged_kv_commit_copies_accepted_kv(family):
@@ -292,6 +300,16 @@ def test_dflash_draws_candidate_zero_is_the_argmax_block(family):
     assert drawn.shape == (2, 3, K) and torch.equal(drawn[:, 0], logits.argmax(-1))
     logp = family.candidate_logp(types.SimpleNamespace(base_logits=logits), drawn)
     assert torch.allclose(logp, logits.log_softmax(-1).gather(2, drawn.transpose(1, 2)).transpose(1, 2))
+    # the fused sampler's form: all N of a position from one read of its row, laid out (request, candidate, position)
+    calls = []
+
+    def row_draws(rows):
+        calls.append(rows.shape)
+        return torch.arange(rows.shape[0] * 3).view(-1, 3)
+
+    laid = family.sample_blocks(None, logits, None, None, 3, sampler, row_draws=row_draws)
+    assert calls == [(2 * K, V)] and laid.shape == (2, 3, K)
+    assert laid[1, 2, 4].item() == (1 * K + 4) * 3 + 2
 
 
 SAMPLED_T = 0.7

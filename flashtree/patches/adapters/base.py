@@ -273,9 +273,10 @@ class SglangAdapter:
         return draft_input.nxt_kv_lens_cpu, draft_input.nxt_kv_lens_sum
 
     def sample_blocks(self, worker, base_logits, anchor, draft_hidden, n: int, sampler: Callable,
-                      fused: Callable | None = None) -> torch.Tensor:
+                      fused: Callable | None = None, row_draws: Callable | None = None) -> torch.Tensor:
         """N draws of the block through the draft's Markov head -> (bs, N, K). `sampler(step_logits) -> tokens`;
-        `fused(base_logits, anchor, w1, w2)`, when given, draws them all instead if the head is a vanilla one."""
+        `fused(base_logits, anchor, w1, w2)`, when given, draws them all instead if the head is a vanilla one.
+        `row_draws` serves drafts with independent positions (DFLASH), not a Markov head."""
         head = self.draft_model(worker).markov_head
         weights = self.vanilla_markov_weights(head) if fused is not None else None
         if weights is not None:

@@ -187,10 +187,13 @@ class DFlashFamily(SglangAdapter):
         return torch.matmul(hidden.to(weight.dtype), weight[:rows].T)
 
     def sample_blocks(self, worker, base_logits, anchor, draft_hidden, n: int, sampler: Callable,
-                      fused: Callable | None = None) -> torch.Tensor:
-        """N draws per position, all positions in one sampler call: rows ordered (request, position, candidate), so
-        the sampler's "candidate 0 greedy" rows are each position's argmax (DFLASH's chain block)."""
+                      fused: Callable | None = None, row_draws: Callable | None = None) -> torch.Tensor:
+        """N draws per position -> (bs, N, K), candidate 0 each position's argmax (DFLASH's chain block).
+        `row_draws(rows) -> (rows, N)` (the fused sampler) draws all N of a position from one read of its logits;
+        else one sampler call over the rows repeated N times, ordered (request, position, candidate)."""
         bs, k, v = base_logits.shape
+        if row_draws is not None:
+            return row_draws(base_logits.reshape(bs * k, v)).view(bs, k, n).transpose(1, 2).contiguous()
         rows = base_logits.repeat_interleave(n, dim=1).reshape(bs * k * n, v)
         return sampler(rows).view(bs, k, n).transpose(1, 2).contiguous()
 
