@@ -161,8 +161,8 @@ def test_8b_simtab_variants(preset, model, input_len, concurrencies, slots, frac
         assert flag(inst, "--speculative-num-draft-tokens") == ["8"]  # the draft's block 7 + 1
         assert flag(inst, "--speculative-draft-load-format") == ["dummy"]
     assert chain.env == SIMTAB
-    assert tree.env == {"FLASHTREE_TREE_N": "8", "FLASHTREE_FUSED_SAMPLER": "1", "FLASHTREE_GRAPH_DRAWS": "1",
-                        **SIMTAB, "FLASHTREE_STAGE_TIMES": "200"}
+    assert tree.env == {"FLASHTREE_TREE_N": "8", "FLASHTREE_SPLITKV_VERIFY": "1", "FLASHTREE_FUSED_SAMPLER": "1",
+                        "FLASHTREE_GRAPH_DRAWS": "1", **SIMTAB, "FLASHTREE_STAGE_TIMES": "200"}
     assert (ROOT / SIMTAB["FLASHTREE_SIMULATE_ACC"]).is_file()  # the shipped SmolLM2 accept table
     text = app.describe(cfg, phase_instances(cfg))
     assert f"prompts: random, 256 x {input_len} tokens" in text and "WARNING" not in text
