@@ -9,11 +9,16 @@ flex_attention, sglang's Triton extend attention if importable, torch argmax / G
 measured copy rate, the ratios, and an output check. Times are triton.testing.do_bench medians in microseconds.
 
     python benchmarks/bench_kernels.py --parts attention-tune --out results/   # a launch sweep of the verify attention
+    python benchmarks/bench_kernels.py --parts policies-tune --out results/    # the prob build's launch variants
 
 `attention-tune` (not in the default parts, ~1.5 min) times the verify attention's launch variants (`tune` overrides:
 splits, key tile, warps, stages, bf16 partials, the fused merge, ...) at bs 1 / 4K, bs 1 / 32K and bs 8 / 4K, then
 the default and the best tiles at bs 64 / 8K, every point checked against the fp32 reference, and ends with the best
-point per shape (the `verify_attn_tune_best` table).
+point per shape (the `verify_attn_tune_best` table). `policies-tune` (not in the default parts, under a minute) times
+the prob build's selections (radix as shipped, radix-fused, radix-span, rank) at 1 / 2 / 4 / 8 / 16 warps with
+radix-span's knobs (parent, pass loop, equality loop, digit) at the policies' shapes, every point checked against the
+torch reference, and ends with a table per shape (the best point: `policy_build_tune_best`). Without CUDA
+(TRITON_INTERPRET=1) only its checks run.
 """
 
 from __future__ import annotations
@@ -63,16 +68,7 @@ def bench(fn, rep=40):
 
 
 def graphed(fn):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g.replay
+    return graphed_out(fn)[0]
 
 
 def try_graph(fn):
@@ -98,10 +94,10 @@ def ceiling():
     return bw
 
 
-def anchor_candidates(bs, n, k, vocab=50):
-    base = torch.randint(0, vocab, (bs, 1, k), device="cuda")
-    flip = torch.rand(bs, n, k, device="cuda") < 0.25
-    return torch.where(flip, torch.randint(0, vocab, (bs, n, k), device="cuda"), base)
+def anchor_candidates(bs, n, k, vocab=50, device="cuda"):
+    base = torch.randint(0, vocab, (bs, 1, k), device=device)
+    flip = torch.rand(bs, n, k, device=device) < 0.25
+    return torch.where(flip, torch.randint(0, vocab, (bs, n, k), device=device), base)
 
 
 def part_builder():
@@ -136,10 +132,10 @@ def part_builder():
 def consistent_logq(cands, vocab=50):
     """Per-position log q that is a function of (depth, token, previous token), as a draft's is (shared prefixes
     share their path log-probability): what the prob build ranks."""
-    k = cands.shape[2]
-    table = -torch.rand(k, vocab + 1, vocab, device="cuda") * 3
+    k, dev = cands.shape[2], cands.device
+    table = -torch.rand(k, vocab + 1, vocab, device=dev) * 3
     prev = torch.cat([torch.full_like(cands[:, :, :1], vocab), cands[:, :, :-1]], dim=2)
-    return table[torch.arange(k, device="cuda").view(1, 1, k).expand_as(cands), prev, cands]
+    return table[torch.arange(k, device=dev).view(1, 1, k).expand_as(cands), prev, cands]
 
 
 def part_policies():
@@ -192,6 +188,186 @@ def part_policies():
         log(kind="policy_build", policy="best-first", bs=bs, n=0, k=k, width=w, vocab=vocab, same_as_reference=same,
             flashtree_eager_us=bench(fn, rep=10), flashtree_graph_us=try_graph(fn),
             torch_eager_us=bench(torch_fn, rep=10), torch_graph_us=try_graph(torch_fn))
+
+
+# policies-tune: the prob build's shapes (bs, N, K, W), the anchor's first (the budget cuts the last)
+PT_SHAPES = [(64, 32, 15, 32), (64, 8, 15, 16), (1, 8, 15, 16), (64, 64, 8, 64)]
+PT_FIELDS = ["tokens", "parents", "depth", "votes", "valid", "first_candidate"]
+
+
+def policies_tune_points(n, k):
+    """(select, tune, launch) of each launch timed at N, K (select and tune as `build_prob_tree_triton` takes them,
+    launch: `launch_choice`'s), one point per distinct launch: the shipped one first, then per warp count (1 to 8 at up
+    to RANK_MAX_SLOTS slots, else 2 to 16: one warp spills there) the radix select as shipped, radix-fused and
+    radix-span unrolled with the parents by max, radix-span with them by scan, its passes as a loop and its equality
+    masks in blocks of 8 candidates too, and rank with 32- and 128-slot chunks where it is an option; that last
+    radix-span with 5- and 6-bit digits at 4 and 8 warps."""
+    from flashtree.tree.triton_build import RANK_MAX_SLOTS, _np2, launch_choice
+
+    few = _np2(n) * _np2(k) <= RANK_MAX_SLOTS
+    pts = [("auto", {})]
+    for w in (1, 2, 4, 8) if few else (2, 4, 8, 16):
+        scan = dict(num_warps=w, parent="scan")
+        pts += [("radix", dict(num_warps=w)), ("radix-fused", dict(num_warps=w)), ("radix-span", dict(num_warps=w)),
+                ("radix-span", scan), ("radix-span", dict(scan, passes="loop")),
+                ("radix-span", dict(scan, passes="loop", eq_unroll=8))]
+        if few:
+            pts += [("rank", dict(num_warps=w)), ("rank", dict(num_warps=w, rank_chunk=128))]
+    pts += [("radix-span", dict(num_warps=w, parent="scan", passes="loop", eq_unroll=8, digit=d))
+            for w in (4, 8) for d in (5, 6)]
+    seen, out = set(), []
+    for sel, tune in pts:
+        c = launch_choice(n, k, sel, tune)
+        if c["select"] not in ("radix-fused", "radix-span"):
+            c.pop("digit")  # read by those two only
+            c.pop("passes")
+        if c["select"] != "rank":
+            c.pop("rank_chunk")
+        key = tuple(sorted(c.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append((sel, tune, c))
+    return out
+
+
+def n_slots_per_thread(n, k, warps):
+    return triton.next_power_of_2(n) * triton.next_power_of_2(k) // (32 * warps)
+
+
+def _pt_compile(job):
+    """Compiles one policies-tune launch into Triton's cache (a worker of a process pool: the sweep's compiles run
+    side by side; the timing process then loads them)."""
+    from flashtree.tree.triton_build import build_prob_tree_triton
+
+    n, k, w, sel, tune = job
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    cands = torch.zeros(1, n, k, dtype=torch.long, device=dev)
+    build_prob_tree_triton(cands, w, torch.zeros(1, n, k, device=dev), select=sel, tune=tune)
+    if dev == "cuda":
+        torch.cuda.synchronize()
+
+
+def precompile(jobs, workers=14):
+    import concurrent.futures
+    import multiprocessing
+
+    t = time.time()
+    try:
+        ctx = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(min(workers, os.cpu_count() or 1, len(jobs)), ctx) as ex:
+            list(ex.map(_pt_compile, jobs))
+    except Exception as e:  # noqa: BLE001 (the timing loop compiles what is missing)
+        print("precompile failed:", repr(e)[:300], flush=True)
+    print(f"# precompiled {len(jobs)} launches in {time.time() - t:.1f}s", flush=True)
+
+
+def graphed_out(fn):
+    """(replay, the captured call's result: what each replay rewrites), after three warm-up calls on a side stream."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    return g.replay, out
+
+
+def part_policies_tune(budget_s=60.0):
+    """The prob build's launch variants side by side (`policies_tune_points`) at PT_SHAPES, graphed. Every point is
+    checked against the torch reference on the CPU twice: its eager call, and its graph replayed on a second input
+    copied into the captured one. After `budget_s` seconds no new point is timed. Ends with a table per shape, fastest
+    first, and the best point against the shipped one (`policy_build_tune_best`). Without CUDA (TRITON_INTERPRET=1)
+    only the checks run, at bs 2."""
+    from flashtree.tree.build import build_prob_tree
+    from flashtree.tree.triton_build import build_prob_tree_triton
+
+    cuda = torch.cuda.is_available()
+    dev = "cuda" if cuda else "cpu"
+    t0 = time.time()
+    if cuda:
+        tiny = torch.zeros(1, device="cuda")
+        log(kind="graph_floor", one_kernel_us=try_graph(lambda: tiny.add_(1)))
+        jobs = {(n, k, w, tuple(sorted(c.items()))) for _, n, k, w in PT_SHAPES for *_, c in policies_tune_points(n, k)}
+        jobs = [(n, k, w, dict(c).pop("select"), {x: v for x, v in c if x != "select"}) for n, k, w, c in jobs]
+        # the slowest compiles (many slots a thread, wide digits) first
+        jobs.sort(key=lambda j: (-n_slots_per_thread(j[0], j[1], j[4]["num_warps"]), -j[4].get("digit", 0)))
+        precompile(jobs)
+
+    def same(tree, ref):
+        return all(torch.equal(getattr(tree, f).cpu(), getattr(ref, f)) for f in PT_FIELDS)
+
+    rows, skipped = {}, 0
+    for bs, n, k, w in PT_SHAPES:
+        bs = bs if cuda else min(bs, 2)
+        cands = anchor_candidates(bs, n, k, device=dev)
+        logp = consistent_logq(cands)
+        cands2 = anchor_candidates(bs, n, k, device=dev)
+        logp2 = consistent_logq(cands2)
+        # the fused build sums as torch's CPU cumsum (in float64): its reference runs on the CPU
+        ref = build_prob_tree(cands.cpu(), w, logp.cpu())
+        ref2 = build_prob_tree(cands2.cpu(), w, logp2.cpu())
+        shape = rows.setdefault((bs, n, k, w), [])
+        shipped = None  # the shipped point's graph and inputs: timed again after the others, a noise gauge
+        for sel, tune, launch in policies_tune_points(n, k):
+            if cuda and time.time() - t0 > budget_s:
+                skipped += 1
+                continue
+            row = dict(kind="policy_build_tune", policy="prob", bs=bs, n=n, k=k, width=w, build=sel, tune=tune,
+                       launch=launch, same_as_reference=False, flashtree_graph_us=None)
+            x, lq = cands.clone(), logp.clone()
+            fn = lambda: build_prob_tree_triton(x, w, lq, select=sel, tune=tune)  # noqa: E731
+            try:
+                ok = same(fn(), ref)
+                if cuda:
+                    replay, out = graphed_out(fn)
+                    row["flashtree_graph_us"] = round(bench(replay), 2)
+                    x.copy_(cands2)
+                    lq.copy_(logp2)
+                    replay()
+                    ok = ok and same(out, ref2)
+                    if sel == "auto":
+                        shipped = (replay, x, lq)
+                row["same_as_reference"] = ok
+            except Exception as e:  # noqa: BLE001
+                row["error"] = repr(e)[:300]
+            log(**row)
+            shape.append(row)
+        if shipped is not None:
+            replay, x, lq = shipped
+            x.copy_(cands)
+            lq.copy_(logp)
+            shape[0]["again_us"] = round(bench(replay), 2)
+            del shipped, replay
+    if skipped:
+        log(kind="policy_build_tune_skipped", points=skipped, budget_s=budget_s)
+    print("# policies-tune: graph µs per launch, fastest first", flush=True)
+    for (bs, n, k, w), pts in rows.items():
+        print(f"\nbs {bs}, N {n}, K {k}, W {w}")
+        print("| graph µs | select | warps | parent | digit | passes | eq unroll | rank chunk | same as reference |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        timed = sorted(pts, key=lambda r: (r["flashtree_graph_us"] is None, r["flashtree_graph_us"] or 0))
+        for r in timed:
+            c = r["launch"]
+            tag = f" (shipped; again {kernel_tables.num(r.get('again_us'), 2)})" if r["build"] == "auto" else ""
+            print(f"| {kernel_tables.num(r['flashtree_graph_us'], 2)} | {c['select']}{tag} | "
+                  f"{c['num_warps']} | {c['parent']} | {c.get('digit', '–')} | {c.get('passes', '–')} | "
+                  f"{c['eq_unroll'] or 'all'} | {c.get('rank_chunk', '–')} | "
+                  f"{kernel_tables.yes(r['same_as_reference'])} |")
+        good = [r for r in pts if r["same_as_reference"] and r["flashtree_graph_us"] is not None]
+        if good:
+            best = min(good, key=lambda r: r["flashtree_graph_us"])
+            ship = next((r for r in pts if r["build"] == "auto"), {})
+            log(kind="policy_build_tune_best", bs=bs, n=n, k=k, width=w, shipped_us=ship.get("flashtree_graph_us"),
+                shipped_again_us=ship.get("again_us"), best_us=best["flashtree_graph_us"],
+                speedup_vs_shipped=ratio(ship.get("flashtree_graph_us"), best["flashtree_graph_us"]),
+                build=best["build"], tune=best["tune"], launch=best["launch"],
+                all_same_as_reference=all(r["same_as_reference"] for r in pts))
+        elif not cuda:
+            log(kind="policy_build_tune_checked", bs=bs, n=n, k=k, width=w, points=len(pts),
+                all_same_as_reference=all(r["same_as_reference"] for r in pts))
 
 
 def part_walk():
@@ -710,25 +886,30 @@ def main():
     ap.add_argument("--out", default="results")
     ap.add_argument("--parts", default="builder,policies,walk,inputs,markov,sampler,attention",
                     help="comma-separated; also attention-tune (a launch sweep of the verify attention at small "
-                    "batches, not in the default)")
+                    "batches) and policies-tune (the prob build's launch variants), not in the default")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--markov-min-rank", type=int, default=0, help="markov: only heads of at least this rank")
     ap.add_argument("--attn-splits", default="", help="attention: also time these split counts at the bs-1 shapes "
                     "(comma-separated, e.g. 8,16,32,64); the heuristic's choice is marked")
     ap.add_argument("--tune-budget", type=float, default=120.0, help="attention-tune: seconds after which its knob "
                     "and combination passes start no new point (the coarse pass and the large-batch check always run)")
+    ap.add_argument("--policies-tune-budget", type=float, default=60.0, help="policies-tune: seconds after which "
+                    "it times no new point")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     OUT_FILE = os.path.join(a.out, "kernels.jsonl")
     open(OUT_FILE, "w").close()
-    log(kind="env", torch=torch.__version__, triton=triton.__version__, gpu=torch.cuda.get_device_name(),
-        python=sys.version.split()[0], date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    cuda = torch.cuda.is_available()  # without it only policies-tune's checks run (TRITON_INTERPRET=1)
+    log(kind="env", torch=torch.__version__, triton=triton.__version__,
+        gpu=torch.cuda.get_device_name() if cuda else "none", python=sys.version.split()[0],
+        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     torch.manual_seed(0)
-    bw = ceiling()
+    bw = ceiling() if cuda else None
     parts = {"builder": part_builder, "policies": part_policies, "walk": part_walk, "inputs": part_inputs, "markov": lambda: part_markov(a.markov_min_rank),
              "sampler": lambda: part_sampler(bw),
              "attention": lambda: part_attention(bw, not a.no_flex, [int(x) for x in a.attn_splits.split(",") if x]),
-             "attention-tune": lambda: part_attention_tune(bw, a.tune_budget)}
+             "attention-tune": lambda: part_attention_tune(bw, a.tune_budget),
+             "policies-tune": lambda: part_policies_tune(a.policies_tune_budget)}
     for name in a.parts.split(","):
         t = time.time()
         try:

@@ -22,8 +22,18 @@ reference's `logp.float().cumsum(2)` bit for bit), so no cumsum launch precedes 
 giving the same tree: "radix" finds k*, the (W-1)-th largest key, by a radix select (four 256-bin histograms, one per
 key byte) and takes ties at k* in slot order as the votes' are; "rank" counts for every slot the slots ahead of it (a
 compare per pair, in chunks) and keeps the nodes of rank < W - 1. "auto" (the default) takes rank up to RANK_MAX_SLOTS
-(depth, candidate) slots and radix above: on the H200 (kernel run 9) rank built N 8 / K 15 in 7.1 µs against radix's
-9.5, radix N 32 / K 15 in 12.5 against 18.0 and N 64 / K 8 in 12.6 against 15.1 (bs 64, graphed).
+(depth, candidate) slots and radix-span (below) above, in the launch AUTO_RADIX names: on the H200 rank built N 8 / K 15
+in 7.2 µs, radix-span N 32 / K 15 in 9.6 and N 64 / K 8 in 10.4 (kernel run 11, bs 64, graphed).
+
+Two more radix selections, the same tree again: "radix-fused" takes one reduction a pass (the chosen digit, the keys
+above its bin and whether the bin holds more than are still to take, packed in one sum) and no k*: a key is above the
+cut iff at some pass it matched the digits chosen before and its digit was higher, tied iff it matched every chosen
+digit. "radix-span" runs those passes on each node key's offset from the least finite one, starting at the span's top
+bit: path scores span a few binary exponents, whose key bytes the plain select's first pass spends itself on, so a
+batch's slowest request takes 2 passes rather than 3. `tune` (`launch_choice`) sets their bits per pass (digit), the
+warps, rank's chunk and PARENT, where "scan" takes node (d, i)'s parent (d - 1, first[d - 1, i]) from the AND scan
+(it carries agree[d - 1]) instead of a max over depths, and PASS_LOOP / EQ_UNROLL, loops in place of unrolled code
+(a smaller kernel).
 """
 
 from __future__ import annotations
@@ -38,6 +48,17 @@ from .types import EagleEncoding, VoteTree
 @triton.jit
 def _and(a, b):
     return a & b
+
+
+@triton.jit
+def _and_before(a, e, b, f):
+    """AND scan carrying the exclusive result: (AND of a segment, AND of all of it but its last element)."""
+    return a & b, a & f
+
+
+@triton.jit
+def _sum_max_min(a, b, c, x, y, z):
+    return a + x, tl.maximum(b, y), tl.minimum(c, z)
 
 
 @triton.jit
@@ -68,6 +89,26 @@ def _take(is_above, is_tie, above, M: tl.constexpr):
     rest = M - above
     kept = is_above | (is_tie & (tie_rank < rest))
     return kept, (before >> 16) + tl.minimum(tie_rank, rest)
+
+
+@triton.jit
+def _radix_pass(key, match, above, rem, left, shift, DIGIT: tl.constexpr):
+    """One pass of the fused radix select: among the `match` keys (those sharing the digits chosen so far) take the
+    digit at `shift` holding the rem-th largest. A histogram, its suffix sum and one reduction: exactly one bin has
+    ge >= rem > ge - hist (ge never rises with the digit), so a sum over that bin carries the digit, whether the bin
+    holds more keys than the rem - gt still to take there, and gt, the keys in the bins above it."""
+    nb: tl.constexpr = 1 << DIGIT
+    dig = ((key >> shift) & (nb - 1)).to(tl.int32)
+    hist = tl.histogram(dig, nb, mask=match)
+    ge = tl.cumsum(hist, 0, reverse=True)  # ge[v]: matching keys whose digit is >= v
+    gt = ge - hist
+    v = tl.arange(0, nb)
+    # gt <= slots < 2^15, the digit < 2^11: one int32
+    packed = tl.sum(tl.where((ge >= rem) & (gt < rem), (v << 16) | ((ge > rem).to(tl.int32) << 15) | gt, 0), axis=0)
+    pick = packed >> 16
+    above = above | (match & (dig > pick))
+    match = match & (dig == pick)
+    return match, above, rem - (packed & 0x7FFF), (packed >> 15) & 1 != 0
 
 
 @triton.jit
@@ -102,8 +143,12 @@ def _vote_tree_kernel(
     MASK64: tl.constexpr,  # candidate sets as uint64 bit masks (N > 32), else uint32
     SCORED: tl.constexpr,  # rank by the node scores (build_scored_tree) instead of the votes
     LOGP: tl.constexpr,  # SCORED from per-position log q at score_ptr: each node's score is its path's sum
-    SELECT: tl.constexpr,  # SCORED: "radix" (radix select of the M-th key) or "rank" (each node's rank)
+    SELECT: tl.constexpr,  # SCORED: "radix", "radix-fused", "radix-span" (radix selects of the M-th key), "rank"
     RC: tl.constexpr,  # SELECT "rank": slots per chunk compared at once
+    PARENT: tl.constexpr,  # "max": each node's parent from a max over depths; "scan": from an exclusive AND scan
+    DIGIT: tl.constexpr,  # SELECT "radix-fused" / "radix-span": bits per pass
+    PASS_LOOP: tl.constexpr,  # SELECT "radix-fused" / "radix-span": the passes as a loop, else unrolled
+    EQ_UNROLL: tl.constexpr,  # the equality masks' candidates per loop block; 0: all unrolled
 ):
     b = tl.program_id(0).to(tl.int64)
     base = cand_ptr + b * (N * K)
@@ -121,18 +166,35 @@ def _vote_tree_kernel(
     # bit, with no reduction across threads.
     blk = tl.reshape(tok, [KP, NP])
     eq = tl.zeros([KP, NP], mt)
-    for j in tl.static_range(N):
-        eq |= (blk == tl.load(base + j * K + d, mask=d < K, other=0)).to(mt) << j
+    if EQ_UNROLL == 0:
+        for j in tl.static_range(N):
+            eq |= (blk == tl.load(base + j * K + d, mask=d < K, other=0)).to(mt) << j
+    else:
+        # a loop over blocks of EQ_UNROLL candidates: less code than the full unroll, each block's loads in flight
+        for j0 in range(0, N, EQ_UNROLL):
+            for u in tl.static_range(EQ_UNROLL):
+                j = j0 + u
+                hit = (blk == tl.load(base + j * K + d, mask=(d < K) & (j < N), other=0)) & (j < N)
+                eq |= hit.to(mt) << j.to(mt)
     # agree[d, i] bit j: candidates i and j share their first d + 1 tokens. Its lowest bit is the first candidate
     # with that prefix, so (d, i) is a trie node iff that bit is i; the node's votes are the bit count.
-    agree = tl.associative_scan(eq, 0, _and)
-    first = _popcount(agree ^ (agree - 1), MASK64) - 1
-    node = real & (first == i)
-    # candidate i's nodes are its depths d >= L_i. first[d, i] grows with d and is < i below L_i, so the largest
-    # (d + 1, first) over i's non-nodes gives L_i and P_i = first[L_i - 1, i]: node (d, i) hangs off (d - 1, i)
-    # above L_i and off (L_i - 1, P_i) at L_i.
-    lp = tl.max(tl.where(real & ~node, (d + 1) * NP + first, 0), axis=0)
-    pf = tl.reshape(tl.where(d > lp // NP, i, lp % NP), [KP * NP])
+    if PARENT == "scan":
+        # node (d, i)'s parent is (d - 1, first[d - 1, i]): the scan also carries agree[d - 1], no reduction
+        ones = tl.full([KP, NP], 0xFFFFFFFFFFFFFFFF if MASK64 else 0xFFFFFFFF, mt)
+        agree, before = tl.associative_scan((eq, ones), 0, _and_before)
+        first = _popcount(agree ^ (agree - 1), MASK64) - 1
+        node = real & (first == i)
+        # (& NP - 1: in range where `before` is 0, the padding's slots)
+        pf = tl.reshape((_popcount(before ^ (before - 1), MASK64) - 1) & (NP - 1), [KP * NP])
+    else:
+        agree = tl.associative_scan(eq, 0, _and)
+        first = _popcount(agree ^ (agree - 1), MASK64) - 1
+        node = real & (first == i)
+        # candidate i's nodes are its depths d >= L_i. first[d, i] grows with d and is < i below L_i, so the largest
+        # (d + 1, first) over i's non-nodes gives L_i and P_i = first[L_i - 1, i]: node (d, i) hangs off (d - 1, i)
+        # above L_i and off (L_i - 1, P_i) at L_i.
+        lp = tl.max(tl.where(real & ~node, (d + 1) * NP + first, 0), axis=0)
+        pf = tl.reshape(tl.where(d > lp // NP, i, lp % NP), [KP * NP])
     nv = tl.reshape(tl.where(node, _popcount(agree, MASK64), 0), [KP * NP])  # 0 votes = not a node
 
     if SCORED:
@@ -166,6 +228,44 @@ def _vote_tree_kernel(
             ahead += tl.sum(((ck[None, :] - chunk[:, None]).to(tl.uint64, bitcast=True) >> 63).to(tl.int32), axis=0)
         kept = isn & (ahead < M)
         pos = tl.cumsum(kept.to(tl.int32), axis=0) - kept.to(tl.int32)
+    elif SCORED and SELECT != "radix":
+        # radix-fused / radix-span: a key is above the M-th largest iff at some pass it matched the digits chosen
+        # before and its digit was above the chosen one, tied iff it matches them all; rem, the keys still to take
+        # among the matching ones, is the ties' room. On uint32 keys.
+        key = skey.to(tl.uint32, bitcast=True) ^ 0x80000000
+        if SELECT == "radix-span":
+            # the digits start at the top bit of the node keys' span: key - (least finite node key) + 1, and 0 for
+            # -inf (NaN's key too), kept out of the span: the same order and ties
+            fin = isn & (sc > float("-inf"))
+            total, kmax, kmin = tl.reduce((isn.to(tl.int32), tl.where(isn, key, 0), tl.where(fin, key, 0xFFFFFFFF)),
+                                          0, _sum_max_min)
+            key = tl.where(fin, key - kmin + 1, 0)
+            span = tl.where(kmax >= kmin, kmax - kmin + 1, 0)
+            # the span's bit length, from the exponent of its exact float64 value
+            bits_left = tl.where(span > 0, (span.to(tl.float64).to(tl.int64, bitcast=True) >> 52) - 1022, 0)
+            bits_left = bits_left.to(tl.int32)
+        else:
+            total = tl.sum(isn.to(tl.int32), axis=0)
+            bits_left = total * 0 + 32
+        rem = tl.minimum(total, M)
+        left = total > rem
+        match = isn
+        above = isn & False
+        if PASS_LOOP:
+            # one copy of the pass's code, run while it still decides something: a quarter of the unrolled code
+            done = bits_left * 0
+            while left & (bits_left > done):
+                shift = tl.maximum(bits_left - done - DIGIT, 0)
+                match, above, rem, left = _radix_pass(key, match, above, rem, left, shift, DIGIT)
+                done += DIGIT
+        else:
+            for step in tl.static_range((32 + DIGIT - 1) // DIGIT):
+                if left & (bits_left > DIGIT * step):
+                    # past the low end the digit overlaps decided bits, which every matching key shares
+                    shift = tl.maximum(bits_left - DIGIT * (step + 1), 0)
+                    match, above, rem, left = _radix_pass(key, match, above, rem, left, shift, DIGIT)
+        kept, pos = _take(above, match, M - rem, M)
+        nkept = tl.minimum(total, M)
     elif SCORED:
         # k*: the M-th largest node key (as unsigned), a radix select over its four bytes (a 256-bin histogram each,
         # highest byte first, among the keys that match the bytes chosen so far); every node kept when <= M. Once
@@ -197,7 +297,8 @@ def _vote_tree_kernel(
         vstar = tl.max(tl.where(more >= M, t + 1, 0), axis=0)
         above = tl.sum(tl.where(t == vstar, more, 0), axis=0)
         kept, pos = _take(nv > vstar, (nv == vstar) & (nv > 0), above, M)
-    nkept = tl.minimum(tl.sum((nv > 0).to(tl.int32), axis=0), M)
+    if not SCORED or SELECT == "radix" or SELECT == "rank":
+        nkept = tl.minimum(tl.sum((nv > 0).to(tl.int32), axis=0), M)
 
     # pos is a kept slot's listing position; its parent (pd - 1, pf) is kept too (every top set is prefix-closed),
     # so the parent's node index is that slot's pos + 1
@@ -234,8 +335,40 @@ def _np2(x: int) -> int:
     return max(2, triton.next_power_of_2(x))
 
 
+SELECTS = ("auto", "radix", "rank", "radix-fused", "radix-span")
+# select="auto" above RANK_MAX_SLOTS: the fastest launch of kernel run 11's sweep (H200, bs 64, graphed) at N 32 / K 15
+# / W 32 (9.60 µs against the old radix's 11.20) and at N 64 / K 8 / W 64 (10.43 against 12.54)
+AUTO_RADIX = {"num_warps": 8, "parent": "scan", "digit": 5, "passes": "loop", "eq_unroll": 8}
+TUNE_KEYS = {"num_warps": (1, 2, 4, 8, 16), "parent": ("max", "scan"), "digit": (4, 5, 6, 7, 8, 9, 10, 11),
+             "rank_chunk": (8, 16, 32, 64, 128, 256), "passes": ("unroll", "loop"), "eq_unroll": (0, 2, 4, 8, 16)}
+
+
+def launch_choice(n: int, k: int, select: str = "auto", tune: dict | None = None) -> dict:
+    """The launch of N candidates of K tokens: the selection ("auto" resolved) and the TUNE_KEYS, `tune`'s overrides
+    (each a choice of TUNE_KEYS) over the defaults."""
+    if select not in SELECTS:
+        raise ValueError(f"select must be one of {', '.join(map(repr, SELECTS))}, got {select!r}")
+    tune = dict(tune or {})
+    for key, value in tune.items():
+        if key not in TUNE_KEYS or value not in TUNE_KEYS[key]:
+            raise ValueError(f"tune {key}={value!r}: the keys and their values are {TUNE_KEYS}")
+    slots = _np2(n) * _np2(k)
+    base = {}
+    if select == "auto":
+        select = "rank" if slots <= RANK_MAX_SLOTS else "radix-span"
+        if select == "radix-span":
+            base = dict(AUTO_RADIX)
+    base.update(tune)
+    eq_unroll = base.get("eq_unroll", 0)
+    # the (depth, candidate) tensors: 4 warps hold up to 512 slots at 4 per thread (N 32, K 16), 8 warps above
+    return dict(select=select, num_warps=base.get("num_warps", 4 if slots <= 512 else 8),
+                parent=base.get("parent", "max"), digit=base.get("digit", 8),
+                rank_chunk=min(base.get("rank_chunk", RANK_CHUNK), slots), passes=base.get("passes", "unroll"),
+                eq_unroll=eq_unroll if eq_unroll < n else 0)
+
+
 def _launch(candidates: torch.Tensor, width: int, eagle: bool, scores: torch.Tensor | None = None,
-            logp: bool = False, select: str = "auto"):
+            logp: bool = False, select: str = "auto", tune: dict | None = None):
     if candidates.dim() != 3:
         raise ValueError(f"candidates must be (bs, N, K), got shape {tuple(candidates.shape)}")
     if width < 2:
@@ -246,10 +379,7 @@ def _launch(candidates: torch.Tensor, width: int, eagle: bool, scores: torch.Ten
         raise ValueError(f"N = {n}, K = {k} are too large: N must fit a 64-bit mask, the slot counts 15 bits")
     if scores is not None and scores.shape != candidates.shape:
         raise ValueError(f"scores must be (bs, N, K) = {tuple(candidates.shape)}, got {tuple(scores.shape)}")
-    if select not in ("auto", "radix", "rank"):
-        raise ValueError(f"select must be 'auto', 'radix' or 'rank', got {select!r}")
-    if select == "auto":
-        select = "rank" if np_ * kp <= RANK_MAX_SLOTS else "radix"
+    choice = launch_choice(n, k, select, tune)
     cand = candidates.to(torch.int64).contiguous()
     if scores is None:
         src = cand  # never read
@@ -268,14 +398,13 @@ def _launch(candidates: torch.Tensor, width: int, eagle: bool, scores: torch.Ten
         pl = torch.empty(bs, pl_w, dtype=torch.int64, device=dev)
     else:
         ids = pl = fc  # never written
-    # the (depth, candidate) tensors: 4 warps hold up to 512 slots at 4 per thread (N 32, K 16), 8 warps above
-    warps = 4 if np_ * kp <= 512 else 8
     if bs > 0:
         _vote_tree_kernel[(bs,)](
             cand, src, out[0], out[1], out[2], out[3], valid, fc, ids, pl,
             N=n, K=k, M=m, W=width, PL=pl_w, NP=np_, KP=kp, MP=_np2(m), PLP=_np2(pl_w),
-            WRITE_EAGLE=eagle, MASK64=np_ > 32, SCORED=scores is not None, LOGP=logp, SELECT=select,
-            RC=min(RANK_CHUNK, np_ * kp), num_warps=warps,
+            WRITE_EAGLE=eagle, MASK64=np_ > 32, SCORED=scores is not None, LOGP=logp, SELECT=choice["select"],
+            RC=choice["rank_chunk"], PARENT=choice["parent"], DIGIT=choice["digit"],
+            PASS_LOOP=choice["passes"] == "loop", EQ_UNROLL=choice["eq_unroll"], num_warps=choice["num_warps"],
         )
     tree = VoteTree(tokens=out[0], parents=out[1], depth=out[2], votes=out[3], valid=valid, first_candidate=fc, k=k)
     if not eagle:
@@ -291,18 +420,20 @@ def build_vote_tree_triton(candidates: torch.Tensor, width: int) -> VoteTree:
 
 
 def build_scored_tree_triton(candidates: torch.Tensor, width: int, node_scores: torch.Tensor,
-                             select: str = "auto") -> VoteTree:
+                             select: str = "auto", tune: dict | None = None) -> VoteTree:
     """Same signature and result as `flashtree.tree.build.build_scored_tree`, one launch: the trie as trie-vote's,
-    its W - 1 nodes ranked by score desc, depth asc, first candidate asc. `select`: the selection ("auto", "radix" or
-    "rank"; the same tree)."""
-    return _launch(candidates, width, eagle=False, scores=node_scores, select=select)[0]
+    its W - 1 nodes ranked by score desc, depth asc, first candidate asc. `select`: the selection (one of SELECTS;
+    the same tree). `tune`: launch overrides for timing them (TUNE_KEYS: num_warps, parent "max" / "scan", digit:
+    the radix-fused / radix-span bits per pass), the same tree too."""
+    return _launch(candidates, width, eagle=False, scores=node_scores, select=select, tune=tune)[0]
 
 
-def build_prob_tree_triton(candidates: torch.Tensor, width: int, logp: torch.Tensor, select: str = "auto") -> VoteTree:
+def build_prob_tree_triton(candidates: torch.Tensor, width: int, logp: torch.Tensor, select: str = "auto",
+                           tune: dict | None = None) -> VoteTree:
     """Same result as `flashtree.tree.build.build_prob_tree` (the `prob` policy's build) from the per-position log q
-    (bs, N, K) in any float dtype, one launch: the path sums are formed in the kernel. `select` as
+    (bs, N, K) in any float dtype, one launch: the path sums are formed in the kernel. `select` and `tune` as
     `build_scored_tree_triton`'s."""
-    return _launch(candidates, width, eagle=False, scores=logp, logp=True, select=select)[0]
+    return _launch(candidates, width, eagle=False, scores=logp, logp=True, select=select, tune=tune)[0]
 
 
 def build_vote_tree_eagle_triton(candidates: torch.Tensor, width: int) -> tuple[VoteTree, EagleEncoding]:

@@ -103,7 +103,9 @@ def path_logq(cands, g, levels: int):
     return table[depth, prev, cands]
 
 
-SELECTS = ("radix", "rank", "auto")  # the kernel's two selections of the W - 1 best-scored nodes (auto: by size), one tree
+# the kernel's selections of the W - 1 best-scored nodes (auto: rank or radix by size), one tree; radix-fused (radix-span's
+# passes on the plain keys) runs in TUNES
+SELECTS = ("radix", "rank", "auto", "radix-span")
 SCORED = [(3, 6, 5, 10, 3), (2, 1, 1, 2, 5), (2, 4, 3, 40, 2), (2, 7, 4, 2, 2), (2, 32, 8, 32, 4), (1, 40, 6, 32, 3)]
 
 
@@ -245,5 +247,81 @@ def test_an_unknown_selection_is_refused():
     from flashtree.tree.triton_build import build_scored_tree_triton
 
     cands = torch.zeros((1, 2, 3), dtype=torch.int64, device=DEV)
-    with pytest.raises(ValueError, match="select must be 'auto', 'radix' or 'rank'"):
+    with pytest.raises(ValueError, match="select must be one of 'auto', 'radix', 'rank'"):
         build_scored_tree_triton(cands, 4, torch.zeros((1, 2, 3), device=DEV), select="sort")
+    for tune in ({"warps": 4}, {"digit": 12}, {"parent": "gather"}):
+        with pytest.raises(ValueError, match="tune"):
+            build_scored_tree_triton(cands, 4, torch.zeros((1, 2, 3), device=DEV), tune=tune)
+
+
+# ---- launch knobs (`tune`): the parent from the exclusive scan, the equality loop's blocks, radix-fused / radix-span
+# digits and pass loop, warps, rank chunks --------------------------------------------------------------------------
+# each the same tree. (bs, N, K, W, vocab): small, the anchor's N 32 / K 15, N 64
+TUNED = [(3, 6, 5, 10, 3), (1, 32, 15, 32, 4), (1, 64, 8, 64, 3)]
+TUNES = [("radix", dict(parent="scan", eq_unroll=4)), ("radix-fused", {}),
+         ("radix-fused", dict(digit=5, passes="loop")),
+         ("radix-span", dict(parent="scan")), ("radix-span", dict(passes="loop", eq_unroll=8)),
+         ("radix-span", dict(digit=4, num_warps=2)), ("radix-span", dict(digit=11, passes="loop")),
+         ("rank", dict(parent="scan", rank_chunk=128, num_warps=8))]
+
+
+@pytest.mark.parametrize("bs,n,k,w,vocab", TUNED)
+def test_prob_builder_tuned_launches(bs, n, k, w, vocab):
+    """Every knob's launch against the reference: tied path scores (a grid of log q, bfloat16) and continuous ones
+    with -inf and NaN log q, whose spans differ in every key byte."""
+    from flashtree.tree.build import build_prob_tree
+    from flashtree.tree.triton_build import build_prob_tree_triton
+
+    g = torch.Generator().manual_seed(hash((bs, n, k, w, vocab, 17)) % 2**31)
+    for levels, dtype in ((3, torch.bfloat16), (0, torch.float32)):
+        cands = torch.randint(0, vocab, (bs, n, k), generator=g)
+        logp = path_logq(cands, g, levels).to(dtype)
+        if levels == 0:  # NaN (ranked as -inf) in place of half the -inf, as a function of the node
+            logp[(logp == float("-inf")) & (cands % 2 == 0)] = float("nan")
+        ref = build_prob_tree(cands, w, logp)
+        for select, tune in TUNES:
+            tree = build_prob_tree_triton(cands.to(DEV), w, logp.to(DEV), select=select, tune=tune)
+            for f in FIELDS:
+                assert torch.equal(getattr(tree, f).cpu(), getattr(ref, f)), (levels, select, tune, f)
+
+
+def test_span_select_edge_cases():
+    """radix-span's key span: no finite node (all -inf / NaN: span 0, no pass), one finite node among -inf ones, all
+    scores equal (ties in slot order), +inf, -0 and -3e38 beside -inf (a span above 2^31), a score one float step
+    below another."""
+    from flashtree.tree.build import build_scored_tree
+    from flashtree.tree.triton_build import build_scored_tree_triton
+
+    n = 24
+    cands = torch.arange(n).view(1, n, 1).repeat(5, 1, 1)  # n depth-1 nodes per request
+    inf, nan = float("inf"), float("nan")
+    lone = torch.full((n,), -inf)
+    lone[7] = -2.0
+    wide = torch.tensor([inf, -0.0, -3e38, -inf]).repeat(n // 4)  # a span above 2^31
+    step = torch.full((n,), -1.0)
+    step[::2] = torch.nextafter(torch.tensor(-1.0), torch.tensor(-2.0))
+    scores = torch.stack([torch.where(torch.arange(n) % 2 == 0, -inf, nan), lone, torch.full((n,), -0.5), wide,
+                          step]).view(5, n, 1)
+    for w in (2, 13, 25):
+        ref = build_scored_tree(cands, w, scores)
+        for tune in (dict(digit=4), dict(passes="loop"), dict(digit=11)):
+            tree = build_scored_tree_triton(cands.to(DEV), w, scores.to(DEV), select="radix-span", tune=tune)
+            for f in FIELDS:
+                assert torch.equal(getattr(tree, f).cpu(), getattr(ref, f)), (w, tune, f)
+
+
+def test_vote_builder_parent_by_scan():
+    """The trie-vote build with its parents from the exclusive scan (PARENT "scan") and the equality masks from a loop
+    over blocks of 4 candidates (N 6 and 5: a last block part past N), and its EAGLE encoding."""
+    from flashtree.tree.triton_build import _launch
+
+    g = torch.Generator().manual_seed(19)
+    for bs, n, k, w, vocab in [(3, 6, 5, 10, 3), (2, 5, 4, 8, 2), (2, 32, 15, 32, 2), (1, 40, 6, 32, 3)]:
+        cands = torch.randint(0, vocab, (bs, n, k), generator=g)
+        ref = build_vote_tree(cands, w)
+        enc = to_eagle(ref)
+        tree, tenc = _launch(cands.to(DEV), w, eagle=True, tune=dict(parent="scan", eq_unroll=4))
+        for f in FIELDS:
+            assert torch.equal(getattr(tree, f).cpu(), getattr(ref, f)), f
+        assert torch.equal(tenc.parent_list.cpu(), enc.parent_list)
+        assert torch.equal(tenc.top_scores_index.cpu(), enc.top_scores_index)
