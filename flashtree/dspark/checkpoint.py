@@ -83,11 +83,13 @@ def read_tensors(folder) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def load_checkpoint(folder, *, dtype: torch.dtype = torch.float32, device="cpu") -> DSparkDraftModel:
+def load_checkpoint(folder, *, dtype: torch.dtype = torch.float32, device="cpu",
+                    ignore: tuple[str, ...] = ()) -> DSparkDraftModel:
     """A DSparkDraftModel from a checkpoint folder; every tensor must match a parameter and every parameter must be
-    present (a clear error names the difference)."""
+    present (a clear error names the difference). Tensors whose names start with an `ignore` prefix are dropped."""
     cfg = DSparkConfig.load(folder)
     tensors = {k.removeprefix("model."): v for k, v in read_tensors(folder).items()}
+    tensors = {k: v for k, v in tensors.items() if not k.startswith(ignore)} if ignore else tensors
     with torch.device("meta"):
         model = DSparkDraftModel(cfg)
     expected = {name: p.shape for name, p in model.named_parameters()}

@@ -25,6 +25,9 @@ from .model import DSparkDraftModel
 
 ARCHITECTURE = "DFlashDraftModel"
 MARKOV_PREFIX = "markov_head."
+# sglang's DSPARK confidence head (an adaptive chain length's), which flashtree's network does not hold: DFLASH has
+# no counterpart, so a conversion drops it
+CONFIDENCE_PREFIX = "confidence_head."
 
 
 def dflash_hf_dict(cfg: DSparkConfig, dtype: str = "bfloat16") -> dict:
@@ -60,9 +63,10 @@ def save_dflash_checkpoint(model: DSparkDraftModel, folder, *, dtype: str = "bfl
 
 
 def convert(src, dst, *, dtype: str = "bfloat16") -> list[Path]:
-    """A DSPARK checkpoint folder -> a DFLASH one (see the module doc for the row convention)."""
+    """A DSPARK checkpoint folder -> a DFLASH one (see the module doc for the row convention); a confidence head is
+    dropped with the Markov head."""
     read_tensors(src)  # a clear error for a folder without weights, before the config is parsed
-    return save_dflash_checkpoint(load_checkpoint(src), dst, dtype=dtype)
+    return save_dflash_checkpoint(load_checkpoint(src, ignore=(CONFIDENCE_PREFIX,)), dst, dtype=dtype)
 
 
 def load_dflash_config(folder) -> DSparkConfig:

@@ -81,3 +81,33 @@ def test_convert_refuses_a_folder_without_weights(tmp_path):
     os.makedirs(tmp_path / "empty")
     with pytest.raises(FileNotFoundError, match="holds neither"):
         convert(tmp_path / "empty", tmp_path / "out")
+
+
+def test_convert_drops_a_dspark_confidence_head(tmp_path):
+    """sglang's DSPARK drafts may carry a confidence head (the live tiny example's does); the DFLASH checkpoint has
+    none, and a stray tensor of any other name still stops the conversion."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from flashtree.dspark.checkpoint import SINGLE_FILE
+    from flashtree.dspark.config import CONFIG_FILE
+
+    flashtree_checkpoint(tmp_path / "exported")
+    tensors = read_tensors(tmp_path / "exported")
+
+    def checkpoint_with(name, extra):  # the exported weights in one file, plus tensors flashtree's network lacks
+        folder = tmp_path / name
+        folder.mkdir()
+        shutil.copy(tmp_path / "exported" / CONFIG_FILE, folder / CONFIG_FILE)
+        save_file({**tensors, **extra}, str(folder / SINGLE_FILE))
+        return folder
+
+    src = checkpoint_with("confident", {"confidence_head.proj.weight": torch.zeros(1, H + 4),
+                                        "confidence_head.proj.bias": torch.zeros(1)})
+    files = convert(src, tmp_path / "dflash", dtype="float32")
+    assert len(files) == 2 and any(k.startswith("confidence_head.") for k in read_tensors(src))
+    out = read_tensors(tmp_path / "dflash")
+    assert not any(k.startswith(("confidence_head.", "markov_head.")) for k in out) and len(out) > 0
+    with pytest.raises(ValueError, match="unexpected \\['stray.weight'\\]"):
+        convert(checkpoint_with("stray", {"stray.weight": torch.zeros(1)}), tmp_path / "again", dtype="float32")
