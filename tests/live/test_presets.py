@@ -168,6 +168,16 @@ def test_8b_simtab_variants(preset, model, input_len, concurrencies, slots, frac
     assert f"prompts: random, 256 x {input_len} tokens" in text and "WARNING" not in text
 
 
+def test_chain_with_split_kv_verify_at_the_tables_lengths():
+    """chain-splitkv-simtab: DSPARK's chain (no tree toggle) verifying through flashtree's split-KV kernel, its steps at
+    the table's chain lengths: the chain the 4K trees are compared with beyond the attention."""
+    cfg = to_live_config(compose("+preset=qwen3-8b-4k-simtab",
+                                 "phases.speed.servers=[chain-simtab,chain-splitkv-simtab,tree8-simtab]"))
+    chain, split, _tree = phase_instances(cfg)["speed"]
+    assert split.env == {"FLASHTREE_SPLITKV_VERIFY": "1", **SIMTAB} and chain.env == SIMTAB
+    assert "FLASHTREE_TREE_N" not in split.env and split.argv == chain.argv
+
+
 C64_4K = ["phases.speed.servers=[chain-simtab,tree8-simtab]", "phases.speed.concurrencies=[64]",
           "model.precisions.bf16.max_running_requests=64", "model.precisions.bf16.cuda_graph_bs=[1,2,4,8,16,24,32,48,64]",
           "model.precisions.bf16.args=[--max-total-tokens,278528]", "model.mem_fraction_static=0.85"]
