@@ -158,6 +158,7 @@ def part_policies():
         # the fused build sums as torch's CPU cumsum (in float64), which CUDA's need not: its reference runs on the CPU
         fused_ref = build_prob_tree(cands.cpu(), w, logp.cpu())
         builds = {
+            "fused_auto": (lambda: build_prob_tree_triton(cands, w, logp), fused_ref),  # the server's launch
             "fused_radix": (lambda: build_prob_tree_triton(cands, w, logp, select="radix"), fused_ref),
             "fused_rank": (lambda: build_prob_tree_triton(cands, w, logp, select="rank"), fused_ref),
             "cumsum_scored": (lambda: build_scored_tree_triton(cands, w, logp.cumsum(dim=2)), ref_fn()),

@@ -44,8 +44,8 @@ TABLES = {
     "policy_build": (
         ["policy", "bs", "N", "K", "W", "vocab", "flashtree graph (eager)", "torch builder graph (eager)",
          "same as reference"],
-        # prob's rows name their build (fused_radix, fused_rank, cumsum_scored); earlier runs' one row, none, was
-        # cumsum_scored
+        # prob's rows name their build (fused_auto: the default launch, fused_radix, fused_rank, cumsum_scored);
+        # earlier runs' one row, none, was cumsum_scored
         lambda d: [d["policy"] + (f" ({d['build']})" if d.get("build") else ""), d["bs"], d["n"], d["k"], d["width"],
                    d.get("vocab") or "–",
                    f"{num(d['flashtree_graph_us'])} ({num(d['flashtree_eager_us'])})",
