@@ -33,7 +33,8 @@ def candidate_draws(logits: torch.Tensor, n: int, temperature: float, generator=
         return greedy.expand(-1, n).contiguous()
     from .triton_sampler import sample_candidates_triton
 
-    return torch.cat([greedy, sample_candidates_triton(logits, float(temperature), n - 1, generator=generator)], dim=1)
+    temperatures = torch.full((logits.shape[0],), float(temperature), device=logits.device)  # a fill: no host copy
+    return torch.cat([greedy, sample_candidates_triton(logits, temperatures, n - 1, generator=generator)], dim=1)
 
 
 def row_topk_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
