@@ -339,6 +339,27 @@ def test_extra_samples_add_sampled_sequences_to_their_source_only(tiny, tmp_path
     assert [s.sampled for s in load_sequences(tmp_path / "data.pt")[0]] == [s.sampled for s in seqs]
 
 
+def test_a_cpu_generation_batch_whose_cache_cannot_fit_is_refused_first(tiny, monkeypatch):
+    """On the CPU an oversized batch's KV cache would be killed by the kernel without a word: the largest batch's
+    cache (its tokens x the config's K and V bytes) is checked against the memory available, before generating."""
+    from flashtree.dspark import data
+
+    c = tiny.config
+    per_token = data.kv_bytes_per_token(tiny)
+    assert per_token == 2 * c.num_hidden_layers * c.num_key_value_heads * (
+        getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads) * 4  # float32
+    rows, ids = sample_rows({})  # prompts of 3..7 tokens, batches of 2, 6 new tokens: the largest holds 24 tokens
+    monkeypatch.setattr(data, "available_memory", lambda: 24 * per_token - 1)
+    monkeypatch.setattr(tiny, "generate", lambda *a, **k: pytest.fail("generated before the check"))
+    with pytest.raises(ValueError, match=r"data.gen_batch_size=2: .* lower data.gen_batch_size"):
+        generate(tiny, rows, ids)
+    monkeypatch.undo()
+    monkeypatch.setattr(data, "available_memory", lambda: 24 * per_token)  # just enough
+    assert all(r is not None for r in generate(tiny, rows, ids))
+    monkeypatch.undo()
+    assert data.available_memory() > 0
+
+
 def test_sampled_batches_run_first_and_survive_the_batch_limit(tiny, monkeypatch):
     calls = []
     real = tiny.generate

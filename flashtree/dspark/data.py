@@ -161,6 +161,9 @@ def generate_responses(target, prompt_ids: list[list[int]], *, max_new_tokens: i
                for b in _batches([i for i, s in enumerate(sampled) if s == flag], prompt_ids, batch_size, seed)]
     if max_batches is not None:
         batches = batches[:max_batches]  # a fixed, seeded, length-balanced subset: reproducible, unlike a time limit
+    if device.type == "cpu" and batches:
+        check_cache_fits(target, max(len(b) * (max(len(prompt_ids[i]) for i in b) + max_new_tokens)
+                                     for b, _flag in batches), batch_size)
     stops = torch.tensor(sorted(set(stop_ids)), device=device)
     out: list[list[int] | None] = [None] * len(prompt_ids)
     start = time.perf_counter()
@@ -191,6 +194,39 @@ def generate_responses(target, prompt_ids: list[list[int]], *, max_new_tokens: i
             out[i] = gen[r, : int(first[r])].tolist()
     bar.close()
     return out
+
+
+def kv_bytes_per_token(target) -> int:
+    """The target's K and V bytes per cached token (every layer), from its HF config."""
+    c = target.config
+    heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return 2 * c.num_hidden_layers * heads * head_dim * next(target.parameters()).element_size()
+
+
+def available_memory() -> int:
+    """Bytes of memory this machine can still hand out (Linux MemAvailable; physical free pages elsewhere)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_cache_fits(target, tokens: int, batch_size: int) -> None:
+    """On the CPU, a generation batch whose KV cache does not fit in memory is killed by the kernel without a word:
+    refuse it first, naming the setting that sizes it."""
+    need = tokens * kv_bytes_per_token(target)
+    free = available_memory()
+    if need > free:
+        raise ValueError(
+            f"data.gen_batch_size={batch_size}: the largest generation batch's KV cache needs {need / 2**30:.1f} GiB "
+            f"on the CPU and {free / 2**30:.1f} GiB are available; lower data.gen_batch_size (e.g. 32) or generate "
+            "on a GPU (target.device=cuda)")
 
 
 def build_sequences(prompts: list[dict], prompt_ids: list[list[int]], responses) -> list[Sequence]:
