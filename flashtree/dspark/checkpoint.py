@@ -89,7 +89,7 @@ def load_checkpoint(folder, *, dtype: torch.dtype = torch.float32, device="cpu",
     present (a clear error names the difference). Tensors whose names start with an `ignore` prefix are dropped."""
     cfg = DSparkConfig.load(folder)
     tensors = {k.removeprefix("model."): v for k, v in read_tensors(folder).items()}
-    tensors = {k: v for k, v in tensors.items() if not k.startswith(ignore)} if ignore else tensors
+    tensors = {k: v for k, v in tensors.items() if not k.startswith(ignore)}  # startswith(()) is False
     with torch.device("meta"):
         model = DSparkDraftModel(cfg)
     expected = {name: p.shape for name, p in model.named_parameters()}

@@ -343,9 +343,10 @@ TUNE_KEYS = {"num_warps": (1, 2, 4, 8, 16), "parent": ("max", "scan"), "digit": 
              "rank_chunk": (8, 16, 32, 64, 128, 256), "passes": ("unroll", "loop"), "eq_unroll": (0, 2, 4, 8, 16)}
 
 
-def launch_choice(n: int, k: int, select: str = "auto", tune: dict | None = None) -> dict:
+def launch_choice(n: int, k: int, select: str = "auto", tune: dict | None = None, scored: bool = True) -> dict:
     """The launch of N candidates of K tokens: the selection ("auto" resolved) and the TUNE_KEYS, `tune`'s overrides
-    (each a choice of TUNE_KEYS) over the defaults."""
+    (each a choice of TUNE_KEYS) over the defaults. AUTO_RADIX's launch is a scored build's (trie-vote's keeps its
+    own, measured defaults)."""
     if select not in SELECTS:
         raise ValueError(f"select must be one of {', '.join(map(repr, SELECTS))}, got {select!r}")
     tune = dict(tune or {})
@@ -356,7 +357,7 @@ def launch_choice(n: int, k: int, select: str = "auto", tune: dict | None = None
     base = {}
     if select == "auto":
         select = "rank" if slots <= RANK_MAX_SLOTS else "radix-span"
-        if select == "radix-span":
+        if select == "radix-span" and scored:
             base = dict(AUTO_RADIX)
     base.update(tune)
     eq_unroll = base.get("eq_unroll", 0)
@@ -379,7 +380,7 @@ def _launch(candidates: torch.Tensor, width: int, eagle: bool, scores: torch.Ten
         raise ValueError(f"N = {n}, K = {k} are too large: N must fit a 64-bit mask, the slot counts 15 bits")
     if scores is not None and scores.shape != candidates.shape:
         raise ValueError(f"scores must be (bs, N, K) = {tuple(candidates.shape)}, got {tuple(scores.shape)}")
-    choice = launch_choice(n, k, select, tune)
+    choice = launch_choice(n, k, select, tune, scored=scores is not None)
     cand = candidates.to(torch.int64).contiguous()
     if scores is None:
         src = cand  # never read

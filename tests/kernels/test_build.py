@@ -325,3 +325,14 @@ def test_vote_builder_parent_by_scan():
             assert torch.equal(getattr(tree, f).cpu(), getattr(ref, f)), f
         assert torch.equal(tenc.parent_list.cpu(), enc.parent_list)
         assert torch.equal(tenc.top_scores_index.cpu(), enc.top_scores_index)
+
+
+def test_auto_launch_tunes_scored_builds_only():
+    """select="auto" above the rank range: scored builds take AUTO_RADIX's measured launch, trie-vote keeps its own."""
+    from flashtree.tree.triton_build import AUTO_RADIX, launch_choice
+
+    scored = launch_choice(32, 15)
+    assert scored["select"] == "radix-span" and all(scored[key] == value for key, value in AUTO_RADIX.items())
+    vote = launch_choice(32, 15, scored=False)
+    assert (vote["num_warps"], vote["parent"], vote["passes"], vote["eq_unroll"]) == (4, "max", "unroll", 0)
+    assert launch_choice(8, 15)["select"] == "rank" and launch_choice(32, 15, tune={"num_warps": 4})["num_warps"] == 4
