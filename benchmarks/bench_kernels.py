@@ -15,8 +15,8 @@ measured copy rate, the ratios, and an output check. Times are triton.testing.do
 splits, key tile, warps, stages, bf16 partials, the fused merge, ...) at bs 1 / 4K, bs 1 / 32K and bs 8 / 4K, then
 the default and the best tiles at bs 64 / 8K, every point checked against the fp32 reference, and ends with the best
 point per shape (the `verify_attn_tune_best` table). `policies-tune` (not in the default parts, under a minute) times
-the prob build's selections (radix as shipped, radix-fused, radix-span, rank) at 1 / 2 / 4 / 8 / 16 warps with
-radix-span's knobs (parent, pass loop, equality loop, digit) at the policies' shapes, every point checked against the
+the prob build's default launch, then its selections (radix, radix-fused, radix-span, rank) at 1 / 2 / 4 / 8 / 16
+warps with radix-span's knobs (parent, pass loop, equality loop, digit) at the policies' shapes, every point checked against the
 torch reference, and ends with a table per shape (the best point: `policy_build_tune_best`). Without CUDA
 (TRITON_INTERPRET=1) only its checks run.
 """
@@ -199,7 +199,7 @@ PT_FIELDS = ["tokens", "parents", "depth", "votes", "valid", "first_candidate"]
 def policies_tune_points(n, k):
     """(select, tune, launch) of each launch timed at N, K (select and tune as `build_prob_tree_triton` takes them,
     launch: `launch_choice`'s), one point per distinct launch: the shipped one first, then per warp count (1 to 8 at up
-    to RANK_MAX_SLOTS slots, else 2 to 16: one warp spills there) the radix select as shipped, radix-fused and
+    to RANK_MAX_SLOTS slots, else 2 to 16: one warp spills there) the byte-wise radix select, radix-fused and
     radix-span unrolled with the parents by max, radix-span with them by scan, its passes as a loop and its equality
     masks in blocks of 8 candidates too, and rank with 32- and 128-slot chunks where it is an option; that last
     radix-span with 5- and 6-bit digits at 4 and 8 warps."""
