@@ -16,8 +16,8 @@ splits, key tile, warps, stages, bf16 partials, the fused merge, ...) at bs 1 / 
 the default and the best tiles at bs 64 / 8K, every point checked against the fp32 reference, and ends with the best
 point per shape (the `verify_attn_tune_best` table). `policies-tune` (not in the default parts, under a minute) times
 the prob build's default launch, then its selections (radix, radix-fused, radix-span, rank) at 1 / 2 / 4 / 8 / 16
-warps with radix-span's knobs (parent, pass loop, equality loop, digit) at the policies' shapes, every point checked against the
-torch reference, and ends with a table per shape (the best point: `policy_build_tune_best`). Without CUDA
+warps with radix-span's knobs (parent, pass loop, equality loop, digit) at the policies' shapes, every point checked
+against the torch reference, and ends with a table per shape (the best point: `policy_build_tune_best`). Without CUDA
 (TRITON_INTERPRET=1) only its checks run.
 """
 
