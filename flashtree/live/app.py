@@ -248,10 +248,11 @@ def run(cfg) -> int:
             print("[live] interrupted: stopping the servers, then the tables of the requests that finished", flush=True)
     config = _plain(raw)
     presets = {i.name: i.server for insts in plan.values() for i in insts}
-    steps_path, summary_path = write_tables(state.records, config, out, presets)
+    tables = write_tables(state.records, config, out, presets)
     stage_times(out / "logs", out / "stage_times.txt")
     host_profiles(out / "logs", out / "host_profile.txt")
-    print(f"[live] tables: {steps_path}, {summary_path}; not passed: {state.failed or 'none'}", flush=True)
+    where = ", ".join(map(str, tables)) if tables else "none (no phase recorded requests)"
+    print(f"[live] tables: {where}; not passed: {state.failed or 'none'}", flush=True)
     return 130 if interrupted else 1 if state.failed else 0
 
 

@@ -76,6 +76,20 @@ def answer(port: int, model: str, body: dict, timeout_s: float) -> dict:
             "logprobs": lps}
 
 
+def content_calls(content: str | None) -> list[tuple[str, dict]]:
+    """A server without `--tool-call-parser` answers `tool_choice: required` with the constrained JSON array itself as
+    the content ([{"name", "parameters"}], sglang's `required` constraint), not as tool calls: its calls' arguments,
+    each against its tool's schema ([("", WEATHER)] when it is no such array, which then fails as no JSON)."""
+    try:
+        calls = json.loads(content or "")
+    except ValueError:
+        return [("", WEATHER)]
+    if not isinstance(calls, list) or not calls or not all(
+            isinstance(c, dict) and c.get("name") == "get_weather" and "parameters" in c for c in calls):
+        return [("", WEATHER)]
+    return [(json.dumps(c["parameters"]), WEATHER) for c in calls]
+
+
 def schema_errors(name: str, got: dict) -> list[str]:
     """Why a JSON answer does not satisfy its schema (empty: it does, or the request has no schema)."""
     import jsonschema
@@ -84,7 +98,7 @@ def schema_errors(name: str, got: dict) -> list[str]:
     if name == "json_schema":
         docs = [(got.get("content") or "", PERSON)]
     elif name == "tool_required":
-        docs = [(c["arguments"], WEATHER) for c in got.get("tool_calls", [])] or [("", WEATHER)]
+        docs = [(c["arguments"], WEATHER) for c in got.get("tool_calls", [])] or content_calls(got.get("content"))
     errors = []
     for text, schema in docs:
         try:
@@ -135,6 +149,16 @@ def verdict(name: str, ref: dict, got: dict, tree: bool, tol: float, may_refuse=
     return row
 
 
+def reference_check(name: str, got: dict, plain: dict) -> dict:
+    """The reference's own answer: served, valid against its schema (with the text when it is not), and whether the
+    feature changed it from the plain request's."""
+    errors = schema_errors(name, got) if got["ok"] else []
+    check = {"served": got["ok"], "schema_errors": errors, "differs_from_plain": got.get("content") != plain.get("content")}
+    if errors:
+        check["got"] = str(got.get("tool_calls") or got.get("content"))[:300]
+    return check
+
+
 def run_features(ports: dict[str, int], tree: dict[str, bool], logit_bias: dict[str, float], max_tokens: int,
                  logprob_tol: float, may_refuse=(), timeout_s: float = 300.0, skip=()) -> dict:
     """The first server is the reference; -> per server and request a verdict, and the reference's own checks (its
@@ -147,9 +171,7 @@ def run_features(ports: dict[str, int], tree: dict[str, bool], logit_bias: dict[
     ref = answers[names[0]]
     result = {"reference": names[0], "model": model,
               "requests": {k: {kk: v for kk, v in body.items() if kk != "messages"} for k, body in reqs.items()},
-              "reference_checks": {k: {"served": a["ok"], "schema_errors": schema_errors(k, a) if a["ok"] else [],
-                                       "differs_from_plain": a.get("content") != ref["plain"].get("content")}
-                                   for k, a in ref.items()},
+              "reference_checks": {k: reference_check(k, a, ref["plain"]) for k, a in ref.items()},
               "servers": {}}
     failed = [f"{names[0]}:{k}" for k, c in result["reference_checks"].items() if not c["served"] or c["schema_errors"]]
     for n in names[1:]:

@@ -50,9 +50,12 @@ def run_params(server: str, spec: dict, model: dict, phase: str, concurrency: in
             "live.speculative": bool(spec.get("speculative", True)), "live.label": model.get("label", "")}
 
 
-def write_tables(records: list[dict], config: dict, out_dir, presets: dict | None = None) -> tuple[Path, Path]:
-    """The runs and the collected table -> (runs folder, summary.parquet). `presets`: a server instance's name (its
-    precision profile and preset, e.g. bf16-tree8) -> its preset in config["servers"] (tree8)."""
+def write_tables(records: list[dict], config: dict, out_dir, presets: dict | None = None) -> tuple[Path, Path] | None:
+    """The runs and the collected table -> (runs folder, summary.parquet); None when no phase recorded requests (only
+    the features phase ran, say). `presets`: a server instance's name (its precision profile and preset, e.g.
+    bf16-tree8) -> its preset in config["servers"] (tree8)."""
+    if not records:
+        return None
     runs = Path(out_dir) / "runs"
     servers, model = config.get("servers", {}), config.get("model", {})
     groups: dict[tuple, list[dict]] = {}

@@ -127,6 +127,12 @@ def test_features_schema_checks():
     assert schema_errors("tool_required", {"tool_calls": []})  # no call at all
     call = {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "kelvin"}'}
     assert schema_errors("tool_required", {"tool_calls": [call]})
+    # no --tool-call-parser: sglang answers `required` with the constrained array as the content
+    array = '[{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}]'
+    assert schema_errors("tool_required", {"tool_calls": [], "content": array}) == []
+    assert schema_errors("tool_required", {"tool_calls": [], "content": array.replace("celsius", "kelvin")})
+    assert schema_errors("tool_required", {"tool_calls": [], "content": '[{"name": "other", "parameters": {}}]'})
+    assert schema_errors("tool_required", {"tool_calls": [], "content": "Paris is sunny."})
     assert schema_errors("plain", {"content": "anything"}) == []
 
 
@@ -252,6 +258,8 @@ def test_live_requests_land_in_the_sweeps_tables(tmp_path):
     assert df.loc["tree8", "tree.width"] == 8 and df.loc["tree8", "tau_server"] == pytest.approx(2.0)
     assert df.loc["chain", "tau_server"] == pytest.approx(4 / 3)
     assert (df["live.label"] == "dummy weights, simulated acceptance").all()
+    # a run of the features phase alone records no requests: no tables, and no error after its verdicts
+    assert write_tables([], config, tmp_path / "features-only") is None
 
 
 def with_stand_ins(monkeypatch, modes: dict[str, str]) -> None:
