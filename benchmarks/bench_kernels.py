@@ -142,7 +142,8 @@ def part_policies():
     """The server's tree policies: prob's build against its torch builder, timed as the fused launch (the path sums
     in the kernel) with each selection and as the former cumsum + scored launch, and best-first's tree grown from a
     vanilla Markov head (W - 1 rounds, as the server's draft graph tail runs it: each round's top k through the
-    top-k kernels) against the same rounds through a full log-softmax and torch's top-k."""
+    top-k kernels) against the same rounds through a full log-softmax and torch's top-k; best-first over independent
+    positions (DFLASH) as its one-launch build against the torch rounds, with the per-position top-k that feeds it."""
     from flashtree.patches.policy_draws import grow, vanilla_step_logits
     from flashtree.sampler import reference
     from flashtree.tree import DraftScores, build_tree
@@ -189,6 +190,26 @@ def part_policies():
         log(kind="policy_build", policy="best-first", bs=bs, n=0, k=k, width=w, vocab=vocab, same_as_reference=same,
             flashtree_eager_us=bench(fn, rep=10), flashtree_graph_us=try_graph(fn),
             torch_eager_us=bench(torch_fn, rep=10), torch_graph_us=try_graph(torch_fn))
+    # best-first over independent positions (DFLASH): the build from each position's top W - 1 (one launch) against
+    # the registered builder's rounds over the same table; then the top-k that feeds it, over the block's logits
+    from flashtree.sampler import row_topk_logprobs
+    from flashtree.tree.policies.best_first import best_first, grow_marginal, marginal_topk_scores
+    from flashtree.tree.triton_grow import grow_marginal_triton
+
+    for bs, k, w, vocab in [(1, 15, 16, 151936), (64, 15, 16, 151936), (64, 15, 32, 151936), (64, 8, 64, 49152)]:
+        logits = torch.randn(bs * k, vocab, device="cuda", dtype=torch.bfloat16)
+        topk_fn = lambda: row_topk_logprobs(logits, w - 1)  # noqa: E731
+        top, ids = (t.view(bs, k, -1) for t in topk_fn())
+        fn = lambda: grow_marginal_triton(top, ids, w)  # noqa: E731
+        ref = grow_marginal(top.cpu(), ids.cpu(), w)
+        tree = fn()
+        same = all(torch.equal(getattr(tree, f).cpu(), getattr(ref, f)) for f in ["tokens", "parents", "depth", "valid"])
+        shape = torch.zeros((bs, 1, k), dtype=torch.long, device="cuda")
+        rounds = lambda: best_first(shape, w, marginal_topk_scores(top, ids))  # noqa: E731  (the torch rounds)
+        log(kind="policy_build", policy="best-first", build="marginal", bs=bs, n=0, k=k, width=w, vocab=vocab,
+            same_as_reference=same, flashtree_eager_us=bench(fn), flashtree_graph_us=try_graph(fn),
+            torch_eager_us=bench(rounds, rep=10), torch_graph_us=try_graph(rounds),
+            topk_eager_us=bench(topk_fn), topk_graph_us=try_graph(topk_fn))
 
 
 # policies-tune: the prob build's shapes (bs, N, K, W), the anchor's first (the budget cuts the last)

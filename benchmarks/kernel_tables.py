@@ -43,13 +43,15 @@ TABLES = {
                    f"{yes(d['same_as_reference'])} / {yes(d.get('same_as_flashmap', False))}"]),
     "policy_build": (
         ["policy", "bs", "N", "K", "W", "vocab", "flashtree graph (eager)", "torch builder graph (eager)",
-         "same as reference"],
+         "its per-position top-k graph (eager)", "same as reference"],
         # prob's rows name their build (fused_auto: the default launch, fused_radix, fused_rank, cumsum_scored);
-        # earlier runs' one row, none, was cumsum_scored
+        # earlier runs' one row, none, was cumsum_scored; best-first's `marginal` rows (DFLASH) time the top-k apart
         lambda d: [d["policy"] + (f" ({d['build']})" if d.get("build") else ""), d["bs"], d["n"], d["k"], d["width"],
                    d.get("vocab") or "–",
                    f"{num(d['flashtree_graph_us'])} ({num(d['flashtree_eager_us'])})",
-                   f"{num(d.get('torch_graph_us'))} ({num(d.get('torch_eager_us'))})", yes(d["same_as_reference"])]),
+                   f"{num(d.get('torch_graph_us'))} ({num(d.get('torch_eager_us'))})",
+                   f"{num(d.get('topk_graph_us'))} ({num(d.get('topk_eager_us'))})" if "topk_graph_us" in d else "–",
+                   yes(d["same_as_reference"])]),
     "walk_commit": (
         ["bs", "N", "W", "mean accepted", "walk + commit graph (eager)", "build + walk + commit graph",
          "torch reference eager", "same as reference"],

@@ -26,3 +26,19 @@ def test_run7_tables_hold_the_figures_benchmarks_md_quotes():
 def test_bad_usage_names_the_expected_argument():
     r = subprocess.run([sys.executable, str(BENCH / "kernel_tables.py")], capture_output=True, text=True)
     assert r.returncode != 0 and "usage: python benchmarks/kernel_tables.py KERNELS.jsonl" in r.stderr
+
+
+def test_policy_rows_show_the_feeding_topk_where_timed(tmp_path):
+    import json
+
+    rows = [dict(kind="policy_build", policy="best-first", build="marginal", bs=64, n=0, k=15, width=32, vocab=151936,
+                 same_as_reference=True, flashtree_eager_us=20.0, flashtree_graph_us=7.5, torch_eager_us=900.0,
+                 torch_graph_us=400.0, topk_eager_us=60.0, topk_graph_us=50.0),
+            dict(kind="policy_build", policy="prob", build="fused_auto", bs=64, n=32, k=15, width=32, vocab=None,
+                 same_as_reference=True, flashtree_eager_us=60.0, flashtree_graph_us=9.6)]
+    path = tmp_path / "k.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = subprocess.run([sys.executable, str(BENCH / "kernel_tables.py"), str(path)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "| best-first (marginal) | 64 | 0 | 15 | 32 | 151936 | 7.5 (20.0) | 400.0 (900.0) | 50.0 (60.0) | yes |" in out
+    assert "| prob (fused_auto) | 64 | 32 | 15 | 32 | – | 9.6 (60.0) | – (–) | – | yes |" in out

@@ -9,7 +9,9 @@
   server runs the registered torch builder (`flashtree.tree.policies.best_first`) itself over a vanilla head's step
   logits base[b, pos] + w2 @ w1[prev] (rounded as the draws round them), so it builds the same tree as the engine for
   the same logits; the builder has fixed shapes and no host reads, so it also runs in the draft graph's tail
-  (graph_draws.py). Other heads (gated, RNN, TP-sharded) are refused at worker start.
+  (graph_draws.py). Other heads (gated, RNN, TP-sharded) are refused at worker start. Where the draft's positions are
+  independent (DFLASH) every node at a position has the same children: each position's top W - 1 is read once, and
+  one launch grows the same tree (`best_first.grow_marginal`).
 
 Every policy's tree keeps the tree contract, so the greedy and sampled walks stay exact whatever it keeps.
 """
@@ -23,6 +25,7 @@ import torch.nn.functional as F
 
 from flashtree.sampler import row_topk_logprobs
 from flashtree.tree import DraftScores, build_tree, get_policy
+from flashtree.tree.policies.best_first import grow_marginal
 from flashtree.tree.types import VoteTree
 
 from .toggles import ToggleError
@@ -103,27 +106,15 @@ def vanilla_scores(anchor: torch.Tensor, base_logits: torch.Tensor, w1: torch.Te
                        step_topk=lambda r, p, t, k: row_topk_logprobs(logits(r, p, t), min(k, w2.shape[0])))
 
 
-def marginal_scores(anchor: torch.Tensor, base_logits: torch.Tensor, keep: int) -> DraftScores:
-    """best-first's DraftScores where the draft's positions are independent given the context (DFLASH: no Markov
-    head): each position's log q whatever the parent, its top `keep` taken once per position for every round."""
-    bs, k, v = base_logits.shape
-    top, ids = (t.view(bs, k, -1) for t in row_topk_logprobs(base_logits.reshape(bs * k, v), min(keep, v)))
-
-    def step_topk(rows: torch.Tensor, pos: torch.Tensor, prev: torch.Tensor, n: int):
-        at = pos.clamp(max=k - 1)
-        return top[rows, at, :n], ids[rows, at, :n]
-
-    return DraftScores(anchor=anchor.long(), step_topk=step_topk,
-                       step_logprobs=lambda r, p, t: base_logits[r, p.clamp(max=k - 1)].float().log_softmax(dim=-1))
-
-
 def grow(base_logits: torch.Tensor, anchor: torch.Tensor, *head: torch.Tensor, width: int) -> VoteTree:
     """The best-first tree of `width` tokens (root included) over base logits (bs, K, V) and a vanilla head's
     (w1, w2), or, with no head, the positions' own distributions."""
-    bs, k, _v = base_logits.shape
+    bs, k, v = base_logits.shape
+    if not head:  # each position's top W - 1 once, then one launch grows the tree from them
+        top, ids = (t.view(bs, k, -1) for t in row_topk_logprobs(base_logits.reshape(bs * k, v), min(width - 1, v)))
+        return grow_marginal(top, ids, width)
     shape = torch.zeros((bs, 1, k), dtype=torch.int64, device=base_logits.device)  # the builder reads (N, K) only
-    scores = vanilla_scores(anchor, base_logits, *head) if head else marginal_scores(anchor, base_logits, width - 1)
-    return build_tree(shape, width, policy=GROWN, scores=scores)
+    return build_tree(shape, width, policy=GROWN, scores=vanilla_scores(anchor, base_logits, *head))
 
 
 def first_nodes(tree: VoteTree, width: int) -> VoteTree:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..types import VoteTree
-from .registry import register_policy
+from .registry import DraftScores, register_policy
 
 
 @register_policy("best-first", needs_scores=("anchor", "step_logprobs"),
@@ -58,3 +58,27 @@ def best_first(candidates: torch.Tensor, width: int, scores) -> VoteTree:
     return VoteTree(tokens=torch.where(valid, tokens, first), parents=parents, depth=depth,
                     votes=torch.zeros_like(tokens), valid=valid,
                     first_candidate=torch.full_like(tokens, n), k=k)
+
+
+def marginal_topk_scores(top: torch.Tensor, ids: torch.Tensor) -> DraftScores:
+    """best-first's DraftScores where the draft's positions are independent given the context (DFLASH: no Markov
+    head): every node at position p has the same children, p's top k (top / ids (bs, K, k), largest first)."""
+    bs, k, _ = top.shape
+
+    def step_topk(rows: torch.Tensor, pos: torch.Tensor, prev: torch.Tensor, n: int):
+        at = pos.clamp(max=k - 1)
+        return top[rows, at, :n], ids[rows, at, :n]
+
+    return DraftScores(anchor=torch.zeros(bs, dtype=torch.int64, device=top.device), step_topk=step_topk)
+
+
+def grow_marginal(top: torch.Tensor, ids: torch.Tensor, width: int) -> VoteTree:
+    """The best-first tree of `width` tokens (root included) over independent positions, from each position's top
+    k: one Triton launch on CUDA (`triton_grow`), the rounds above elsewhere; the same tree either way."""
+    if top.is_cuda:
+        from ..triton_grow import grow_marginal_triton
+
+        return grow_marginal_triton(top, ids, width)
+    bs, k, _ = top.shape
+    shape = torch.zeros((bs, 1, k), dtype=torch.int64, device=top.device)  # the builder reads (N, K) only
+    return best_first(shape, width, marginal_topk_scores(top, ids))
