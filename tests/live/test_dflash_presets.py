@@ -5,11 +5,15 @@ the environment, and the dummy writer's draft config is DFlashDraftModel's."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+import pytest
 
 from flashtree.dspark.dflash_format import load_dflash_config
 from flashtree.live.commands import phase_instances
 from flashtree.live.config import to_live_config
 from flashtree.live.dummy import write
+from flashtree.planner.accept_table import load as load_table
 
 from .helpers import compose
 
@@ -47,15 +51,28 @@ def test_dflash_smollm2_preset_chain_against_trees():
 def test_qwen3_8b_dummy_dflash_preset_writes_a_dflash_draft(tmp_path):
     cfg = to_live_config(compose("+preset=qwen3-8b-dummy-dflash", f"live.work_dir={tmp_path}"))
     speed = phase_instances(cfg)["speed"]
-    assert [i.server for i in speed] == ["chain-simtab", "tree8-simtab", "tree16-w16-simtab"]
+    assert [i.server for i in speed] == ["chain-dflashtab", "tree16-w16-dflashtab", "tree16-w16-bestfirst-dflashtab"]
     assert [spec_args(i.argv)["window"] for i in speed] == ["16", "16", "16"]
     assert all(spec_args(i.argv)["algorithm"] == "DFLASH" for i in speed)
     envs = {i.server: i.env for i in speed}
-    assert all(env["FLASHTREE_SIMULATE_ACC"].endswith("smollm2-dspark-gsm8k.json") for env in envs.values())
-    assert "FLASHTREE_TREE_N" not in envs["chain-simtab"] and envs["tree8-simtab"]["FLASHTREE_TREE_N"] == "8"
+    # each at the acceptance of flashtree's DFLASH draft, best-first at its own policy's table
+    assert envs["chain-dflashtab"]["FLASHTREE_SIMULATE_ACC"].endswith("smollm2-dflash-gsm8k.json")
+    assert envs["tree16-w16-dflashtab"]["FLASHTREE_SIMULATE_ACC"].endswith("smollm2-dflash-gsm8k.json")
+    best = envs["tree16-w16-bestfirst-dflashtab"]
+    assert best["FLASHTREE_SIMULATE_ACC"].endswith("smollm2-dflash-gsm8k-bestfirst.json")
+    assert best["FLASHTREE_TREE_POLICY"] == "best-first"
+    tables = {name: load_table(Path(env["FLASHTREE_SIMULATE_ACC"])) for name, env in envs.items()}
+    chain = tables["chain-dflashtab"]
+    assert chain.tau(1, chain.chain_width(16)) == pytest.approx(2.439, abs=1e-3)  # DFLASH's chain in both tables
+    assert tables["tree16-w16-bestfirst-dflashtab"].tau(1, 9) == chain.tau(1, 9)
+    assert tables["tree16-w16-bestfirst-dflashtab"].tau(16, 16) > tables["tree16-w16-dflashtab"].tau(16, 16)
+    assert "FLASHTREE_TREE_N" not in envs["chain-dflashtab"] and envs["tree16-w16-dflashtab"]["FLASHTREE_TREE_N"] == "16"
     # the trees verify through flashtree's split-KV kernel, DFLASH's chain through its own causal verify
-    assert "FLASHTREE_SPLITKV_VERIFY" not in envs["chain-simtab"]
-    assert envs["tree8-simtab"]["FLASHTREE_SPLITKV_VERIFY"] == envs["tree16-w16-simtab"]["FLASHTREE_SPLITKV_VERIFY"] == "1"
+    assert "FLASHTREE_SPLITKV_VERIFY" not in envs["chain-dflashtab"]
+    assert envs["tree16-w16-dflashtab"]["FLASHTREE_SPLITKV_VERIFY"] == best["FLASHTREE_SPLITKV_VERIFY"] == "1"
+    simtab = phase_instances(to_live_config(compose(
+        "+preset=qwen3-8b-dummy-dflash", "phases.speed.servers=[chain-simtab,tree8-simtab,tree16-w16-simtab]")))
+    assert all(i.env["FLASHTREE_SIMULATE_ACC"].endswith("smollm2-dspark-gsm8k.json") for i in simtab["speed"])
     acc1 = phase_instances(to_live_config(compose(
         "+preset=qwen3-8b-dummy-dflash", "phases.speed.servers=[chain-sim-acc1,tree8-sim-acc1,tree32-w32-sim-acc1]")))
     assert [spec_args(i.argv)["window"] for i in acc1["speed"]] == ["16", "16", "32"]
