@@ -193,9 +193,10 @@ def target_forward(world, *, batch, forward_batch, is_verify, skip_attn_backend_
 
 
 def run(family, n: int, steps: int, prompts=None, sampling_info=None, policy: str = "vote", page_size: int = 1,
-        fused: bool = False):
+        fused: bool = False, simulate_acc: str | None = None):
     """`steps` tree steps through flashtree's DFlashWorkerV2.forward_batch_generation; greedy rows are checked
-    token for token against the sequential greedy decode, every row's req_to_token / target KV / draft KV layout."""
+    token for token against the sequential greedy decode (not with `simulate_acc`: simulated lengths are not the
+    model's), every row's req_to_token / target KV / draft KV layout."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
 
@@ -205,7 +206,7 @@ def run(family, n: int, steps: int, prompts=None, sampling_info=None, policy: st
     world = StandIns(prompts, refs, page_size)
     worker = dflash_worker(world, bs, page_size)
     table = world.req_to_token.clone()
-    toggles = TreeToggles(tree_n=n, seed=5, tree_policy=policy, fused_sampler=fused)
+    toggles = TreeToggles(tree_n=n, seed=5, tree_policy=policy, fused_sampler=fused, simulate_acc=simulate_acc)
     worker._flashtree = create_state(family, toggles, worker)
     step = dflash_step.make_forward_batch_generation(resolve(DFLASH_WORKER).forward_batch_generation, family, toggles)
     greedy_rows = [True] * bs if sampling_info is None else (sampling_info.top_ks <= 1).tolist()
@@ -228,7 +229,7 @@ def run(family, n: int, steps: int, prompts=None, sampling_info=None, policy: st
             L, c = int(seq_lens[b]), int(commit[b])
             ctx = world.context(b, L + c)
             assert ctx == prompts[b] + generated[b] + out[b, : c - 1].tolist()
-            if greedy_rows[b]:
+            if greedy_rows[b] and simulate_acc is None:
                 assert out[b, :c].tolist() == refs[b][L + 1: L + 1 + c]
             slots = world.req_to_token[world.rows[b], L: L + c]  # the draft context: the committed path only
             assert world.draft_kv[slots, 0].tolist() == list(range(L, L + c))
@@ -248,6 +249,21 @@ def test_dflash_tree_matches_sequential_greedy_decode(family, policy):
     assert max(accepts) >= 2, f"the steps must accept deep: {accepts}"
     if policy != "best-first":  # sampled trees also miss the target's first token (best-first keeps the best ones)
         assert 0 in accepts, f"the steps must reject too: {accepts}"
+
+
+@pytest.mark.parametrize("policy", ["vote", "best-first"])
+def test_dflash_simulated_trees_draw_their_shape_lengths_to_full_depth(family, policy, tmp_path):
+    """FLASHTREE_SIMULATE_ACC on a DFLASH tree server: lengths drawn from the row of the server's own (N, W), best-first
+    included (its grown tree draws no candidates, and a grown tree of random marginals would be all depth-1 nodes: the
+    simulated step verifies the same width built from copies of the greedy block, so the drawn lengths reach full
+    depth). The KV layout stays exact (run checks it)."""
+    from flashtree.planner.accept_table import AcceptTable
+
+    table = tmp_path / "accept.json"
+    deep = (0,) * K + (1,)  # every step accepts the whole block
+    AcceptTable({(1, W): (1,), (4, W): deep}, policy=policy).save(table)
+    accepts, state, _gen = run(family, n=4, steps=3, simulate_acc=str(table), policy=policy)
+    assert state.simulate is not None and set(accepts) == {K}, sorted(accepts.items())
 
 
 def test_dflash_fused_sampler_draws_commit_the_sequential_greedy_decode(family):
