@@ -25,7 +25,7 @@ def _pick(vec, lanes, at):
 
 
 @triton.jit
-def _grow_marginal_kernel(top_ptr, ids_ptr, tok_ptr, par_ptr, dep_ptr, val_ptr,
+def _grow_marginal_kernel(top_ptr, ids_ptr, tok_ptr, par_ptr, dep_ptr, val_ptr, vote_ptr, first_ptr,
                           K: tl.constexpr, KK: tl.constexpr, KEEP: tl.constexpr,
                           FW: tl.constexpr, TW: tl.constexpr, KW: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
@@ -73,6 +73,8 @@ def _grow_marginal_kernel(top_ptr, ids_ptr, tok_ptr, par_ptr, dep_ptr, val_ptr,
     tl.store(par_ptr + row, tl.where(valid, o_par, 0).to(tl.int64), mask=keep)
     tl.store(dep_ptr + row, tl.where(valid, o_cell // KK + 1, 1).to(tl.int64), mask=keep)
     tl.store(val_ptr + row, valid.to(tl.int8), mask=keep)
+    tl.store(vote_ptr + row, tl.zeros([FW], dtype=tl.int64), mask=keep)  # no votes: nothing is drawn
+    tl.store(first_ptr + row, tl.full([FW], 1, dtype=tl.int64), mask=keep)  # the builder's one placeholder candidate
 
 
 def grow_marginal_triton(top: torch.Tensor, ids: torch.Tensor, width: int) -> VoteTree:
@@ -83,12 +85,13 @@ def grow_marginal_triton(top: torch.Tensor, ids: torch.Tensor, width: int) -> Vo
     dev = top.device
     top = top.float().contiguous()
     ids = ids.long().contiguous()
-    tokens, parents, depth = (torch.empty((bs, keep), dtype=torch.int64, device=dev) for _ in range(3))
+    # every output written by the one launch (valid as int8, viewed as bool: no extra kernels on the step)
+    tokens, parents, depth, votes, first = (torch.empty((bs, keep), dtype=torch.int64, device=dev) for _ in range(5))
     valid = torch.empty((bs, keep), dtype=torch.int8, device=dev)
     if bs:
-        _grow_marginal_kernel[(bs,)](top, ids, tokens, parents, depth, valid, K=k, KK=kk, KEEP=keep,
+        _grow_marginal_kernel[(bs,)](top, ids, tokens, parents, depth, valid, votes, first, K=k, KK=kk, KEEP=keep,
                                      FW=max(2, triton.next_power_of_2(keep + 1)),
                                      TW=max(2, triton.next_power_of_2(k * kk)), KW=max(2, triton.next_power_of_2(k)),
                                      num_warps=1)
-    return VoteTree(tokens=tokens, parents=parents, depth=depth, votes=torch.zeros_like(tokens), valid=valid.bool(),
-                    first_candidate=torch.ones_like(tokens), k=k)
+    return VoteTree(tokens=tokens, parents=parents, depth=depth, votes=votes, valid=valid.view(torch.bool),
+                    first_candidate=first, k=k)
