@@ -9,12 +9,17 @@ flex_attention, sglang's Triton extend attention if importable, torch argmax / G
 measured copy rate, the ratios, and an output check. Times are triton.testing.do_bench medians in microseconds.
 
     python benchmarks/bench_kernels.py --parts attention-tune --out results/   # a launch sweep of the verify attention
+    python benchmarks/bench_kernels.py --parts attention-small --out results/  # the bs-1 launch grid, in-graph too
     python benchmarks/bench_kernels.py --parts policies-tune --out results/    # the prob build's launch variants
 
 `attention-tune` (not in the default parts, ~1.5 min) times the verify attention's launch variants (`tune` overrides:
 splits, key tile, warps, stages, bf16 partials, the fused merge, ...) at bs 1 / 4K, bs 1 / 32K and bs 8 / 4K, then
 the default and the best tiles at bs 64 / 8K, every point checked against the fp32 reference, and ends with the best
-point per shape (the `verify_attn_tune_best` table). `policies-tune` (not in the default parts, under a minute) times
+point per shape (the `verify_attn_tune_best` table). `attention-small` (not in the default, ~4 min) times a grid of
+launches at bs 1 / 4K and bs 1 / 32K (prefetch depth, key tile, warps, stages, merge launch or fused, split counts),
+each point checked, then the default and the fastest points per call inside one CUDA graph of 36 calls over 36
+distinct KV caches (a 36-layer forward's cost a layer, without the one replay's launch overhead), then the fastest
+tiles at bs 8 / 4K and bs 64 / 8K. `policies-tune` (not in the default parts, under a minute) times
 the prob build's default launch, then its selections (radix, radix-fused, radix-span, rank) at 1 / 2 / 4 / 8 / 16
 warps with radix-span's knobs (parent, pass loop, equality loop, digit) at the policies' shapes, every point checked
 against the torch reference, and ends with a table per shape (the best point: `policy_build_tune_best`). Without CUDA
@@ -270,6 +275,12 @@ def _pt_compile(job):
 
 
 def precompile(jobs, workers=14):
+    precompile_with(_pt_compile, jobs, workers)
+
+
+def precompile_with(compile_one, jobs, workers=14):
+    """Runs `compile_one` over `jobs` in a process pool: Triton's compiles side by side into its on-disk cache, from
+    which the timing process then loads them."""
     import concurrent.futures
     import multiprocessing
 
@@ -277,7 +288,7 @@ def precompile(jobs, workers=14):
     try:
         ctx = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(min(workers, os.cpu_count() or 1, len(jobs)), ctx) as ex:
-            list(ex.map(_pt_compile, jobs))
+            list(ex.map(compile_one, jobs))
     except Exception as e:  # noqa: BLE001 (the timing loop compiles what is missing)
         print("precompile failed:", repr(e)[:300], flush=True)
     print(f"# precompiled {len(jobs)} launches in {time.time() - t:.1f}s", flush=True)
@@ -762,7 +773,7 @@ TUNE_HEADS = (32, 8, 128)  # Qwen3-8B: query heads, KV heads, head dim
 # one knob at a time around a shape's best coarse point: tune key -> (values, the Launch field it sets)
 TUNE_KNOBS = {"block_n": ((32, 64, 128), "block_n"), "num_warps": ((4, 8), "warps"),
               "num_stages": ((2, 3, 4), "stages"), "tree_part": ((True, False), None),
-              "prefetch": ((False, True), "prefetch")}
+              "prefetch": ((0, 1, 2), "prefetch")}
 TUNE_MERGE = {True: ("merge_unroll", (1, 2, 4, 8)), False: ("merge_rows", (2, 4, 8, 16))}  # by fused
 
 
@@ -902,19 +913,147 @@ def part_attention_tune(bw, budget_s=120.0):
     print(f"# attention-tune took {time.time() - t0:.1f}s", flush=True)
 
 
+# attention-small: the small-batch launch grid. Every point is timed as one graph replay (as every other figure of
+# this file) and the best of them, with the default, also per call inside one graph of LAYERS calls over LAYERS
+# distinct KV caches: what a captured forward of LAYERS layers pays a layer, without the replay's own launch cost.
+SMALL_SHAPES = {(1, 4096, 16): (8, 16, 32, 64), (1, 32768, 16): (16, 32, 64, 128)}
+SMALL_GRID = dict(prefetch=(1, 2), block_n=(32, 64, 128), num_warps=(4, 8), num_stages=(1, 3),
+                  fused_merge=(False, True))
+SMALL_IN_GRAPH = 8  # the fastest points per shape (by one replay) that are timed in the graph too
+LAYERS = 36  # Qwen3-8B's layers
+
+
+def small_points(splits):
+    """The grid's launches at these split counts: bf16 partials (kernel runs 9 and 10: the fastest at bs 1), a merge
+    launch only up to TUNE_MERGE_LAUNCH_MAX splits."""
+    import itertools
+
+    keys = list(SMALL_GRID)
+    for n in splits:
+        for values in itertools.product(*SMALL_GRID.values()):
+            cfg = dict(zip(keys, values), splits=n, partials="bf16")
+            if cfg["fused_merge"] or n <= TUNE_MERGE_LAUNCH_MAX:
+                yield cfg
+
+
+def _attn_compile(job):
+    """Compiles one attention-small launch into Triton's cache (a worker of a process pool, as `_pt_compile`)."""
+    from flashtree.attention.triton_verify import tree_attention_triton
+
+    prefix, cfg = job
+    hq, hkv, d = TUNE_HEADS
+    L = 16
+    kb = torch.zeros(prefix + 1, hkv, d, dtype=torch.bfloat16, device="cuda")
+    idx = torch.arange(prefix, device="cuda", dtype=torch.int64)
+    indptr = torch.tensor([0, prefix], device="cuda", dtype=torch.int32)
+    q = torch.zeros(L, hq, d, dtype=torch.bfloat16, device="cuda")
+    kv = torch.zeros(L, hkv, d, dtype=torch.bfloat16, device="cuda")
+    mask = torch.ones(L * L, dtype=torch.uint8, device="cuda")
+    tune = {k: v for k, v in cfg.items() if k != "splits"}
+    try:
+        tree_attention_triton(q, kv, kv, kb, kb, indptr, idx, mask, L, num_splits=cfg["splits"], tune=tune)
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 (a launch that fails is logged by the timing loop)
+        pass
+
+
+def in_graph_us(fn_for, layers=LAYERS):
+    """µs per call of `fn_for(i)` (i = 0 .. layers - 1) captured one after the other in one graph and replayed."""
+    replay = graphed(lambda: [fn_for(i) for i in range(layers)])
+    return bench(replay) / layers
+
+
+def part_attention_small(bw, budget_s=240.0, device="cuda"):
+    """The small-batch launch grid (SMALL_SHAPES x small_points), each point checked against the fp32 reference and
+    timed as one graph replay; the default launch and the SMALL_IN_GRAPH fastest points also per call in a graph of
+    LAYERS calls over LAYERS distinct KV caches; then the fastest bs-1 tiles at bs 8 / 4K and bs 64 / 8K (the default
+    launch's other shapes). Ends with one verify_attn_small_best row per shape."""
+    t0 = time.time()
+    hq, hkv, d = TUNE_HEADS
+    jobs = [(shape[1], cfg) for shape, splits in SMALL_SHAPES.items() for cfg in small_points(splits)]
+    if device == "cuda":
+        precompile_with(_attn_compile, jobs)
+    tiny = torch.zeros(1, device=device)
+    log(kind="graph_floor", one_kernel_us=try_graph(lambda: tiny.add_(1)),
+        two_kernels_us=try_graph(lambda: tiny.add_(1).add_(1)),
+        in_graph_one_kernel_us=in_graph_us(lambda i: tiny.add_(1)),
+        in_graph_two_kernels_us=in_graph_us(lambda i: tiny.add_(1).add_(1)))
+    best = {}
+    for shape, splits in SMALL_SHAPES.items():
+        c = attention_case(*shape, hq, hkv, d, device=device)
+        del c.kk, c.vv, c.qq, c.full
+        c.floor_us = shape[0] * shape[1] * hkv * d * 2 * 2 / bw * 1e6
+        seen = {}
+        default = tune_point(c, {}, "default", seen)
+        for cfg in small_points(splits):
+            if time.time() - t0 > budget_s:
+                log(kind="verify_attn_small_skipped", bs=shape[0], prefix=shape[1], budget_s=budget_s)
+                break
+            tune_point(c, cfg, "small", seen)
+        # LAYERS caches of the shape's size at fresh random slots (one per layer): no layer's K / V is still in L2
+        bufs = []
+        for _ in range(LAYERS):
+            total = c.k_buf.shape[0]
+            bufs.append((torch.randn_like(c.k_buf), torch.randn_like(c.v_buf),
+                         (torch.randperm(total - 64, device=device)[: c.kv_indices.numel()] + 64).to(torch.int64)))
+        ok = sorted((r for r in seen.values() if r["matches"] and r is not default), key=lambda r: r["graph_us"])
+        for r in [default, *ok[:SMALL_IN_GRAPH]]:
+            if not r.get("matches"):
+                continue
+            launch = r["launch"]
+            tune = {k: v for k, v in r["tune"].items() if k != "splits"}
+            o = torch.empty_like(c.q)
+            r["in_graph_us"] = round(in_graph_us(
+                lambda i: tree_attention_triton(c.q, c.k, c.v, bufs[i][0], bufs[i][1], c.kv_indptr, bufs[i][2],
+                                                c.qlen, c.L, out=o, num_splits=launch["splits"], tune=tune),
+                len(bufs)), 2)
+            log(kind="verify_attn_small_in_graph", bs=c.bs, prefix=c.prefix, L=c.L, stage=r["stage"], tune=r["tune"],
+                launch=launch, floor_us=c.floor_us, graph_us=r["graph_us"], in_graph_us=r["in_graph_us"],
+                layers=LAYERS)
+        timed = [r for r in seen.values() if "in_graph_us" in r]
+        b1 = ok[0] if ok else None
+        bg = min(timed, key=lambda r: r["in_graph_us"]) if timed else None
+        best[shape] = b1
+        log(kind="verify_attn_small_best", bs=shape[0], prefix=shape[1], L=shape[2], floor_us=c.floor_us,
+            points=len(seen), failed=sum(not r["matches"] for r in seen.values()),
+            default_us=default.get("graph_us"), default_in_graph_us=default.get("in_graph_us"),
+            graph_us=b1 and b1["graph_us"], launch=b1 and b1["launch"], tune=b1 and b1["tune"],
+            best_in_graph_us=bg and bg["in_graph_us"], best_in_graph_launch=bg and bg["launch"],
+            best_in_graph_tune=bg and bg["tune"], best_in_graph_graph_us=bg and bg["graph_us"])
+        del c, bufs
+        torch.cuda.empty_cache()
+    for shape in [(8, 4096, 16), TUNE_LARGE]:  # the bs-1 winners' tiles where the default launch also runs
+        c = attention_case(*shape, hq, hkv, d, device=device)
+        del c.kk, c.vv, c.qq, c.full
+        c.floor_us = shape[0] * shape[1] * hkv * d * 2 * 2 / bw * 1e6
+        seen = {}
+        tune_point(c, {}, "default", seen)
+        for b in best.values():
+            if b is not None:
+                tile = {k: b["tune"][k] for k in ("prefetch", "block_n", "num_warps", "num_stages")}
+                tune_point(c, tile, "bs-1 tile", seen)
+                tune_point(c, {**tile, "partials": "bf16"}, "bs-1 tile", seen)
+        del c
+        torch.cuda.empty_cache()
+    print(f"# attention-small took {time.time() - t0:.1f}s", flush=True)
+
+
 def main():
     global OUT_FILE
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="results")
     ap.add_argument("--parts", default="builder,policies,walk,inputs,markov,sampler,attention",
                     help="comma-separated; also attention-tune (a launch sweep of the verify attention at small "
-                    "batches) and policies-tune (the prob build's launch variants), not in the default")
+                    "batches), attention-small (the bs-1 launch grid, timed in a graph of 36 layers too) and "
+                    "policies-tune (the prob build's launch variants), not in the default")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--markov-min-rank", type=int, default=0, help="markov: only heads of at least this rank")
     ap.add_argument("--attn-splits", default="", help="attention: also time these split counts at the bs-1 shapes "
                     "(comma-separated, e.g. 8,16,32,64); the heuristic's choice is marked")
     ap.add_argument("--tune-budget", type=float, default=120.0, help="attention-tune: seconds after which its knob "
                     "and combination passes start no new point (the coarse pass and the large-batch check always run)")
+    ap.add_argument("--small-budget", type=float, default=240.0, help="attention-small: seconds after which its "
+                    "grid times no new point")
     ap.add_argument("--policies-tune-budget", type=float, default=60.0, help="policies-tune: seconds after which "
                     "it times no new point")
     a = ap.parse_args()
@@ -931,6 +1070,7 @@ def main():
              "sampler": lambda: part_sampler(bw),
              "attention": lambda: part_attention(bw, not a.no_flex, [int(x) for x in a.attn_splits.split(",") if x]),
              "attention-tune": lambda: part_attention_tune(bw, a.tune_budget),
+             "attention-small": lambda: part_attention_small(bw, a.small_budget),
              "policies-tune": lambda: part_policies_tune(a.policies_tune_budget)}
     for name in a.parts.split(","):
         t = time.time()

@@ -23,7 +23,8 @@ def speedup(peer, ours):
 
 def launch_cell(c):
     """A verify-attention launch in a few words."""
-    ahead = ", slots prefetched" if c.get("prefetch") else ""  # runs before the knob existed logged none
+    # runs before the knob existed logged none, runs before depth 2 a bool
+    ahead = {0: "", 1: ", slots prefetched", 2: ", K / V prefetched"}[int(c.get("prefetch") or 0)]
     if c["parts"] == 1:
         return f"unsplit, BN {c['block_n']}, {c['warps']} warps, {c['stages']} stages{ahead}"
     tree = " + tree part" if c["parts"] > c["splits"] else ""
@@ -115,6 +116,20 @@ TABLES = {
         lambda d: [d["bs"], d["prefix"], d["L"], num(d.get("floor_us")), num(d["default_us"]), num(d.get("graph_us")),
                    speedup(d.get("graph_us"), d.get("floor_us")), speedup(d["default_us"], d.get("graph_us")),
                    launch_cell(d["launch"]) if "launch" in d else "–", f"{d['points']} ({d['failed']})"]),
+    "verify_attn_small_in_graph": (
+        ["bs", "prefix", "L", "floor", "one replay", "per call, in a graph of 36", "vs floor (in graph)", "launch"],
+        lambda d: [d["bs"], d["prefix"], d["L"], num(d["floor_us"]), num(d["graph_us"]), num(d["in_graph_us"]),
+                   speedup(d["in_graph_us"], d["floor_us"]),
+                   ("default: " if d["stage"] == "default" else "") + launch_cell(d["launch"])]),
+    "verify_attn_small_best": (
+        ["bs", "prefix", "L", "floor", "default: one replay / in graph", "fastest replay", "its launch",
+         "fastest in graph (its replay)", "its launch", "points (failed)"],
+        lambda d: [d["bs"], d["prefix"], d["L"], num(d["floor_us"]),
+                   f"{num(d['default_us'])} / {num(d.get('default_in_graph_us'))}", num(d.get("graph_us")),
+                   launch_cell(d["launch"]) if d.get("launch") else "–",
+                   f"{num(d.get('best_in_graph_us'))} ({num(d.get('best_in_graph_graph_us'))})",
+                   launch_cell(d["best_in_graph_launch"]) if d.get("best_in_graph_launch") else "–",
+                   f"{d['points']} ({d['failed']})"]),
     "verify_attn_paged": (
         ["bs", "prefix", "L", "page", "floor", "flashtree graph (eager)", "vs floor"],
         lambda d: [d["bs"], d["prefix"], d["L"], d["page"], num(d["floor_us"]),

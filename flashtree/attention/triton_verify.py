@@ -10,9 +10,10 @@ does both and writes the output itself. Only shapes are read on the host: graph-
 
 `tune` overrides the launch for small batches (see `launch_choice`): the key tile, warps and stages; the split
 outputs' dtype (`partials`: fp32, or bf16 / fp16 to halve their write and read; the log-sum-exp stays fp32); the tree
-folded into the last split instead of a part of its own; `prefetch` (on by default), each key tile's KV slots loaded
+folded into the last split instead of a part of its own; `prefetch`: 1 (the default), each key tile's KV slots loaded
 one tile ahead and its V gathered before the QK dot (at bs 1 a program's loop is latency-bound: ~2.5 µs a tile; on the
-H200 it took 4-15% off at every shape of kernel run 10, 1.09x the floor to 1.04x at bs 64 / 8K); and a
+H200 it took 4-15% off at every shape of kernel run 10, 1.09x the floor to 1.04x at bs 64 / 8K), 2, the next tile's K
+and V gathered into registers before this tile's dots as well (double buffering), or 0; and a
 fused merge, with no second launch: each part, its partial written, takes a ticket from a per-(request, KV head, row
 block) counter, and the last to arrive merges the row block's parts and writes the output. The counters live in a
 persistent zeroed buffer per device that the merging program zeroes again, so fused calls must not overlap on two
@@ -123,22 +124,45 @@ def _verify_kernel(
     acc = tl.zeros([BM, BDV], tl.float32)
     kb_h = kb_ptr + h * s_kbh
     vb_h = vb_ptr + h * s_vbh
-    if PREFETCH:  # the first tile's slots; each iteration then loads the next tile's while its own K / V arrive
+    # PREFETCH 1: the first tile's slots; each iteration then loads the next tile's while its own K / V arrive.
+    # PREFETCH 2: also the first tile's K / V and the second tile's slots; each iteration then issues the next tile's
+    # K / V gathers (and the slots of the one after) before its own dots, so a tile's loads are in flight while the
+    # previous one is computed (register double buffering: a loop of dependent gathers is latency-bound otherwise)
+    if PREFETCH >= 1:
         n0 = lo + tl.arange(0, BN)
         slot_next = _tile_slots(page_table, kv_indices, b, pt_stride, kv_start, n0, n0 < hi, PAGED, PAGE)
+    if PREFETCH == 2:
+        kk_next = tl.load(kb_h + slot_next[:, None] * s_kbt + d[None, :], mask=(n0 < hi)[:, None] & (d[None, :] < D),
+                          other=0.0)
+        vt_next = tl.load(vb_h + slot_next[:, None] * s_vbt + dv[None, :],
+                          mask=(n0 < hi)[:, None] & (dv[None, :] < DV), other=0.0)
+        n1 = n0 + BN
+        slot_next = _tile_slots(page_table, kv_indices, b, pt_stride, kv_start, n1, n1 < hi, PAGED, PAGE)
     for start in range(lo, hi, BN):
         n = start + tl.arange(0, BN)
         nm = n < hi
-        if PREFETCH:
-            slot = slot_next
+        if PREFETCH == 2:
+            kk = kk_next
+            vt = vt_next
             n1 = n + BN
-            slot_next = _tile_slots(page_table, kv_indices, b, pt_stride, kv_start, n1, n1 < hi, PAGED, PAGE)
+            nm1 = n1 < hi
+            kk_next = tl.load(kb_h + slot_next[:, None] * s_kbt + d[None, :], mask=nm1[:, None] & (d[None, :] < D),
+                              other=0.0)
+            vt_next = tl.load(vb_h + slot_next[:, None] * s_vbt + dv[None, :],
+                              mask=nm1[:, None] & (dv[None, :] < DV), other=0.0)
+            n2 = n1 + BN
+            slot_next = _tile_slots(page_table, kv_indices, b, pt_stride, kv_start, n2, n2 < hi, PAGED, PAGE)
         else:
-            slot = _tile_slots(page_table, kv_indices, b, pt_stride, kv_start, n, nm, PAGED, PAGE)
-        kk = tl.load(kb_h + slot[:, None] * s_kbt + d[None, :], mask=nm[:, None] & (d[None, :] < D), other=0.0)
-        if PREFETCH:  # V's gather issued before the QK dot, not after it
-            vt = tl.load(vb_h + slot[:, None] * s_vbt + dv[None, :], mask=nm[:, None] & (dv[None, :] < DV),
-                         other=0.0)
+            if PREFETCH == 1:
+                slot = slot_next
+                n1 = n + BN
+                slot_next = _tile_slots(page_table, kv_indices, b, pt_stride, kv_start, n1, n1 < hi, PAGED, PAGE)
+            else:
+                slot = _tile_slots(page_table, kv_indices, b, pt_stride, kv_start, n, nm, PAGED, PAGE)
+            kk = tl.load(kb_h + slot[:, None] * s_kbt + d[None, :], mask=nm[:, None] & (d[None, :] < D), other=0.0)
+            if PREFETCH == 1:  # V's gather issued before the QK dot, not after it
+                vt = tl.load(vb_h + slot[:, None] * s_vbt + dv[None, :], mask=nm[:, None] & (dv[None, :] < DV),
+                             other=0.0)
         if DOT_F32:
             kk = kk.to(tl.float32)
         sc = tl.dot(q, tl.trans(kk)) * qk_scale
@@ -148,7 +172,7 @@ def _verify_kernel(
         p = tl.exp2(sc - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        if not PREFETCH:
+        if PREFETCH == 0:
             vt = tl.load(vb_h + slot[:, None] * s_vbt + dv[None, :], mask=nm[:, None] & (dv[None, :] < DV),
                          other=0.0)
         if DOT_F32:
@@ -295,7 +319,7 @@ class Launch:
     partials: str
     fused: bool
     merge_unroll: int  # parts a fused merge loads at once
-    prefetch: bool = True  # each key tile's slots loaded one tile ahead, V before the QK dot
+    prefetch: int = 1  # 1: each key tile's slots loaded one tile ahead, V before the QK dot; 2: K / V a tile ahead too
 
 
 PARTIALS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -315,7 +339,8 @@ TUNE = {
     "tree_part": (lambda x: isinstance(x, bool), "a bool (False: the last split attends the tree too)"),
     "merge_rows": (lambda x: _int_in(x, 2, 128, pow2=True), "a power of two in 2..128 (rows per merge program)"),
     "merge_unroll": (lambda x: _int_in(x, 1, 16), "an integer in 1..16 (parts a fused merge loads at once)"),
-    "prefetch": (lambda x: isinstance(x, bool), "a bool (each tile's KV slots loaded one tile ahead, V before the dot)"),
+    "prefetch": (lambda x: _int_in(x, 0, 2), "0, 1 (each tile's KV slots loaded one tile ahead, V before the dot) or 2 "
+                 "(the next tile's K / V gathered too, before this tile's dots)"),
 }
 
 
@@ -353,7 +378,7 @@ def launch_choice(bs: int, hq: int, hkv: int, d: int, dv: int, L: int, max_prefi
     unroll = t.get("merge_unroll", 2 if partials == "fp32" else 4)
     return Launch(bm, rb, t.get("block_n", bn), t.get("num_warps", warps), t.get("num_stages", stages), num_splits,
                   parts, t.get("merge_rows", mr), partials, parts > 1 and t.get("fused_merge", False), unroll,
-                  t.get("prefetch", True))
+                  t.get("prefetch", 1))
 
 
 def _run(q, k, v, kb, vb, kv_indptr, kv_indices, page_table, prefix_lens, page, custom_mask, L, sm_scale,

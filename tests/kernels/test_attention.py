@@ -166,8 +166,11 @@ TUNED = [
     dict(tree_part=False),
     dict(tree_part=False, fused_merge=True, partials="bf16"),
     dict(block_n=16, num_warps=2, num_stages=2, merge_rows=4),
-    dict(prefetch=False),
-    dict(prefetch=False, block_n=16, partials="bf16"),
+    dict(prefetch=0),
+    dict(prefetch=0, block_n=16, partials="bf16"),
+    dict(prefetch=2),
+    dict(prefetch=2, block_n=16, fused_merge=True, partials="bf16"),
+    dict(prefetch=2, block_n=32, num_stages=1, tree_part=False),
 ]
 
 
@@ -222,6 +225,7 @@ def test_tune_overrides_the_launch():
     dict(block_n=48), dict(block_n=8), dict(block_n=512), dict(block_n=True), dict(num_warps=3), dict(num_stages=0),
     dict(num_stages=2.0), dict(partials="fp8"), dict(partials=torch.bfloat16), dict(fused_merge=1),
     dict(tree_part="no"), dict(merge_rows=1), dict(merge_unroll=0), dict(splits=4), [("block_n", 64)],
+    dict(prefetch=3), dict(prefetch=True),
 ])
 def test_bad_overrides_raise(tune):
     with pytest.raises(ValueError, match="tune"):
