@@ -16,7 +16,8 @@ measured copy rate, the ratios, and an output check. Times are triton.testing.do
 splits, key tile, warps, stages, bf16 partials, the fused merge, ...) at bs 1 / 4K, bs 1 / 32K and bs 8 / 4K, then
 the default and the best tiles at bs 64 / 8K, every point checked against the fp32 reference, and ends with the best
 point per shape (the `verify_attn_tune_best` table). `attention-small` (not in the default, ~4 min) times a grid of
-launches at bs 1 / 4K and bs 1 / 32K (prefetch depth, key tile, warps, stages, merge launch or fused, split counts),
+launches at bs 1 / 4K and bs 1 / 32K (key tile, stages, merge launch or fused, programmatic dependent launch, split
+counts),
 each point checked, then the default and the fastest points per call inside one CUDA graph of 36 calls over 36
 distinct KV caches (a 36-layer forward's cost a layer, without the one replay's launch overhead), then the fastest
 tiles at bs 8 / 4K and bs 64 / 8K. `policies-tune` (not in the default parts, under a minute) times
@@ -773,7 +774,7 @@ TUNE_HEADS = (32, 8, 128)  # Qwen3-8B: query heads, KV heads, head dim
 # one knob at a time around a shape's best coarse point: tune key -> (values, the Launch field it sets)
 TUNE_KNOBS = {"block_n": ((32, 64, 128), "block_n"), "num_warps": ((4, 8), "warps"),
               "num_stages": ((2, 3, 4), "stages"), "tree_part": ((True, False), None),
-              "prefetch": ((0, 1, 2), "prefetch")}
+              "prefetch": ((False, True), "prefetch")}
 TUNE_MERGE = {True: ("merge_unroll", (1, 2, 4, 8)), False: ("merge_rows", (2, 4, 8, 16))}  # by fused
 
 
@@ -917,8 +918,7 @@ def part_attention_tune(bw, budget_s=120.0):
 # this file) and the best of them, with the default, also per call inside one graph of LAYERS calls over LAYERS
 # distinct KV caches: what a captured forward of LAYERS layers pays a layer, without the replay's own launch cost.
 SMALL_SHAPES = {(1, 4096, 16): (8, 16, 32, 64), (1, 32768, 16): (16, 32, 64, 128)}
-SMALL_GRID = dict(prefetch=(1, 2), block_n=(32, 64, 128), num_warps=(4, 8), num_stages=(1, 3),
-                  fused_merge=(False, True))
+SMALL_GRID = dict(block_n=(32, 64, 128), num_stages=(3, 4), fused_merge=(False, True), pdl=(False, True))
 SMALL_IN_GRAPH = 8  # the fastest points per shape (by one replay) that are timed in the graph too
 LAYERS = 36  # Qwen3-8B's layers
 
@@ -1030,7 +1030,8 @@ def part_attention_small(bw, budget_s=240.0, device="cuda"):
         tune_point(c, {}, "default", seen)
         for b in best.values():
             if b is not None:
-                tile = {k: b["tune"][k] for k in ("prefetch", "block_n", "num_warps", "num_stages")}
+                tile = {k: b["launch"][f] for k, f in (("block_n", "block_n"), ("num_warps", "warps"),
+                                                       ("num_stages", "stages"), ("pdl", "pdl"))}
                 tune_point(c, tile, "bs-1 tile", seen)
                 tune_point(c, {**tile, "partials": "bf16"}, "bs-1 tile", seen)
         del c

@@ -23,8 +23,9 @@ def speedup(peer, ours):
 
 def launch_cell(c):
     """A verify-attention launch in a few words."""
-    # runs before the knob existed logged none, runs before depth 2 a bool
+    # runs before the knob existed logged none; kernel run 12 also tried 2 (K / V a tile ahead too)
     ahead = {0: "", 1: ", slots prefetched", 2: ", K / V prefetched"}[int(c.get("prefetch") or 0)]
+    ahead += ", PDL" if c.get("pdl") else ""
     if c["parts"] == 1:
         return f"unsplit, BN {c['block_n']}, {c['warps']} warps, {c['stages']} stages{ahead}"
     tree = " + tree part" if c["parts"] > c["splits"] else ""

@@ -10,10 +10,11 @@ does both and writes the output itself. Only shapes are read on the host: graph-
 
 `tune` overrides the launch for small batches (see `launch_choice`): the key tile, warps and stages; the split
 outputs' dtype (`partials`: fp32, or bf16 / fp16 to halve their write and read; the log-sum-exp stays fp32); the tree
-folded into the last split instead of a part of its own; `prefetch`: 1 (the default), each key tile's KV slots loaded
-one tile ahead and its V gathered before the QK dot (at bs 1 a program's loop is latency-bound: ~2.5 µs a tile; on the
-H200 it took 4-15% off at every shape of kernel run 10, 1.09x the floor to 1.04x at bs 64 / 8K), 2, the next tile's K
-and V gathered into registers before this tile's dots as well (double buffering), or 0; and a
+folded into the last split instead of a part of its own; `prefetch` (on by default), each key tile's KV slots loaded
+one tile ahead and its V gathered before the QK dot (on the H200 it took 4-15% off at every shape of kernel run 10,
+1.09x the floor to 1.04x at bs 64 / 8K; gathering the next tile's K and V into registers as well was slower at bs 1,
+kernel run 12); `pdl`, programmatic dependent launch (Hopper on: each launch is set up while the kernel before it
+runs, and waits for it before reading anything); and a
 fused merge, with no second launch: each part, its partial written, takes a ticket from a per-(request, KV head, row
 block) counter, and the last to arrive merges the row block's parts and writes the output. The counters live in a
 persistent zeroed buffer per device that the merging program zeroes again, so fused calls must not overlap on two
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..gpu import sm_count, zeroed_counters
 
@@ -96,8 +98,11 @@ def _verify_kernel(
     D: tl.constexpr, BD: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr,
     BM: tl.constexpr, RB: tl.constexpr, BN: tl.constexpr,
     PAGED: tl.constexpr, PAGE: tl.constexpr, MASK_FULL: tl.constexpr, DIRECT: tl.constexpr,
-    FUSED: tl.constexpr, MU: tl.constexpr, PREFETCH: tl.constexpr, DOT_F32: tl.constexpr,
+    FUSED: tl.constexpr, MU: tl.constexpr, PREFETCH: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:  # launched early (programmatic dependent launch): everything read below comes from the kernels before
+        gdc_wait()
+        gdc_launch_dependents()  # the merge launch may start now (it waits for this grid before reading)
     # S parts (programs along axis 2): n_splits prefix splits, the last of which also takes the tree (S = n_splits),
     # or a part of the tree's own after them (S = n_splits + 1: its prefix range is empty)
     S = tl.num_programs(2)
@@ -124,45 +129,22 @@ def _verify_kernel(
     acc = tl.zeros([BM, BDV], tl.float32)
     kb_h = kb_ptr + h * s_kbh
     vb_h = vb_ptr + h * s_vbh
-    # PREFETCH 1: the first tile's slots; each iteration then loads the next tile's while its own K / V arrive.
-    # PREFETCH 2: also the first tile's K / V and the second tile's slots; each iteration then issues the next tile's
-    # K / V gathers (and the slots of the one after) before its own dots, so a tile's loads are in flight while the
-    # previous one is computed (register double buffering: a loop of dependent gathers is latency-bound otherwise)
-    if PREFETCH >= 1:
+    if PREFETCH:  # the first tile's slots; each iteration then loads the next tile's while its own K / V arrive
         n0 = lo + tl.arange(0, BN)
         slot_next = _tile_slots(page_table, kv_indices, b, pt_stride, kv_start, n0, n0 < hi, PAGED, PAGE)
-    if PREFETCH == 2:
-        kk_next = tl.load(kb_h + slot_next[:, None] * s_kbt + d[None, :], mask=(n0 < hi)[:, None] & (d[None, :] < D),
-                          other=0.0)
-        vt_next = tl.load(vb_h + slot_next[:, None] * s_vbt + dv[None, :],
-                          mask=(n0 < hi)[:, None] & (dv[None, :] < DV), other=0.0)
-        n1 = n0 + BN
-        slot_next = _tile_slots(page_table, kv_indices, b, pt_stride, kv_start, n1, n1 < hi, PAGED, PAGE)
     for start in range(lo, hi, BN):
         n = start + tl.arange(0, BN)
         nm = n < hi
-        if PREFETCH == 2:
-            kk = kk_next
-            vt = vt_next
+        if PREFETCH:
+            slot = slot_next
             n1 = n + BN
-            nm1 = n1 < hi
-            kk_next = tl.load(kb_h + slot_next[:, None] * s_kbt + d[None, :], mask=nm1[:, None] & (d[None, :] < D),
-                              other=0.0)
-            vt_next = tl.load(vb_h + slot_next[:, None] * s_vbt + dv[None, :],
-                              mask=nm1[:, None] & (dv[None, :] < DV), other=0.0)
-            n2 = n1 + BN
-            slot_next = _tile_slots(page_table, kv_indices, b, pt_stride, kv_start, n2, n2 < hi, PAGED, PAGE)
+            slot_next = _tile_slots(page_table, kv_indices, b, pt_stride, kv_start, n1, n1 < hi, PAGED, PAGE)
         else:
-            if PREFETCH == 1:
-                slot = slot_next
-                n1 = n + BN
-                slot_next = _tile_slots(page_table, kv_indices, b, pt_stride, kv_start, n1, n1 < hi, PAGED, PAGE)
-            else:
-                slot = _tile_slots(page_table, kv_indices, b, pt_stride, kv_start, n, nm, PAGED, PAGE)
-            kk = tl.load(kb_h + slot[:, None] * s_kbt + d[None, :], mask=nm[:, None] & (d[None, :] < D), other=0.0)
-            if PREFETCH == 1:  # V's gather issued before the QK dot, not after it
-                vt = tl.load(vb_h + slot[:, None] * s_vbt + dv[None, :], mask=nm[:, None] & (dv[None, :] < DV),
-                             other=0.0)
+            slot = _tile_slots(page_table, kv_indices, b, pt_stride, kv_start, n, nm, PAGED, PAGE)
+        kk = tl.load(kb_h + slot[:, None] * s_kbt + d[None, :], mask=nm[:, None] & (d[None, :] < D), other=0.0)
+        if PREFETCH:  # V's gather issued before the QK dot, not after it
+            vt = tl.load(vb_h + slot[:, None] * s_vbt + dv[None, :], mask=nm[:, None] & (dv[None, :] < DV),
+                         other=0.0)
         if DOT_F32:
             kk = kk.to(tl.float32)
         sc = tl.dot(q, tl.trans(kk)) * qk_scale
@@ -172,7 +154,7 @@ def _verify_kernel(
         p = tl.exp2(sc - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        if PREFETCH == 0:
+        if not PREFETCH:
             vt = tl.load(vb_h + slot[:, None] * s_vbt + dv[None, :], mask=nm[:, None] & (dv[None, :] < DV),
                          other=0.0)
         if DOT_F32:
@@ -235,8 +217,10 @@ def _verify_kernel(
 def _merge_kernel(
     po_ptr, plse_ptr, o_ptr, s_ot, s_oh,
     HKV: tl.constexpr, G: tl.constexpr, L: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr,
-    BM: tl.constexpr, RB: tl.constexpr, S: tl.constexpr, SP: tl.constexpr, MR: tl.constexpr,
+    BM: tl.constexpr, RB: tl.constexpr, S: tl.constexpr, SP: tl.constexpr, MR: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_wait()  # the partials of the split kernel before it
     # program (b, h * RB + rb, c): rows c * MR .. + MR of that row block
     b = tl.program_id(0)
     h = tl.program_id(1) // RB
@@ -290,6 +274,16 @@ MAX_SPLITS = 64
 CTAS_PER_SM = 2  # programs resident per SM (the K / V stages' shared memory bounds it)
 
 
+# Long prefixes at tiny batches (attention-small, kernel run 12, bs 1 / 32K on the H200): half the splits, each
+# walking twice the keys in tiles of 128, beat the fill rule's splits of 64-key tiles (53.1 against 59.3 µs for one
+# replay, 43.3 against 50.8 per call in a 36-layer graph); at 4K (16 splits of 256 keys) tiles of 128 lose.
+LONG_SPLITS = 32  # the fill rule's split count from which ...
+LONG_SPLIT_KEYS = 1024  # ... splits of at least this many keys are halved, at key tiles of 128
+# the partials in the queries' own 16-bit dtype (half the write and read; 19.5 -> 18.6 µs at bs 1 / 4K in the same
+# run); float32 calls keep float32 partials
+SAME_PARTIALS = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
 def choose_splits(programs: int, max_prefix: int, sms: int) -> int:
     """Prefix splits for `programs` (request, KV head, row block) programs over prefixes of at most `max_prefix`
     keys: none when they nearly fill the GPU already (FlashDecoding's rule: 80% of the SMs); else the power of two
@@ -319,7 +313,8 @@ class Launch:
     partials: str
     fused: bool
     merge_unroll: int  # parts a fused merge loads at once
-    prefetch: int = 1  # 1: each key tile's slots loaded one tile ahead, V before the QK dot; 2: K / V a tile ahead too
+    prefetch: bool = True  # each key tile's slots loaded one tile ahead, V before the QK dot
+    pdl: bool = False  # programmatic dependent launch (CUDA, Hopper on): each launch set up while the one before runs
 
 
 PARTIALS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -339,8 +334,8 @@ TUNE = {
     "tree_part": (lambda x: isinstance(x, bool), "a bool (False: the last split attends the tree too)"),
     "merge_rows": (lambda x: _int_in(x, 2, 128, pow2=True), "a power of two in 2..128 (rows per merge program)"),
     "merge_unroll": (lambda x: _int_in(x, 1, 16), "an integer in 1..16 (parts a fused merge loads at once)"),
-    "prefetch": (lambda x: _int_in(x, 0, 2), "0, 1 (each tile's KV slots loaded one tile ahead, V before the dot) or 2 "
-                 "(the next tile's K / V gathered too, before this tile's dots)"),
+    "prefetch": (lambda x: isinstance(x, bool), "a bool (each tile's KV slots loaded one tile ahead, V before the dot)"),
+    "pdl": (lambda x: isinstance(x, bool), "a bool (programmatic dependent launch: CUDA on Hopper or newer only)"),
 }
 
 
@@ -359,26 +354,28 @@ def _checked_tune(tune) -> dict:
 
 
 def launch_choice(bs: int, hq: int, hkv: int, d: int, dv: int, L: int, max_prefix: int, device: torch.device,
-                  num_splits: int | None = None, tune: dict | None = None) -> Launch:
-    """The launch of a call on `bs` requests of L verify tokens over prefixes of at most `max_prefix` keys; `tune`
-    overrides parts of it (keys: `TUNE`). The split outputs' dtype, the tree's part and the merge only matter when
-    there are splits (more than one part)."""
+                  num_splits: int | None = None, tune: dict | None = None, dtype: torch.dtype | None = None) -> Launch:
+    """The launch of a call on `bs` requests of L verify tokens over prefixes of at most `max_prefix` keys, in
+    `dtype` (the queries'); `tune` overrides parts of it (keys: `TUNE`). The split outputs' dtype, the tree's part
+    and the merge only matter when there are splits (more than one part)."""
     t = _checked_tune(tune)
     bm, rb, bn, warps, stages = _config(hq // hkv, L, d, dv, device.type != "cuda")
     sms = sm_count(device, 8)
     if num_splits is None:
         num_splits = choose_splits(bs * hkv * rb, max_prefix, sms)
+        if num_splits >= LONG_SPLITS and max_prefix >= LONG_SPLIT_KEYS * num_splits and bn == 64:
+            num_splits, bn = num_splits // 2, 128
     if not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits={num_splits!r}: use an integer >= 1, or None for the heuristic")
     # rows per merge program: enough merge programs to spread the partials' read over the SMs
     mr = max(2, min(16, triton.next_power_of_2(max(1, bs * hkv * rb * bm // (2 * sms)))))
     parts = 1 if num_splits == 1 else num_splits + (1 if t.get("tree_part", True) else 0)
-    partials = t.get("partials", "fp32")
+    partials = t.get("partials", SAME_PARTIALS.get(dtype, "fp32"))
     # a fused merge of fp32 partials 4 at a time spills registers at 4 warps (sm_90 compile, 64 x 128 row blocks)
     unroll = t.get("merge_unroll", 2 if partials == "fp32" else 4)
     return Launch(bm, rb, t.get("block_n", bn), t.get("num_warps", warps), t.get("num_stages", stages), num_splits,
                   parts, t.get("merge_rows", mr), partials, parts > 1 and t.get("fused_merge", False), unroll,
-                  t.get("prefetch", 1))
+                  t.get("prefetch", True), t.get("pdl", False) and device.type == "cuda")
 
 
 def _run(q, k, v, kb, vb, kv_indptr, kv_indices, page_table, prefix_lens, page, custom_mask, L, sm_scale,
@@ -399,7 +396,7 @@ def _run(q, k, v, kb, vb, kv_indptr, kv_indices, page_table, prefix_lens, page, 
     if bs == 0:
         return out
     scale = (d ** -0.5 if sm_scale is None else sm_scale) * 1.4426950408889634
-    c = launch_choice(bs, hq, hkv, d, dv, L, max_prefix, q.device, num_splits, tune)
+    c = launch_choice(bs, hq, hkv, d, dv, L, max_prefix, q.device, num_splits, tune, q.dtype)
     bm, rb, s = c.block_m, c.row_blocks, c.parts
     direct = s == 1
     bdv = _np2(dv)
@@ -422,15 +419,19 @@ def _run(q, k, v, kb, vb, kv_indptr, kv_indices, page_table, prefix_lens, page, 
         kb.stride(0), kb.stride(1), vb.stride(0), vb.stride(1), out.stride(0), out.stride(1),
         HKV=hkv, G=g, L=L, LP=_np2(L), D=d, BD=_np2(d), DV=dv, BDV=bdv, BM=bm, RB=rb, BN=c.block_n,
         PAGED=paged, PAGE=page, MASK_FULL=mask_indptr is not None, DIRECT=direct, FUSED=c.fused, MU=c.merge_unroll,
-        PREFETCH=c.prefetch,
-        DOT_F32=q.device.type != "cuda", num_warps=c.warps, num_stages=c.stages,
+        PREFETCH=c.prefetch, PDL=c.pdl,
+        DOT_F32=q.device.type != "cuda", num_warps=c.warps, num_stages=c.stages, **_pdl(c.pdl),
     )
     if not direct and not c.fused:
         mr = c.merge_rows
         _merge_kernel[(bs, hkv * rb, triton.cdiv(bm, mr))](po, plse, out, out.stride(0), out.stride(1), HKV=hkv, G=g,
                                                             L=L, DV=dv, BDV=bdv, BM=bm, RB=rb, S=s, SP=_np2(s, 2),
-                                                            MR=mr, num_warps=4)
+                                                            MR=mr, PDL=c.pdl, num_warps=4, **_pdl(c.pdl))
     return out
+
+
+def _pdl(on: bool) -> dict:
+    return {"launch_pdl": True} if on else {}
 
 
 def _check_inner(x, name):

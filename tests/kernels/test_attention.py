@@ -127,6 +127,24 @@ def test_split_choice():
             launch_choice(2, 8, 2, 64, 64, 4, 50, torch.device("cpu"), bad)
 
 
+def test_long_prefixes_at_tiny_batches_take_half_the_splits_in_wider_tiles(monkeypatch):
+    """On an H200's 132 SMs, bs 1 over 32K keys (Qwen3-8B heads) runs 16 splits of 128-key tiles, not the fill
+    rule's 32 of 64-key tiles; 4K keeps 16 splits of 64-key tiles, and an explicit split count is taken as given.
+    The partials follow the queries' 16-bit dtype; float32 calls keep float32 partials."""
+    from flashtree.attention import triton_verify
+
+    monkeypatch.setattr(triton_verify, "sm_count", lambda device, default: 132)
+    cpu = torch.device("cpu")
+    long = launch_choice(1, 32, 8, 128, 128, 16, 32768, cpu, dtype=torch.bfloat16)
+    assert (long.splits, long.block_n, long.partials) == (16, 128, "bf16")
+    assert choose_splits(8, 32768, 132) == 32  # what the fill rule alone gives
+    short = launch_choice(1, 32, 8, 128, 128, 16, 4096, cpu, dtype=torch.float16)
+    assert (short.splits, short.block_n, short.partials) == (16, 64, "fp16")
+    given = launch_choice(1, 32, 8, 128, 128, 16, 32768, cpu, 32, dtype=torch.float32)
+    assert (given.splits, given.block_n, given.partials) == (32, 64, "fp32")
+    assert launch_choice(1, 32, 8, 128, 128, 16, 32768, cpu, tune=dict(partials="fp32")).partials == "fp32"
+
+
 @pytest.mark.parametrize("splits", [2, 4, 9])
 def test_any_split_count_matches_the_reference(splits):
     """Every split count gives the reference's output, splits left empty by a short prefix included (9 splits of
@@ -166,11 +184,10 @@ TUNED = [
     dict(tree_part=False),
     dict(tree_part=False, fused_merge=True, partials="bf16"),
     dict(block_n=16, num_warps=2, num_stages=2, merge_rows=4),
-    dict(prefetch=0),
-    dict(prefetch=0, block_n=16, partials="bf16"),
-    dict(prefetch=2),
-    dict(prefetch=2, block_n=16, fused_merge=True, partials="bf16"),
-    dict(prefetch=2, block_n=32, num_stages=1, tree_part=False),
+    dict(prefetch=False),
+    dict(prefetch=False, block_n=16, partials="bf16"),
+    dict(pdl=True),  # on the GPU a programmatic dependent launch of both kernels; on the CPU the plain launch
+    dict(pdl=True, fused_merge=True, partials="bf16"),
 ]
 
 
@@ -225,7 +242,7 @@ def test_tune_overrides_the_launch():
     dict(block_n=48), dict(block_n=8), dict(block_n=512), dict(block_n=True), dict(num_warps=3), dict(num_stages=0),
     dict(num_stages=2.0), dict(partials="fp8"), dict(partials=torch.bfloat16), dict(fused_merge=1),
     dict(tree_part="no"), dict(merge_rows=1), dict(merge_unroll=0), dict(splits=4), [("block_n", 64)],
-    dict(prefetch=3), dict(prefetch=True),
+    dict(prefetch=1), dict(pdl="yes"),
 ])
 def test_bad_overrides_raise(tune):
     with pytest.raises(ValueError, match="tune"):
