@@ -685,7 +685,7 @@ def part_attention(bw, with_flex=True, splits=()):
         f1 = lambda: tree_attention_triton(q, k, v, k_buf, v_buf, kv_indptr, kv_indices, qlen, L, out=o1)  # noqa
         f1()
         floor = bs * prefix * hkv * d * 2 * 2 / bw * 1e6
-        launch = launch_choice(bs, hq, hkv, d, d, L, prefix, q.device)
+        launch = launch_choice(bs, hq, hkv, d, d, L, prefix, q.device, dtype=q.dtype)
         row = dict(kind="verify_attn", bs=bs, prefix=prefix, L=L, floor_us=floor, flashtree_err=err(o1),
                    flashtree_eager_us=bench(f1), flashtree_graph_us=try_graph(f1),
                    splits=launch.splits, parts=launch.parts, block_m=launch.block_m, block_n=launch.block_n,
@@ -794,7 +794,8 @@ def tune_point(c, cfg, stage, seen, knob=None):
     row = dict(kind="verify_attn_tune", stage=stage, knob=knob, bs=c.bs, prefix=c.prefix, L=c.L, tune=cfg,
                floor_us=c.floor_us, matches=False)
     try:
-        launch = launch_choice(c.bs, c.hq, c.hkv, c.d, c.d, c.L, c.prefix, c.q.device, cfg.get("splits"), tune)
+        launch = launch_choice(c.bs, c.hq, c.hkv, c.d, c.d, c.L, c.prefix, c.q.device, cfg.get("splits"), tune,
+                               c.q.dtype)
     except ValueError as e:
         log(**row, error=repr(e)[:300])
         return row
@@ -804,7 +805,7 @@ def tune_point(c, cfg, stage, seen, knob=None):
     row["launch"] = dataclasses.asdict(launch)
     o = torch.empty_like(c.q)
     f = lambda: tree_attention_triton(c.q, c.k, c.v, c.k_buf, c.v_buf, c.kv_indptr, c.kv_indices, c.qlen, c.L,  # noqa
-                                      out=o, num_splits=launch.splits, tune=tune)
+                                      out=o, num_splits=cfg.get("splits"), tune=tune)
     try:
         f()
         e = c.err(o)
@@ -1005,7 +1006,7 @@ def part_attention_small(bw, budget_s=240.0, device="cuda"):
             o = torch.empty_like(c.q)
             r["in_graph_us"] = round(in_graph_us(
                 lambda i: tree_attention_triton(c.q, c.k, c.v, bufs[i][0], bufs[i][1], c.kv_indptr, bufs[i][2],
-                                                c.qlen, c.L, out=o, num_splits=launch["splits"], tune=tune),
+                                                c.qlen, c.L, out=o, num_splits=r["tune"].get("splits"), tune=tune),
                 len(bufs)), 2)
             log(kind="verify_attn_small_in_graph", bs=c.bs, prefix=c.prefix, L=c.L, stage=r["stage"], tune=r["tune"],
                 launch=launch, floor_us=c.floor_us, graph_us=r["graph_us"], in_graph_us=r["in_graph_us"],

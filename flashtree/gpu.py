@@ -21,6 +21,18 @@ def sm_count(device: torch.device, cpu_default: int) -> int:
     return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+@functools.cache
+def _cuda_capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def has_pdl(device: torch.device) -> bool:
+    """Whether kernels on `device` can take a programmatic dependent launch (griddepcontrol: sm_90 and newer)."""
+    if device.type != "cuda":
+        return False
+    return _cuda_capability(device.index if device.index is not None else torch.cuda.current_device())[0] >= 9
+
+
 COUNTERS = 1 << 16  # entries of the first counter buffer of a (kernel family, device)
 _counters: dict[tuple[str, torch.device], torch.Tensor] = {}
 _retired: list[torch.Tensor] = []  # outgrown buffers: captured CUDA graphs may still point at them

@@ -27,11 +27,11 @@ def _pick(vec, lanes, at):
 
 
 @triton.jit
-def _frontier_max(s1, j1, c1, b1, n1, f1, s2, j2, c2, b2, n2, f2):
+def _frontier_max(s1, j1, c1, n1, f1, s2, j2, c2, n2, f2):
     # the higher score, the lower slot on a tie (the reference's rule), carrying that slot's fields along
     first = (s1 > s2) | ((s1 == s2) & (j1 < j2))
-    return (tl.where(first, s1, s2), tl.where(first, j1, j2), tl.where(first, c1, c2), tl.where(first, b1, b2),
-            tl.where(first, n1, n2), tl.where(first, f1, f2))
+    return (tl.where(first, s1, s2), tl.where(first, j1, j2), tl.where(first, c1, c2), tl.where(first, n1, n2),
+            tl.where(first, f1, f2))
 
 
 @triton.jit
@@ -51,11 +51,11 @@ def _grow_marginal_kernel(top_ptr, ids_ptr, tok_ptr, par_ptr, dep_ptr, val_ptr, 
     o_ok = tl.zeros([FW], dtype=tl.int32)
     for i in range(KEEP):
         # every slot's two follow-ups, loaded (L1 hits after the first rounds) before the round's one reduction so
-        # their latency overlaps it: its next rank's score, and the best score one position further
-        n_next = tl.load(row + f_cell + 1, mask=f_cell + 1 < K * KK, other=neg)
+        # their latency overlaps it: its next rank's path score, and the best score one position further
+        n_next = f_base + tl.load(row + f_cell + 1, mask=f_cell + 1 < K * KK, other=neg)
         f_pos = f_cell // KK + 1
         n_first = tl.load(row + f_pos * KK, mask=f_pos < K, other=neg)
-        best, j, cell, base, nxt, fst = tl.reduce((f_score, slots, f_cell, f_base, n_next, n_first), 0, _frontier_max)
+        best, j, cell, nxt, fst = tl.reduce((f_score, slots, f_cell, n_next, n_first), 0, _frontier_max)
         ok = best > neg
         pos = cell // KK
         rank = cell - pos * KK
@@ -64,7 +64,7 @@ def _grow_marginal_kernel(top_ptr, ids_ptr, tok_ptr, par_ptr, dep_ptr, val_ptr, 
         o_ok = tl.where(outs == i, ok.to(tl.int32), o_ok)
         # the parent's next child: the next rank of the same position (nothing moves once the tree is full: a spent
         # slot's cell points past its position)
-        sib = tl.where(ok & (rank + 1 < KK), base + nxt, neg)
+        sib = tl.where(ok & (rank + 1 < KK), nxt, neg)
         f_score = tl.where(slots == j, sib, f_score)
         f_cell = tl.where(slots == j, cell + 1, f_cell)
         # the new node's first child, one position further

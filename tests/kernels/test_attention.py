@@ -225,7 +225,7 @@ def test_the_fused_merge_leaves_its_counters_at_zero():
     assert not zeroed_counters("verify-merge", 1, torch.device(DEV)).any()
     for out in outs:
         assert rel_err(out, ref) <= 1e-2
-    assert rel_err(outs[1], outs[0]) <= 2e-3  # the same answer up to the order the parts arrived in
+    assert torch.equal(outs[1], outs[0])  # whichever part finished last, the merge reads every part in part order
 
 
 def test_tune_overrides_the_launch():
