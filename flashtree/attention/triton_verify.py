@@ -32,7 +32,11 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+try:  # griddepcontrol for programmatic dependent launch: Triton 3.3 and newer
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:
+    gdc_launch_dependents = gdc_wait = None
 
 from ..gpu import has_pdl, sm_count, zeroed_counters
 
@@ -377,7 +381,7 @@ def launch_choice(bs: int, hq: int, hkv: int, d: int, dv: int, L: int, max_prefi
     unroll = t.get("merge_unroll", 2 if partials == "fp32" else 4)
     return Launch(bm, rb, t.get("block_n", bn), t.get("num_warps", warps), t.get("num_stages", stages), num_splits,
                   parts, t.get("merge_rows", mr), partials, parts > 1 and t.get("fused_merge", False), unroll,
-                  t.get("prefetch", True), t.get("pdl", has_pdl(device)) and has_pdl(device))
+                  t.get("prefetch", True), t.get("pdl", True) and _pdl_ok(device))
 
 
 def _run(q, k, v, kb, vb, kv_indptr, kv_indices, page_table, prefix_lens, page, custom_mask, L, sm_scale,
@@ -430,6 +434,10 @@ def _run(q, k, v, kb, vb, kv_indptr, kv_indices, page_table, prefix_lens, page, 
                                                             L=L, DV=dv, BDV=bdv, BM=bm, RB=rb, S=s, SP=_np2(s, 2),
                                                             MR=mr, PDL=c.pdl, num_warps=4, **_pdl(c.pdl))
     return out
+
+
+def _pdl_ok(device: torch.device) -> bool:
+    return gdc_wait is not None and has_pdl(device)
 
 
 def _pdl(on: bool) -> dict:
