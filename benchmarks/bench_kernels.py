@@ -972,7 +972,7 @@ def part_attention_small(bw, budget_s=240.0, device="cuda"):
     t0 = time.time()
     hq, hkv, d = TUNE_HEADS
     jobs = [(shape[1], cfg) for shape, splits in SMALL_SHAPES.items() for cfg in small_points(splits)]
-    if device == "cuda":
+    if device == "cuda" and budget_s > 0:  # budget 0: the default launches only
         precompile_with(_attn_compile, jobs)
     tiny = torch.zeros(1, device=device)
     log(kind="graph_floor", one_kernel_us=try_graph(lambda: tiny.add_(1)),
@@ -987,7 +987,7 @@ def part_attention_small(bw, budget_s=240.0, device="cuda"):
         seen = {}
         default = tune_point(c, {}, "default", seen)
         for cfg in small_points(splits):
-            if time.time() - t0 > budget_s:
+            if time.time() - t0 >= budget_s:
                 log(kind="verify_attn_small_skipped", bs=shape[0], prefix=shape[1], budget_s=budget_s)
                 break
             tune_point(c, cfg, "small", seen)
