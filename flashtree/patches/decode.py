@@ -239,10 +239,14 @@ def skip_reason(plan: TreePlan, batch, args, kwargs) -> str | None:
     return None
 
 
-def draw_candidates(run: TreeRun, worker, base_logits, anchor, draft_hidden, n: int, with_logp: bool = False):
+def draw_candidates(run: TreeRun, worker, base_logits, anchor, draft_hidden, n: int, with_logp: bool = False,
+                    default_generator: bool = False):
     """The N candidate blocks (bs, N, K), drawn eagerly: a FlashMap draft's noise draws, else the Markov head's.
-    with_logp (FLASHTREE_TREE_POLICY=prob): (candidates, log q of each token at temperature 1 (bs, N, K))."""
+    with_logp (FLASHTREE_TREE_POLICY=prob): (candidates, log q of each token at temperature 1 (bs, N, K)).
+    default_generator: the row samplers draw on torch's default generator, which CUDA graphs capture (DFLASH's draft
+    graph tail), instead of FLASHTREE_SEED's."""
     plan = run.plan
+    generator = None if default_generator else run.generator
     drawn = flashmap_draft.noise_draws(plan.adapter, worker, base_logits.shape[0])
     if drawn is not None:
         return drawn  # policy_draws.check refuses scored policies with a FlashMap draft
@@ -250,14 +254,14 @@ def draw_candidates(run: TreeRun, worker, base_logits, anchor, draft_hidden, n: 
 
     def sampler(step_logits: torch.Tensor) -> torch.Tensor:
         _inv, greedy = candidate_rows(step_logits.shape[0] // n, n, temperature, step_logits.device)
-        return plan.sampler(step_logits, torch.where(greedy, 0.0, temperature), generator=run.generator)
+        return plan.sampler(step_logits, torch.where(greedy, 0.0, temperature), generator=generator)
 
     def fused(base, anchor, w1, w2):  # a vanilla Markov head: all K steps of the N draws in K launches on CUDA
         inv_temperature, greedy = candidate_rows(base.shape[0], n, temperature, base.device)
         return markov_draws(base, anchor, w1, w2, n, inv_temperature, greedy, run.noise, return_logp=with_logp)
 
     def row_draws(rows: torch.Tensor) -> torch.Tensor:  # independent positions (DFLASH): N per row, one read
-        return candidate_draws(rows, n, temperature, run.generator)
+        return candidate_draws(rows, n, temperature, generator)
 
     if with_logp:
         sampler, taken = policy_draws.recording_logp(sampler)
@@ -367,8 +371,8 @@ def tree_step(run: TreeRun, worker, batch, on_publish, shape=None, grammar_barri
         logp = None if logp is None else logp[:, : shape.n]
         n = candidates.shape[1]
     timer.mark("draws")
-    if logp is None and policy_draws.needs_logp(plan.policy):  # DFLASH: from the positions' marginals
-        logp = adapter.candidate_logp(draft, candidates)
+    if logp is None and policy_draws.needs_logp(plan.policy):  # DFLASH's eager draws: from the positions' marginals
+        logp = adapter.candidate_logp(draft.base_logits, candidates)
     if tree is None:
         tree = build_tree(candidates, tree_w, policy=plan.policy, scores=DraftScores(logp=logp, anchor=anchor))
     tree = pad_tree(tree, w, n)

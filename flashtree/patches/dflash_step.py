@@ -3,26 +3,22 @@
 The step is DSPARK's (decode.py: window, draws, policy tree, verify under the tree mask, greedy / sampled walk,
 req_to_token or copy commit, draft context for the committed path) over the DFLASH family's primitives
 (adapters/dflash.py): the draft forward over [anchor, mask x K] through the target's LM head, N draws per position
-(candidate 0 the argmax block, DFLASH's chain), DFLASH's own verify input and draft-KV writer. DFLASH's worker runs
-prefill and decode in one `forward_batch_generation`; prefill, idle batches and the tree step's fallbacks (decode.py)
-run DFLASH's own. Unset toggles leave DFLASH untouched; a DFLASH worker lacking what the family's probes require gets
+(candidate 0 the argmax block, DFLASH's chain; with FLASHTREE_GRAPH_DRAWS in DFLASH's draft graph tail, graph_draws.py),
+DFLASH's own verify input and draft-KV writer. DFLASH's worker runs prefill and decode in one
+`forward_batch_generation`; prefill, idle batches and the tree step's fallbacks (decode.py) run DFLASH's own. Unset toggles leave DFLASH untouched; a DFLASH worker lacking what the family's probes require gets
 its worker start refused with the gaps.
 """
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
-from . import decode, simulate, startup
+from . import decode, graph_draws, simulate, startup
 from .adapters import SUPPORTED, dflash_adapter
 from .adapters.dflash import DFLASH_MODULE, DFLASH_WORKER
 from .adapters.probe import resolve
 from .installer import Patch
 from .toggles import ToggleError, TreeToggles
-
-logger = logging.getLogger("flashtree.patches")
 
 
 def patches(adapter, toggles: TreeToggles) -> list[Patch]:
@@ -73,10 +69,9 @@ def make_refusal(original, release: str, gaps: list[str]):
 def make_worker_init(original, adapter, toggles: TreeToggles):
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        run = self._flashtree = decode.create_state(adapter, toggles, self)
-        if toggles.graph_draws:
-            run.graph_draws_off = adapter.graph_draws_off
-            logger.info("flashtree: FLASHTREE_GRAPH_DRAWS=1 on a DFLASH server: %s", adapter.graph_draws_off)
+        self._flashtree = decode.create_state(adapter, toggles, self)
+        if toggles.graph_draws:  # before the scheduler's init_cuda_graphs builds DFLASH's draft-graph tail sampler
+            graph_draws.install(self._flashtree, self)
 
     return __init__
 

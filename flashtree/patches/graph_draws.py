@@ -1,4 +1,4 @@
-"""The tree step's N draft draws folded into DSPARK's captured draft CUDA graph (FLASHTREE_GRAPH_DRAWS=1).
+"""The tree step's N draft draws folded into DSPARK's (or DFLASH's) captured draft CUDA graph (FLASHTREE_GRAPH_DRAWS=1).
 
 DSPARK (sglang 0.5.17 / 0.5.20 / 0.5.23) folds its own block proposal into the draft model's CUDA graph: at
 `DSparkWorkerV2.init_cuda_graphs` it builds a `DsparkDraftSampler` (`_maybe_build_draft_sampler`), appends
@@ -40,6 +40,17 @@ draws, so the buffers hold `rows` = min(max graph bs, B) requests, B the configu
 is padded to (L itself when the configured sizes are unknown), and a tail that runs for more than `rows` requests
 skips the draws (those graphs are captured with DSPARK's tail only). A tree step reads the buffer only when the graph
 its batch replays (the smallest captured size >= bs, as recorded by the tail runs) drew; otherwise it draws eagerly.
+
+DFLASH (sglang 0.5.17 / 0.5.20 / 0.5.23) folds its greedy head into its draft graph the same way: at
+`DFlashWorkerV2.init_cuda_graphs`, `_maybe_build_draft_sampler` builds a `_DflashDraftSampler` (the block's logits
+through the target's LM head, their argmax into `out`, which DFLASH's own decode reads after a replay) and appends it
+as the tail hook. flashtree wraps that builder too and re-classes the sampler with `MarginalSamplerMixin`: the block's
+logits once, DFLASH's `out` from them, then the N draws per position by the eager draws' own code
+(`decode.draw_candidates`: candidate 0 the argmax, the row sampler or FLASHTREE_FUSED_SAMPLER's `candidate_draws`) on
+torch's default generator, which CUDA graphs replay with fresh noise; `prob` also keeps the tokens' log q under their
+marginals, `best-first` grows its tree from each position's top W - 1 instead. Lean tails compute the K kept
+positions' logits only and leave `out` stale; DFLASH's own steps over those sizes run with the sampler detached, so
+DFLASH takes its greedy block eagerly from the replayed graph's hidden states.
 
 Memory (the fused draws need none of this): the noise buffer `(max_bs * N, V)` float32 is persistent; the draws' intermediates live in the graph's memory
 pool (the release's Markov draw: 0.5.17 / 0.5.20 repeat the block's base logits to `(bs * N, K, V)`, 0.5.17 also
@@ -94,7 +105,7 @@ class GraphDraws:
     def __init__(self, *, adapter, n: int, depth: int, max_bs: int, vocab: int, temperature: float, device,
                  limit: int = 0, fused: tuple | None = None, seed: int = 0, n_for: Callable[[int], int] | None = None,
                  lean_bs: int = 0, dspark_tail_only: bool = False, policy: str = "vote",
-                 grown: tuple | None = None, tree_width: int = 0):
+                 grown: tuple | None = None, tree_width: int = 0, draw_blocks: Callable | None = None):
         # depth: the block positions each candidate keeps (FLASHTREE_TREE_DEPTH, <= DSPARK's gamma)
         # max_bs: the requests the buffers hold. limit (FLASHTREE_TREE_MAX_BS, 0 = none): with a limit, a tail run
         # for more than max_bs requests (a graph only chain steps replay) skips the draws instead of failing.
@@ -106,8 +117,11 @@ class GraphDraws:
         # (FLASHTREE_TREE_N=auto with draft-row graphs: tree steps replay those, DSPARK's serve its chain steps alone)
         # policy (FLASHTREE_TREE_POLICY): `prob` keeps the draws' log q too; `best-first` draws nothing and grows
         # its tree of tree_width tokens from the vanilla head's `grown` = (w1, w2) instead (policy_draws.py)
+        # draw_blocks: independent positions (DFLASH): (base logits (bs, K, V), anchor, n) -> (bs, n, K), the eager
+        # draws' own code on torch's default generator (graph-safe: each replay redraws); no noise buffers
         self.adapter, self.n, self.k, self.max_bs = adapter, int(n), int(depth), int(max_bs)
         self.lean_bs = int(lean_bs)
+        self.draw_blocks = draw_blocks
         self.dspark_tail_only = bool(dspark_tail_only)
         self.n_for = n_for or (lambda bs: self.n)
         self.limit = int(limit)
@@ -132,10 +146,10 @@ class GraphDraws:
                                  votes=torch.zeros(m, dtype=torch.int64, device=device),
                                  valid=torch.zeros(m, dtype=torch.bool, device=device),
                                  first_candidate=torch.ones(m, dtype=torch.int64, device=device), k=self.k)
-        elif fused is None:
-            self.noise = torch.empty((rows, int(vocab)), dtype=torch.float32, device=device)
-        else:
+        elif fused is not None:
             self.noise_state = new_state(seed, device)
+        elif draw_blocks is None:
+            self.noise = torch.empty((rows, int(vocab)), dtype=torch.float32, device=device)
         self.calls = 0  # tail runs (warm-up, capture and eager tails; not replays)
         self.skips = 0  # tail runs above max_bs with a limit: DSPARK's tail only, no draws
         self.drawn_sizes: dict[int, int] = {}  # batch sizes the tail drew for -> the candidates it drew per request
@@ -182,7 +196,11 @@ class GraphDraws:
                 buf[:bs].copy_(part)
             return
         logp = None
-        if self.fused is not None:
+        if self.draw_blocks is not None:
+            tokens = self.draw_blocks(base_logits, anchor, n)
+            if self.logp is not None:
+                logp = self.adapter.candidate_logp(base_logits, tokens)
+        elif self.fused is not None:
             inv_temperature, greedy = self.rows[n]
             tokens = markov_draws(base_logits, anchor, *self.fused, n, inv_temperature[: bs * n], greedy[: bs * n],
                                   self.noise_state, return_logp=self.logp is not None)
@@ -233,10 +251,14 @@ class GraphDraws:
         return self.out[:bs, : self.drawn_n(bs)]
 
 
-class FlashtreeSamplerMixin:
-    """Mixed in front of the release's DsparkDraftSampler: DSPARK's tail, then flashtree's N draws."""
+class TailSampler:
+    """A worker's draft-graph tail sampler re-classed by flashtree (its `flashtree_draws` fill the tree's buffers)."""
 
     flashtree_draws: GraphDraws
+
+
+class FlashtreeSamplerMixin(TailSampler):
+    """Mixed in front of the release's DsparkDraftSampler: DSPARK's tail, then flashtree's N draws."""
 
     def __call__(self, hidden_states, input_ids):
         draws = self.flashtree_draws
@@ -256,15 +278,32 @@ class FlashtreeSamplerMixin:
         return result
 
 
-_CLASSES: dict[type, type] = {}
+class MarginalSamplerMixin(TailSampler):
+    """Mixed in front of DFLASH's `_DflashDraftSampler` (one rank): the block's logits through the target's LM head,
+    computed once for DFLASH's greedy block and flashtree's N draws per position."""
+
+    def __call__(self, hidden_states, input_ids=None):
+        draws = self.flashtree_draws
+        bs, positions, _hidden, _anchor = draws.adapter.tail_inputs(self, hidden_states, input_ids)
+        lean = bs <= draws.lean_bs  # only tree steps replay this graph: the kept positions, no DFLASH block
+        rows = draws.k if lean else positions.shape[1]
+        hs = positions[:, :rows].reshape(bs * rows, -1)
+        logits = torch.matmul(hs.to(self.weight.dtype), self.weight[: self.num_org].T)  # as DFLASH's own tail
+        if not lean:
+            self.out[: bs * rows].copy_(logits.argmax(dim=-1))  # DFLASH's own steps read it after a replay
+        draws.draw(self, hidden_states, input_ids, logits)
 
 
-def wrap(stock, draws: GraphDraws):
-    """DSPARK's sampler `stock`, re-classed as a flashtree sampler (same state, same buffers; DSPARK's own methods)."""
+_CLASSES: dict[tuple, type] = {}
+
+
+def wrap(stock, draws: GraphDraws, mixin: type = FlashtreeSamplerMixin):
+    """The worker's sampler `stock`, re-classed as a flashtree sampler (same state, same buffers; sglang's own
+    methods): DSPARK's with FlashtreeSamplerMixin, DFLASH's with MarginalSamplerMixin."""
     base = type(stock)
-    cls = _CLASSES.get(base)
+    cls = _CLASSES.get((mixin, base))
     if cls is None:
-        cls = _CLASSES[base] = type(f"Flashtree{base.__name__}", (FlashtreeSamplerMixin, base), {})
+        cls = _CLASSES[(mixin, base)] = type(f"Flashtree{base.__name__}", (mixin, base), {})
     obj = cls.__new__(cls)
     obj.__dict__.update(stock.__dict__)
     obj.flashtree_draws = draws
@@ -272,9 +311,9 @@ def wrap(stock, draws: GraphDraws):
 
 
 def sampler_of(worker):
-    """The worker's flashtree draft sampler (None: DSPARK's own sampler, or none)."""
+    """The worker's flashtree draft sampler (None: sglang's own sampler, or none)."""
     sampler = getattr(worker, "_draft_sampler", None)
-    return sampler if isinstance(sampler, FlashtreeSamplerMixin) else None
+    return sampler if isinstance(sampler, TailSampler) else None
 
 
 def note_eager(run, draws: GraphDraws, bs: int) -> None:
@@ -296,19 +335,21 @@ def note_eager(run, draws: GraphDraws, bs: int) -> None:
 
 @contextlib.contextmanager
 def dspark_proposes_eagerly(worker, bs: int):
-    """Around a step of DSPARK's own decode over bs requests: where its graph may be a lean one (bs <= lean_bs) the
-    worker's sampler is detached (the worker's and the proposer's reference), so DSPARK samples its block eagerly from
-    the replayed draft graph's hidden states instead of reading the proposal buffers a lean tail does not fill."""
+    """Around a step of DSPARK's (or DFLASH's) own decode over bs requests: where its graph may be a lean one
+    (bs <= lean_bs) the worker's sampler is detached (from the worker and DSPARK's proposer), so it samples its block
+    eagerly from the replayed draft graph's hidden states instead of reading the buffers a lean tail does not fill."""
     sampler = sampler_of(worker)
     if sampler is None or bs > sampler.flashtree_draws.lean_bs:
         yield
         return
-    proposer = worker._proposer
-    worker._draft_sampler = proposer._draft_sampler = None
+    holders = sampler.flashtree_draws.adapter.draft_sampler_holders(worker)
+    for holder in holders:
+        holder._draft_sampler = None
     try:
         yield
     finally:
-        worker._draft_sampler = proposer._draft_sampler = sampler
+        for holder in holders:
+            holder._draft_sampler = sampler
 
 
 # ---- building (init_cuda_graphs) --------------------------------------------------------------------------------
@@ -316,10 +357,14 @@ def need_bytes(adapter, *, n: int, depth: int, max_bs: int, vocab: int, logits_b
                grown: bool = False) -> int:
     rows = max_bs * n
     persistent = max_bs * n * depth * 12 + rows * 8  # tokens and log q
+    # rows of logits one draw step reads per candidate: DFLASH's independent positions are drawn all at once
+    units = max_bs * depth if adapter.independent_positions else max_bs
     if grown:  # best-first: a round's (bs, V) step logits, bias, log-probabilities and top-k temporaries
-        return persistent + 4 * max_bs * vocab * 4
+        return persistent + 4 * units * vocab * 4
     if fused:  # per-tile maxima (float32 + int32) per row, tiles of >= 128 tokens; nothing rows x V
-        return persistent + rows * (vocab // 128 + 1) * 8
+        return persistent + units * n * (vocab // 128 + 1) * 8
+    if adapter.independent_positions:  # the rows repeated N times and the row sampler's float32 temporaries
+        return persistent + units * n * vocab * (logits_bytes + 16)
     return persistent + rows * vocab * 4 + adapter.graph_draw_bytes(
         rows=rows, depth=depth, vocab=vocab, logits_bytes=logits_bytes)
 
@@ -358,27 +403,31 @@ def build(run, worker, stock, *, free: Callable = free_bytes, graph_sizes: Calla
         return stock
 
     if stock is None:
-        return keep("DSPARK built no graph-folded draft sampler (no draft CUDA graph, no Markov head, or folded "
-                    "proposal off)")
+        return keep(f"{adapter.algorithm} built no graph-folded draft sampler (no draft CUDA graph, or sglang kept "
+                    "its draft head eager: its log says why)")
     if isinstance(getattr(adapter.draft_model(worker), "_draft_tree", None), flashmap_draft.NoiseDraws):
         return keep("the draft is a FlashMap draft; its noise draws give the candidates")
     refuse = adapter.graph_draws_unsupported(worker, stock)
     if refuse:
         return keep(refuse)
-    model = stock.model
-    gamma = int(stock.gamma)
-    graph_bs = int(stock.out.shape[0]) // gamma  # DSPARK's sampler: the largest configured graph size
+    graph_bs, vocab, weight = adapter.draft_tail(stock)
     limit = toggles.tree_max_bs
     max_bs = draw_rows(graph_bs, limit, graph_sizes() if limit else None)
-    vocab = int(model.lm_head.org_vocab_size)
-    weight = model.lm_head.weight
     logits_bytes = weight.element_size() if weight.is_floating_point() else 2
-    # FLASHTREE_FUSED_SAMPLER with a vanilla Markov head: the fused Markov draws
-    fused = adapter.vanilla_markov_weights(stock.markov_head) if toggles.fused_sampler else None
+    marginal = adapter.independent_positions  # DFLASH: the eager draws' own code in the tail (MarginalSamplerMixin)
+    draw_blocks = fused = None
+    if marginal:
+        from .decode import draw_candidates
+
+        def draw_blocks(base_logits, anchor, n):
+            return draw_candidates(run, worker, base_logits, anchor, None, n, default_generator=True)
+    elif toggles.fused_sampler:  # with a vanilla Markov head: the fused Markov draws
+        fused = adapter.vanilla_markov_weights(stock.markov_head)
+    fast = toggles.fused_sampler if marginal else fused is not None
     grown = run.grown  # FLASHTREE_TREE_POLICY=best-first: no draws, the tail grows the tree (policy_draws.py)
     n = 1 if grown is not None else toggles.tree_n
     need = need_bytes(adapter, n=n, depth=plan.depth, max_bs=max_bs, vocab=vocab, logits_bytes=logits_bytes,
-                      fused=fused is not None, grown=grown is not None)
+                      fused=fast, grown=grown is not None)
     have = free(worker.device)
     if have is not None and have - need < CAPTURE_HEADROOM_BYTES:
         return keep(
@@ -395,28 +444,39 @@ def build(run, worker, stock, *, free: Callable = free_bytes, graph_sizes: Calla
         adapter=adapter, n=n, depth=plan.depth, max_bs=max_bs, vocab=vocab,
         temperature=toggles.draft_temperature, device=stock.out.device, limit=limit, fused=fused, seed=toggles.seed,
         n_for=(lambda bs: 1) if grown is not None else plan.draws_for, lean_bs=lean_bs, policy=plan.policy,
-        grown=grown, tree_width=plan.tree_width,
+        grown=grown, tree_width=plan.tree_width, draw_blocks=draw_blocks,
         dspark_tail_only=run.planner is not None and plan.forward_rows < plan.gamma,
     )
     run.graph_draws = draws
     run.graph_draws_off = None
     logger.info(
-        "flashtree: the N=%d draft draws run in DSPARK's draft CUDA graph tail (%s, up to %d requests, ~%.2f GiB%s)%s",
-        toggles.tree_n, f"policy {plan.policy}: the best-first tree in {plan.tree_width - 1} rounds of the head"
-        if grown is not None else "fused Markov draws" if fused is not None else "the Markov head's torch steps",
-        max_bs,
-        need / 2**30, f"; lean up to {lean_bs} requests: without DSPARK's own block proposal" if lean_bs else "",
+        "flashtree: the N=%d draft draws run in %s's draft CUDA graph tail (%s, up to %d requests, ~%.2f GiB%s)%s",
+        toggles.tree_n, adapter.algorithm, _describe(plan, marginal, fast, grown is not None), max_bs,
+        need / 2**30, f"; lean up to {lean_bs} requests: without {adapter.algorithm}'s own block proposal"
+        if lean_bs else "",
         f"; graphs above {max_bs} requests (FLASHTREE_TREE_MAX_BS={limit}: chain steps) are captured without them"
         if max_bs < graph_bs else "",
     )
-    return wrap(stock, draws)
+    return wrap(stock, draws, MarginalSamplerMixin if marginal else FlashtreeSamplerMixin)
+
+
+def _describe(plan, marginal: bool, fast: bool, grown: bool) -> str:
+    """How the tail draws (the start log's words)."""
+    if grown:
+        how = "each position's top W - 1, grown in one launch" if marginal else f"{plan.tree_width - 1} rounds of the head"
+        return f"policy {plan.policy}: the best-first tree from {how}"
+    if marginal:
+        return ("the block's logits once, N draws per position from one read (candidate_draws)" if fast
+                else "the block's logits once, the row sampler over them repeated N times")
+    return "fused Markov draws" if fast else "the Markov head's torch steps"
 
 
 def install(run, worker) -> None:
-    """At DSparkWorkerV2.__init__: route the worker's `_maybe_build_draft_sampler` through `build`."""
+    """At the worker's __init__ (DSparkWorkerV2, DFlashWorkerV2): route its `_maybe_build_draft_sampler` through
+    `build`."""
     original = getattr(worker, "_maybe_build_draft_sampler", None)
     if not callable(original):
-        run.graph_draws_off = "this DSparkWorkerV2 has no _maybe_build_draft_sampler"
+        run.graph_draws_off = f"this {run.plan.adapter.worker_name} has no _maybe_build_draft_sampler"
         logger.warning("flashtree: FLASHTREE_GRAPH_DRAWS=1 but the N draft draws stay eager: %s", run.graph_draws_off)
         return
     run.graph_draws_off = "init_cuda_graphs has not built the draft sampler yet"

@@ -7,6 +7,8 @@ draft of test_decode_cpu) and the KV pools."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import types
 from collections import Counter
 
@@ -16,7 +18,7 @@ import torch
 import sglang_cpu
 from test_decode_cpu import MAX_LEN, V, StandIns, chi2_critical_001, reference, standin_base_logits, target_logits
 
-from flashtree.patches import adapters, dflash_step
+from flashtree.patches import adapters, decode, dflash_step, graph_draws, policy_draws
 from flashtree.patches.adapters.dflash import DFLASH_WORKER
 from flashtree.patches.adapters.probe import resolve
 from flashtree.patches.decode import create_state
@@ -84,9 +86,10 @@ def kv_translator(world: StandIns, pool, page_size: int):
                              page_size=page_size, device="cpu")
 
 
-def dflash_worker(world: StandIns, bs: int, page_size: int = 1):
+def dflash_worker(world: StandIns, bs: int, page_size: int = 1, graph_max_bs: int = 0):
     """A DFlashWorkerV2 as its __init__ leaves it for a plain DFLASH draft on one GPU (object.__new__: the real class
-    and methods, the attributes its decode reads), over the stand-in models."""
+    and methods, the attributes its decode reads), over the stand-in models; its draft runner "replays a graph" for
+    batches of at most graph_max_bs requests (capture_draft_graphs gives it the tail)."""
     from sglang.srt.speculative.draft_worker_common import make_draft_block_spec_info
 
     head = torch.nn.Linear(V, V, bias=False)
@@ -104,6 +107,10 @@ def dflash_worker(world: StandIns, bs: int, page_size: int = 1):
                                  apply_k_rope=lambda pos, k: k, num_kv_heads=1, head_dim=2,
                                  attn=types.SimpleNamespace(k_scale=None, v_scale=None))
     draft_pool = DraftPool(world)
+    draft_runner = types.SimpleNamespace(tp_group=None, token_to_kv_pool=draft_pool, capture_tail_hooks=[],
+                                         graph_max_bs=graph_max_bs,
+                                         kv_index_translator=kv_translator(world, draft_pool, page_size))
+    draft_runner.forward = lambda fb: draft_forward(world, fb, draft_runner)
     worker = object.__new__(resolve(DFLASH_WORKER))
     worker.__dict__.update(
         block_size=W, device="cpu", page_size=page_size, _mask_token_id=MASK, _block_pos_offsets=torch.arange(W),
@@ -118,9 +125,7 @@ def dflash_worker(world: StandIns, bs: int, page_size: int = 1):
                                              forward_batch_generation=lambda **kw: target_forward(world, **kw)),
         draft_model=types.SimpleNamespace(project_target_hidden=lambda h: h, layers=[types.SimpleNamespace(self_attn=attn)],
                                           prepare_context_hidden_for_kv=lambda layer, h: h),
-        draft_model_runner=types.SimpleNamespace(forward=lambda fb: draft_forward(world, fb), tp_group=None,
-                                                 token_to_kv_pool=draft_pool,
-                                                 kv_index_translator=kv_translator(world, draft_pool, page_size)),
+        draft_model_runner=draft_runner,
     )
     return worker
 
@@ -139,9 +144,13 @@ class DraftPool:
             self.world.draft_kv[cache_loc_2d[b, :c]] = k[b, :c]
 
 
-def draft_forward(world, fb):
+def draft_forward(world, fb, runner):
     """The stand-in DFLASH draft: [anchor, mask x K] in, each position's logits (independent marginals around the
-    target's greedy block) out as hidden states; checks the ForwardBatch DFLASH's draft model runner gets."""
+    target's greedy block) out as hidden states; checks the ForwardBatch DFLASH's draft model runner gets. Batches
+    of at most runner.graph_max_bs requests "replay a graph": the captured tail (sglang's capture hooks, appended by
+    init_cuda_graphs) runs on the output, as sglang's graph runner runs it."""
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+
     bs = fb.batch_size
     ids = fb.input_ids.view(bs, W)
     assert fb.forward_mode.is_target_verify() and fb.spec_algorithm.is_dflash()
@@ -158,8 +167,43 @@ def draft_forward(world, fb):
     world.last_plan = plan
     hidden = torch.zeros(bs, W, V)
     hidden[:, 1:] = standin_base_logits(world, fb, ids[:, 0], bs, K)
-    return types.SimpleNamespace(logits_output=types.SimpleNamespace(hidden_states=hidden.view(bs * W, V)),
-                                 can_run_graph=False)
+    out = LogitsProcessorOutput(next_token_logits=None, hidden_states=hidden.view(bs * W, V))
+    graph = bs <= runner.graph_max_bs
+    if graph:
+        for hook in runner.capture_tail_hooks:
+            hook(runner, out, fb, bs * W)
+    return types.SimpleNamespace(logits_output=out, can_run_graph=graph)
+
+
+GRAPH_BS = (1, 2, 4)  # the draft graphs' configured batch sizes (--cuda-graph-bs)
+
+
+def capture_draft_graphs(worker, monkeypatch) -> list:
+    """sglang's real DFlashWorkerV2.init_cuda_graphs, on CPU: it builds DFLASH's `_DflashDraftSampler` through the
+    worker's `_maybe_build_draft_sampler` (flashtree's wrapper around the real one) and appends sglang's capture hook
+    for it to the draft runner's capture_tail_hooks; the draft worker's capture is recorded, not run. Stand-ins only
+    for what a one-GPU server publishes (the graph config, the TP group)."""
+    from sglang.srt import runtime_context
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+    from sglang.srt.speculative import dflash_worker_v2 as mod
+
+    config = types.SimpleNamespace(decode=types.SimpleNamespace(backend=Backend.FULL, bs=list(GRAPH_BS)))
+    for module in (mod, runtime_context):  # the worker's import, and what flashtree's adapter resolves
+        monkeypatch.setattr(module, "get_exec", lambda: types.SimpleNamespace(
+            graph=types.SimpleNamespace(cuda_graph_config=config)))
+    one_rank = types.SimpleNamespace(world_size=1)
+    monkeypatch.setattr(mod, "get_tp_group", lambda: one_rank, raising=False)  # 0.5.17, 0.5.20
+    monkeypatch.setattr(mod, "get_parallel", lambda: types.SimpleNamespace(  # 0.5.20, 0.5.23
+        enable_dp_attention=False, attn_dp_enabled=False, tp_group=one_rank, tp_rank=0), raising=False)
+    for name in ("draft_pp_context", "draft_tp_context"):  # 0.5.23's module-level draft scopes
+        if hasattr(mod, name):
+            monkeypatch.setattr(mod, name, lambda *a: contextlib.nullcontext())
+    captured = []
+    worker.__dict__.update(ps=types.SimpleNamespace(tp_rank=0), _target_tp_rank=0, _draft_sampler=None,
+                           _draft_worker=types.SimpleNamespace(init_cuda_graphs=lambda **kw: captured.append(kw)))
+    resolve(DFLASH_WORKER).init_cuda_graphs(worker)
+    assert captured == [{"capture_decode_cuda_graph": True}]
+    return captured
 
 
 def target_forward(world, *, batch, forward_batch, is_verify, skip_attn_backend_init):
@@ -193,10 +237,12 @@ def target_forward(world, *, batch, forward_batch, is_verify, skip_attn_backend_
 
 
 def run(family, n: int, steps: int, prompts=None, sampling_info=None, policy: str = "vote", page_size: int = 1,
-        fused: bool = False, simulate_acc: str | None = None):
+        fused: bool = False, simulate_acc: str | None = None, graphs=None, depth: int = 0):
     """`steps` tree steps through flashtree's DFlashWorkerV2.forward_batch_generation; greedy rows are checked
     token for token against the sequential greedy decode (not with `simulate_acc`: simulated lengths are not the
-    model's), every row's req_to_token / target KV / draft KV layout."""
+    model's), every row's req_to_token / target KV / draft KV layout. graphs = (graph_max_bs, monkeypatch):
+    FLASHTREE_GRAPH_DRAWS on, with DFLASH's draft graphs "captured" (sglang's real init_cuda_graphs) and replayed for
+    batches of at most graph_max_bs requests. depth: FLASHTREE_TREE_DEPTH (0 = the block)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
 
@@ -204,10 +250,14 @@ def run(family, n: int, steps: int, prompts=None, sampling_info=None, policy: st
     bs = len(prompts)
     refs = [reference(p, MAX_LEN - len(p) - 2 * W) for p in prompts]
     world = StandIns(prompts, refs, page_size)
-    worker = dflash_worker(world, bs, page_size)
+    worker = dflash_worker(world, bs, page_size, graph_max_bs=graphs[0] if graphs else 0)
     table = world.req_to_token.clone()
-    toggles = TreeToggles(tree_n=n, seed=5, tree_policy=policy, fused_sampler=fused, simulate_acc=simulate_acc)
-    worker._flashtree = create_state(family, toggles, worker)
+    toggles = TreeToggles(tree_n=n, seed=5, tree_policy=policy, fused_sampler=fused, simulate_acc=simulate_acc,
+                          graph_draws=graphs is not None, tree_depth=depth)
+    dflash_step.make_worker_init(lambda self: None, family, toggles)(worker)
+    if graphs:
+        capture_draft_graphs(worker, graphs[1])
+        torch.manual_seed(5)  # the server's --random-seed: the tail draws on torch's default generator
     step = dflash_step.make_forward_batch_generation(resolve(DFLASH_WORKER).forward_batch_generation, family, toggles)
     greedy_rows = [True] * bs if sampling_info is None else (sampling_info.top_ks <= 1).tolist()
     seq_lens = torch.tensor([len(p) for p in prompts])
@@ -314,7 +364,7 @@ def test_dflash_draws_candidate_zero_is_the_argmax_block(family):
 
     drawn = family.sample_blocks(None, logits, None, None, 3, sampler)
     assert drawn.shape == (2, 3, K) and torch.equal(drawn[:, 0], logits.argmax(-1))
-    logp = family.candidate_logp(types.SimpleNamespace(base_logits=logits), drawn)
+    logp = family.candidate_logp(logits, drawn)
     assert torch.allclose(logp, logits.log_softmax(-1).gather(2, drawn.transpose(1, 2)).transpose(1, 2))
     # the fused sampler's form: all N of a position from one read of its row, laid out (request, candidate, position)
     calls = []
@@ -527,3 +577,181 @@ def test_dflash_chain_steps_draw_simulated_lengths_from_the_table(family, tmp_pa
             out_tokens=o2, simulate_acc_len=1.0, simulate_acc_method="x", simulate_acc_token_mode="real-draft-token")
         assert (a2.item(), c2.item(), b2.item()) == (accept[b].item(), commit[b].item(), bonus[b].item())
         assert torch.equal(o2[0], out[b])
+
+
+# ---- FLASHTREE_GRAPH_DRAWS: the N draws in DFLASH's draft graph tail (graph_draws.MarginalSamplerMixin) ----------
+@pytest.mark.parametrize("fused", [False, True], ids=["row-sampler", "fused"])
+@pytest.mark.parametrize("policy", ["vote", "prob", "best-first"])
+def test_dflash_graph_draws_commit_the_sequential_greedy_decode(family, policy, fused, monkeypatch):
+    """Draft graphs captured through sglang's real init_cuda_graphs: every tree step reads its candidates (prob: and
+    their log q; best-first: its grown tree) from the buffers the replayed tail filled, computes no logits of its
+    own, and commits exactly the sequential greedy decode (run checks every commit and the KV layout)."""
+    def no_eager_logits(*a, **k):
+        raise AssertionError("a tree step after a graph replay computed the block's logits again")
+
+    monkeypatch.setattr(type(family), "lm_logits", no_eager_logits)
+    accepts, state, _gen = run(family, n=4, steps=10, policy=policy, fused=fused, graphs=(4, monkeypatch))
+    assert state.graph_draws is not None and state.graph_draws_off is None
+    assert state.draw_paths == {"graph": 10} and state.graph_draws.calls == 10
+    assert max(accepts) >= 2, f"the steps must accept deep: {accepts}"
+    if policy != "best-first":
+        assert 0 in accepts, f"the steps must reject too: {accepts}"
+
+
+def test_dflash_graph_draws_at_n1_and_below_the_block(family, monkeypatch):
+    """N = 1 (DFLASH's own chain block from the tail) and trees keeping 3 of the block's 5 positions (the tail draws
+    only those, lean) still commit the sequential greedy decode."""
+    accepts, state, _gen = run(family, n=1, steps=6, graphs=(4, monkeypatch))
+    assert state.draw_paths == {"graph": 6} and state.graph_draws.lean_bs == 0 and max(accepts) >= 1
+    accepts, state, _gen = run(family, n=4, steps=8, depth=3, graphs=(4, monkeypatch))
+    assert state.draw_paths == {"graph": 8} and state.graph_draws.out.shape == (max(GRAPH_BS), 4, 3)
+    assert max(accepts) == 3, sorted(accepts.items())
+
+
+def test_dflash_graph_draws_fall_back_to_eager_draws_and_say_so_once(family, monkeypatch, caplog):
+    """Batches above the captured draft graphs (3 requests, graphs up to 2): the forward runs eagerly, its tail never
+    runs, and the step draws eagerly as without graph draws; one warning, however many steps."""
+    with caplog.at_level(logging.WARNING, logger="flashtree.patches"):
+        accepts, state, _gen = run(family, n=4, steps=5, graphs=(2, monkeypatch))
+    assert state.graph_draws is not None and state.graph_draws.calls == 0
+    assert state.draw_paths == {"eager": 5} and max(accepts) >= 2
+    said = [r.getMessage() for r in caplog.records if "drawn eagerly" in r.getMessage()]
+    assert len(said) == 1 and "a batch of 3 requests ran its draft forward eagerly" in said[0]
+
+
+def real_tail(family, monkeypatch, n: int = 4, **toggles):
+    """A DFLASH worker after flashtree's __init__ and sglang's real init_cuda_graphs: (worker, its flashtree sampler,
+    sglang's capture hook for it, the GraphDraws)."""
+    world = StandIns([[3, 1, 4]], [reference([3, 1, 4], 8)])
+    worker = dflash_worker(world, 1)
+    dflash_step.make_worker_init(lambda self: None, family, TreeToggles(tree_n=n, seed=5, **toggles))(worker)
+    capture_draft_graphs(worker, monkeypatch)
+    (hook,) = worker.draft_model_runner.capture_tail_hooks
+    sampler = graph_draws.sampler_of(worker)
+    assert sampler is worker._draft_sampler and sampler.flashtree_draws is worker._flashtree.graph_draws
+    return worker, sampler, hook, sampler.flashtree_draws
+
+
+def tail_inputs(bs: int, seed: int = 0):
+    """(hidden states, ForwardBatch stand-in, block logits (bs, K, V), anchor): the stand-in LM head is the identity,
+    so the draft positions' hidden states are their logits."""
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn(bs, K, V, generator=g) * 2
+    anchor = torch.randint(0, V - 1, (bs,), generator=g)
+    hidden = torch.full((bs, W, V), 1e4)  # the anchor's row: would show if it leaked into the logits
+    hidden[:, 1:] = base
+    ids = torch.full((bs, W), MASK)
+    ids[:, 0] = anchor
+    out = LogitsProcessorOutput(next_token_logits=None, hidden_states=hidden.view(bs * W, V))
+    return out, types.SimpleNamespace(input_ids=ids.view(-1)), base, anchor
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["row-sampler", "fused"])
+def test_dflash_tail_draws_equal_the_eager_draws(family, monkeypatch, fused):
+    """The tail, called as sglang's graph runner calls it (eagerly on CPU): DFLASH's own `out` equals its stock
+    sampler's on the same hidden states (its steps still read it), and the N candidates equal the eager draws' for
+    the same generator state (the tail draws on torch's default generator, the eager draws on FLASHTREE_SEED's:
+    both seeded alike here), candidate 0 each position's argmax."""
+    from sglang.srt.speculative.dflash_worker_v2 import _DflashDraftSampler
+
+    worker, sampler, hook, draws = real_tail(family, monkeypatch, n=4, fused_sampler=fused, tree_max_bs=3)
+    assert isinstance(sampler, _DflashDraftSampler) and type(sampler) is not _DflashDraftSampler
+    assert draws.lean_bs == 3 and draws.max_bs == 4  # lean up to the limit; the graph of 4 is DFLASH's own too
+    stock = _DflashDraftSampler(weight=sampler.weight, block_size=W, num_org=V, org_vocab_start=0, max_bs=4)
+    bs = 4  # not lean: DFLASH's block is computed from the same logits
+    out, fb, base, anchor = tail_inputs(bs)
+    stock(out.hidden_states, fb.input_ids)
+    torch.manual_seed(11)
+    hook(None, out, fb, bs * W)
+    assert torch.equal(sampler.out[: bs * K], stock.out[: bs * K])
+    state = worker._flashtree
+    state.generator.manual_seed(11)
+    eager = decode.draw_candidates(state, worker, base, anchor, None, 4)
+    cands = draws.read(bs)
+    assert cands.shape == (bs, 4, K) and torch.equal(cands[:, 0], base.argmax(-1))
+    assert (cands[:, 1:] != cands[:, :1]).any(), "the draws are not all the argmax block"
+    assert torch.equal(cands, eager)
+    # a lean tail (a graph only tree steps replay): the same candidates, DFLASH's block left as it was
+    sampler.out.fill_(-1)
+    out, fb, base, anchor = tail_inputs(2, seed=1)
+    torch.manual_seed(12)
+    hook(None, out, fb, 2 * W)
+    state.generator.manual_seed(12)
+    assert torch.equal(draws.read(2), decode.draw_candidates(state, worker, base, anchor, None, 4))
+    assert (sampler.out == -1).all() and draws.drawn_sizes == {4: 4, 2: 4}
+
+
+def test_dflash_tail_keeps_log_q_and_grows_best_first(family, monkeypatch):
+    """prob: the tail keeps each candidate token's log q under its position's marginal (what the eager step computes
+    after its draws); best-first: the tail grows the tree the eager step grows from the same logits."""
+    _worker, _sampler, hook, draws = real_tail(family, monkeypatch, tree_policy="prob")
+    out, fb, base, anchor = tail_inputs(3)
+    hook(None, out, fb, 3 * W)
+    cands = draws.read(3)
+    assert torch.allclose(draws.logp[:3], family.candidate_logp(base, cands))
+    _worker, _sampler, hook, draws = real_tail(family, monkeypatch, tree_policy="best-first")
+    assert draws.n == 1 and draws.grown == ()
+    hook(None, out, fb, 3 * W)
+    grown, eager = draws.read_tree(3), policy_draws.grow(base, anchor, width=W)
+    for field in ("tokens", "parents", "depth", "valid"):
+        assert torch.equal(getattr(grown, field), getattr(eager, field)), field
+
+
+def test_dflash_own_steps_over_lean_graphs_take_their_block_eagerly(family, monkeypatch):
+    """DFLASH's own steps (the tree step's fallbacks) over a batch a lean graph serves run with the sampler detached
+    from the worker, so DFLASH takes its greedy block from the replayed hidden states; larger ones keep it."""
+    worker, sampler, _hook, draws = real_tail(family, monkeypatch, tree_max_bs=2)
+    assert draws.lean_bs == 2
+    with graph_draws.dspark_proposes_eagerly(worker, 2):
+        assert worker._draft_sampler is None
+    assert worker._draft_sampler is sampler
+    with graph_draws.dspark_proposes_eagerly(worker, 3):
+        assert worker._draft_sampler is sampler
+
+
+def test_dflash_graph_draws_stay_eager_with_one_reason(family, monkeypatch, caplog):
+    """Where the tail cannot draw, DFLASH keeps its own sampler and the draws stay eager, logged once at
+    init_cuda_graphs: a release whose tail sampler is not the one flashtree adapts, DFLASH keeping its head eager,
+    too little free memory."""
+    from flashtree.patches.adapters import dflash as dflash_family
+
+    gap = "_DflashDraftSampler.__call__: gone"
+    monkeypatch.setattr(dflash_family, "DFLASH_GRAPH_DRAW_PROBES", (types.SimpleNamespace(check=lambda: gap),))
+    with caplog.at_level(logging.WARNING, logger="flashtree.patches"):
+        worker, *_ = real_tail_or_none(family, monkeypatch)
+    assert type(worker._draft_sampler).__name__ == "_DflashDraftSampler" and worker._flashtree.graph_draws is None
+    said = [r.getMessage() for r in caplog.records if "stay eager" in r.getMessage()]
+    assert said == [f"flashtree: FLASHTREE_GRAPH_DRAWS=1 but the N draft draws stay eager: sglang "
+                    f"{family.release}'s DFLASH draft graph tail is not the one flashtree adapts ({gap})"]
+    monkeypatch.undo()
+    monkeypatch.setenv("SGLANG_DFLASH_EAGER_DRAFT_SAMPLER", "1")
+    worker, *_ = real_tail_or_none(family, monkeypatch)
+    assert worker._draft_sampler is None and "DFLASH built no graph-folded" in worker._flashtree.graph_draws_off
+    from sglang.srt.speculative.dflash_worker_v2 import _DflashDraftSampler
+
+    stock = _DflashDraftSampler(weight=torch.eye(V), block_size=W, num_org=V, org_vocab_start=0, max_bs=4)
+    state = worker._flashtree
+    assert graph_draws.build(state, worker, stock, free=lambda device: 1 << 30) is stock
+    assert "GiB GPU memory is free" in state.graph_draws_off
+    assert graph_draws.sampler_of(types.SimpleNamespace(
+        _draft_sampler=graph_draws.build(state, worker, stock, free=lambda device: 8 << 30))) is not None
+
+
+def real_tail_or_none(family, monkeypatch):
+    world = StandIns([[3, 1, 4]], [reference([3, 1, 4], 8)])
+    worker = dflash_worker(world, 1)
+    dflash_step.make_worker_init(lambda self: None, family, TreeToggles(tree_n=4))(worker)
+    capture_draft_graphs(worker, monkeypatch)
+    return worker, graph_draws.sampler_of(worker)
+
+
+def test_dflash_tail_memory_estimate():
+    """The tail's graph-pool estimate on a DFLASH worker (independent positions: every position's rows at once):
+    the row sampler over rows repeated N times does not fit at 8B shapes, the one-read fused draws do."""
+    family = adapters.dflash_adapter(adapters.select_adapter())
+    shapes = dict(n=16, depth=15, max_bs=32, vocab=151936, logits_bytes=2)
+    assert graph_draws.need_bytes(family, **shapes) > 16 * 32 * 15 * 151936 * 2  # > the repeated rows alone
+    assert graph_draws.need_bytes(family, **shapes, fused=True) < (128 << 20)  # per-tile maxima, nothing rows x V
+    assert graph_draws.need_bytes(family, **shapes, grown=True) >= 4 * 32 * 15 * 151936 * 4

@@ -202,7 +202,7 @@ class SglangAdapter:
         k = proposer.gamma
         return DraftOut(anchor, base.view(bs, k, -1), fwd.draft_hidden_3d, None)
 
-    def candidate_logp(self, draft: DraftOut, candidates: torch.Tensor) -> torch.Tensor | None:
+    def candidate_logp(self, base_logits: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor | None:
         """(bs, N, K) log q of the candidates' tokens, where "logp" is in `draft_scores` (None: not computed; policies
         that need it are refused at worker start)."""
         return None
@@ -331,6 +331,16 @@ class SglangAdapter:
         if getattr(sampler, "markov_head", None) is None:
             return "the draft sampler has no Markov head"
         return None
+
+    def draft_tail(self, sampler) -> tuple[int, int, torch.Tensor]:
+        """(the requests its buffers hold: the largest configured graph size, the vocabulary, the LM-head weight) of
+        the sampler the worker folds into its draft graph."""
+        head = sampler.model.lm_head
+        return int(sampler.out.shape[0]) // int(sampler.gamma), int(head.org_vocab_size), head.weight
+
+    def draft_sampler_holders(self, worker) -> tuple:
+        """What holds the worker's draft sampler (its decode reads it from each): the worker and DSPARK's proposer."""
+        return worker, worker._proposer
 
     def verify_input_cls(self):
         return resolve("sglang.srt.speculative.dflash_info:DFlashVerifyInput")

@@ -45,6 +45,15 @@ DFLASH_PROBES = (
     Has("sglang.srt.speculative.spec_info:SpeculativeAlgorithm.DFLASH"),
 )
 
+# FLASHTREE_GRAPH_DRAWS (graph_draws.py): the greedy head DFLASH folds into its draft graph's tail, which flashtree's
+# sampler subclasses; a release lacking them keeps the eager draws (the reason logged at init_cuda_graphs).
+DFLASH_TAIL_SAMPLER = f"{DFLASH_MODULE}:_DflashDraftSampler"
+DFLASH_GRAPH_DRAW_PROBES = (
+    Has(f"{DFLASH_WORKER}._maybe_build_draft_sampler"),
+    Has(f"{DFLASH_TAIL_SAMPLER}.__init__", ("weight", "block_size", "num_org", "org_vocab_start", "max_bs")),
+    Sig(f"{DFLASH_TAIL_SAMPLER}.__call__", ("self", "hidden_states", "input_ids")),
+)
+
 
 class DFlashFamily(SglangAdapter):
     algorithm = "DFLASH"
@@ -54,7 +63,6 @@ class DFlashFamily(SglangAdapter):
     draft_scores = ("logp", "anchor", "step_logprobs")
     independent_positions = True  # no Markov head: best-first's rounds read each position's top k (policy_draws.py)
     logp_from_draws = False
-    graph_draws_off = "DFLASH's draft graph tail is its own greedy head; the N draws run after the forward"
     flashmap_noise_draws = False  # over the release adapter's (0.5.20: FlashMap drafts are DSPARK's)
     draft_rows_release = False  # ditto (0.5.17: DSPARK's proposer)
 
@@ -139,8 +147,9 @@ class DFlashFamily(SglangAdapter):
 
     def draft_forward(self, worker, batch, draft_input, window: Window, bs: int, proposer=None, sampler=None,
                       graph_candidates: Callable | None = None) -> DraftOut:
-        """One DFLASH draft forward over [anchor, mask x K] -> base logits (bs, K, V) through the target's LM head
-        (its graph replays when DFLASH captured one: the captured tail, DFLASH's greedy head, still runs)."""
+        """One DFLASH draft forward over [anchor, mask x K] (its graph replays when DFLASH captured one) -> the
+        candidates the graph's tail drew (`graph_candidates(bs)`, FLASHTREE_GRAPH_DRAWS), or else base logits
+        (bs, K, V) through the target's LM head for the eager draws."""
         fb_mod = resolve(FORWARD_BATCH)
         block = int(worker.block_size)
         worker._ensure_draft_block_buffers(bs)
@@ -169,6 +178,9 @@ class DFlashFamily(SglangAdapter):
         self.bind_draft_batch(worker, forward_batch, window)
         with self.draft_context(worker):
             out = worker.draft_model_runner.forward(forward_batch)
+        drawn = graph_candidates(bs) if graph_candidates is not None and out.can_run_graph else None
+        if drawn is not None:  # the replayed graph's tail computed the block's logits and drew the candidates
+            return DraftOut(anchor.clone(), None, None, drawn)
         hidden = out.logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("flashtree: the DFLASH draft forward returned no hidden states")
@@ -177,6 +189,34 @@ class DFlashFamily(SglangAdapter):
 
     def lm_head(self, worker):
         return worker.target_worker.model_runner.model.lm_head
+
+    # ---- graph draws (flashtree/patches/graph_draws.py): DFLASH's `_DflashDraftSampler` is the tail -------------
+    def graph_draws_unsupported(self, worker, sampler) -> str | None:
+        gaps = [msg for msg in (p.check() for p in DFLASH_GRAPH_DRAW_PROBES) if msg]
+        if gaps:
+            return f"sglang {self.release}'s DFLASH draft graph tail is not the one flashtree adapts ({'; '.join(gaps)})"
+        if not isinstance(sampler, resolve(DFLASH_TAIL_SAMPLER)):
+            return f"DFLASH folded {type(sampler).__name__} into its draft graph, not its greedy head"
+        if int(getattr(sampler, "tp_size", 1)) != 1 or int(sampler.org_vocab_start):
+            return "DFLASH's draft graph tail reads a TP-sharded LM head"
+        return None
+
+    def draft_tail(self, sampler) -> tuple[int, int, torch.Tensor]:
+        return int(sampler.out.shape[0]) // (int(sampler.block_size) - 1), int(sampler.num_org), sampler.weight
+
+    def draft_sampler_holders(self, worker) -> tuple:
+        return (worker,)
+
+    def tail_batch_size(self, sampler, hidden_states: torch.Tensor) -> int:
+        return hidden_states.shape[0] // int(sampler.block_size)
+
+    def tail_inputs(self, sampler, hidden_states: torch.Tensor, input_ids: torch.Tensor):
+        """(bs, the draft positions' hidden (bs, K, H) twice, anchor (bs,)): DFLASH's tail sees the whole block
+        [anchor, mask x K], one row per token."""
+        block = int(sampler.block_size)
+        bs = self.tail_batch_size(sampler, hidden_states)
+        positions = hidden_states.view(bs, block, -1)[:, 1:]
+        return bs, positions, positions, input_ids.view(bs, block)[:, 0]
 
     def lm_logits(self, worker, hidden: torch.Tensor) -> torch.Tensor:
         """The target LM head's logits over its own (unpadded) vocabulary rows, as DFLASH's greedy head reads them."""
@@ -200,10 +240,10 @@ class DFlashFamily(SglangAdapter):
     def verify_input_extra(self, batch) -> dict:
         return {}  # DFlashVerifyInput takes no live host lengths
 
-    def candidate_logp(self, draft: DraftOut, candidates: torch.Tensor) -> torch.Tensor:
+    def candidate_logp(self, base_logits: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
         """(bs, N, K) log q of each candidate token under its position's marginal (positions are independent)."""
         k = candidates.shape[2]
-        logq = torch.log_softmax(draft.base_logits[:, :k].float(), dim=-1)  # (bs, K, V)
+        logq = torch.log_softmax(base_logits[:, :k].float(), dim=-1)  # (bs, K, V)
         logq = logq.unsqueeze(1).expand(-1, candidates.shape[1], -1, -1)
         return logq.gather(3, candidates.unsqueeze(-1)).squeeze(-1)
 
