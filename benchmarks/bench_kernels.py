@@ -16,8 +16,7 @@ measured copy rate, the ratios, and an output check. Times are triton.testing.do
 splits, key tile, warps, stages, bf16 partials, the fused merge, ...) at bs 1 / 4K, bs 1 / 32K and bs 8 / 4K, then
 the default and the best tiles at bs 64 / 8K, every point checked against the fp32 reference, and ends with the best
 point per shape (the `verify_attn_tune_best` table). `attention-small` (not in the default, ~4 min) times a grid of
-launches at bs 1 / 4K and bs 1 / 32K (key tile, stages, merge launch or fused, programmatic dependent launch, split
-counts),
+launches at bs 1 / 4K and bs 1 / 32K (rows per program, key tile, split counts),
 each point checked, then the default and the fastest points per call inside one CUDA graph of 36 calls over 36
 distinct KV caches (a 36-layer forward's cost a layer, without the one replay's launch overhead), then the fastest
 tiles at bs 8 / 4K and bs 64 / 8K. `policies-tune` (not in the default parts, under a minute) times
@@ -918,22 +917,24 @@ def part_attention_tune(bw, budget_s=120.0):
 # attention-small: the small-batch launch grid. Every point is timed as one graph replay (as every other figure of
 # this file) and the best of them, with the default, also per call inside one graph of LAYERS calls over LAYERS
 # distinct KV caches: what a captured forward of LAYERS layers pays a layer, without the replay's own launch cost.
-SMALL_SHAPES = {(1, 4096, 16): (8, 16, 32, 64), (1, 32768, 16): (16, 32, 64, 128)}
-SMALL_GRID = dict(block_n=(32, 64, 128), num_stages=(3, 4), fused_merge=(False, True), pdl=(False, True))
+# Kernel runs 12 and 13 swept prefetch depth, warps, stages, the fused merge, PDL and 4 split counts a shape
+# (benchmarks/HISTORY.md section 13); this grid is what they left open: rows per program against key tile.
+SMALL_SHAPES = {(1, 4096, 16): (8, 16), (1, 32768, 16): (8, 16)}
+SMALL_GRID = dict(block_m=(16, 32, 64), block_n=(32, 64, 128))
 SMALL_IN_GRAPH = 8  # the fastest points per shape (by one replay) that are timed in the graph too
 LAYERS = 36  # Qwen3-8B's layers
 
 
 def small_points(splits):
-    """The grid's launches at these split counts: bf16 partials (kernel runs 9 and 10: the fastest at bs 1), a merge
-    launch only up to TUNE_MERGE_LAUNCH_MAX splits."""
+    """The grid's launches at these split counts (the rest as the default launch has it), a merge launch only up to
+    TUNE_MERGE_LAUNCH_MAX splits."""
     import itertools
 
     keys = list(SMALL_GRID)
     for n in splits:
         for values in itertools.product(*SMALL_GRID.values()):
-            cfg = dict(zip(keys, values), splits=n, partials="bf16")
-            if cfg["fused_merge"] or n <= TUNE_MERGE_LAUNCH_MAX:
+            cfg = dict(zip(keys, values), splits=n)
+            if cfg.get("fused_merge") or n <= TUNE_MERGE_LAUNCH_MAX:
                 yield cfg
 
 
@@ -1031,8 +1032,8 @@ def part_attention_small(bw, budget_s=240.0, device="cuda"):
         tune_point(c, {}, "default", seen)
         for b in best.values():
             if b is not None:
-                tile = {k: b["launch"][f] for k, f in (("block_n", "block_n"), ("num_warps", "warps"),
-                                                       ("num_stages", "stages"), ("pdl", "pdl"))}
+                tile = {k: b["launch"][f] for k, f in (("block_m", "block_m"), ("block_n", "block_n"),
+                                                       ("num_warps", "warps"), ("num_stages", "stages"))}
                 tune_point(c, tile, "bs-1 tile", seen)
                 tune_point(c, {**tile, "partials": "bf16"}, "bs-1 tile", seen)
         del c

@@ -27,10 +27,10 @@ def launch_cell(c):
     ahead = {0: "", 1: ", slots prefetched", 2: ", K / V prefetched"}[int(c.get("prefetch") or 0)]
     ahead += ", PDL" if c.get("pdl") else ""
     if c["parts"] == 1:
-        return f"unsplit, BN {c['block_n']}, {c['warps']} warps, {c['stages']} stages{ahead}"
+        return f"unsplit, BM {c['block_m']}, BN {c['block_n']}, {c['warps']} warps, {c['stages']} stages{ahead}"
     tree = " + tree part" if c["parts"] > c["splits"] else ""
     merge = f"fused merge x{c['merge_unroll']}" if c["fused"] else f"merge launch ({c['merge_rows']} rows)"
-    return (f"{c['splits']} splits{tree}, BN {c['block_n']}, {c['warps']} warps, {c['stages']} stages, "
+    return (f"{c['splits']} splits{tree}, BM {c['block_m']}, BN {c['block_n']}, {c['warps']} warps, {c['stages']} stages, "
             f"{c['partials']} partials, {merge}{ahead}")
 
 

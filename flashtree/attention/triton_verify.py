@@ -333,6 +333,8 @@ def _int_in(x, lo, hi, pow2=False):
 # `tune` keys: (accepts, what it accepts)
 TUNE = {
     "block_n": (lambda x: _int_in(x, 16, 256, pow2=True), "a power of two in 16..256 (keys per tile)"),
+    "block_m": (lambda x: _int_in(x, 16, 128, pow2=True), "a power of two in 16..128 (query rows a program: its "
+                "KV head's G query heads x the L tokens, packed)"),
     "num_warps": (lambda x: _int_in(x, 1, 16, pow2=True), "a power of two in 1..16"),
     "num_stages": (lambda x: _int_in(x, 1, 8), "an integer in 1..8"),
     "partials": (lambda x: isinstance(x, str) and x in PARTIALS, "one of " + ", ".join(PARTIALS)),
@@ -366,6 +368,9 @@ def launch_choice(bs: int, hq: int, hkv: int, d: int, dv: int, L: int, max_prefi
     and the merge only matter when there are splits (more than one part)."""
     t = _checked_tune(tune)
     bm, rb, bn, warps, stages = _config(hq // hkv, L, d, dv, device.type != "cuda")
+    if "block_m" in t:  # fewer rows a program: more programs over the same splits, each key tile read by each
+        bm = t["block_m"]
+        rb = triton.cdiv((hq // hkv) * L, bm)
     sms = sm_count(device, 8)
     if num_splits is None:
         num_splits = choose_splits(bs * hkv * rb, max_prefix, sms)

@@ -186,6 +186,8 @@ TUNED = [
     dict(block_n=16, num_warps=2, num_stages=2, merge_rows=4),
     dict(prefetch=False),
     dict(prefetch=False, block_n=16, partials="bf16"),
+    dict(block_m=16),  # 20 rows (G 4 x L 5) in 2 blocks on the CPU, 64 (G 4 x L 16) in 4 on the GPU
+    dict(block_m=16, fused_merge=True, partials="bf16"),
     dict(pdl=True),  # on the GPU a programmatic dependent launch of both kernels; on the CPU the plain launch
     dict(pdl=True, fused_merge=True, partials="bf16"),
 ]
@@ -242,7 +244,7 @@ def test_tune_overrides_the_launch():
     dict(block_n=48), dict(block_n=8), dict(block_n=512), dict(block_n=True), dict(num_warps=3), dict(num_stages=0),
     dict(num_stages=2.0), dict(partials="fp8"), dict(partials=torch.bfloat16), dict(fused_merge=1),
     dict(tree_part="no"), dict(merge_rows=1), dict(merge_unroll=0), dict(splits=4), [("block_n", 64)],
-    dict(prefetch=1), dict(pdl="yes"),
+    dict(prefetch=1), dict(pdl="yes"), dict(block_m=8), dict(block_m=48),
 ])
 def test_bad_overrides_raise(tune):
     with pytest.raises(ValueError, match="tune"):
