@@ -5,8 +5,9 @@ req_to_token or copy commit, draft context for the committed path) over the DFLA
 (adapters/dflash.py): the draft forward over [anchor, mask x K] through the target's LM head, N draws per position
 (candidate 0 the argmax block, DFLASH's chain; with FLASHTREE_GRAPH_DRAWS in DFLASH's draft graph tail, graph_draws.py),
 DFLASH's own verify input and draft-KV writer. DFLASH's worker runs prefill and decode in one
-`forward_batch_generation`; prefill, idle batches and the tree step's fallbacks (decode.py) run DFLASH's own. Unset toggles leave DFLASH untouched; a DFLASH worker lacking what the family's probes require gets
-its worker start refused with the gaps.
+`forward_batch_generation`; prefill, idle batches and the tree step's fallbacks (decode.py) run DFLASH's own. Unset
+toggles leave DFLASH untouched; a DFLASH worker lacking what the family's probes require gets its worker start refused
+with the gaps.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ returns the first candidate's block to DSPARK. flashtree switches that mode on a
 captures the draft's CUDA graphs, with N fixed to FLASHTREE_TREE_N, and puts a `NoiseDraws` in place of
 `_draft_tree` on the instance: each candidate is the argmax block given its noise (flashmap's own rule), written into
 a persistent `(rows, N, K)` buffer that captured graphs rewrite on every replay. The tree step's eager draws
-(`decode.draw_candidates`) then return those rows instead of drawing N blocks through the Markov head. Whether the
+(`block_draws.draw_candidates`) then return those rows instead of drawing N blocks through the Markov head. Whether the
 release can serve it (`adapter.flashmap_noise_draws`), the draft model and the graph sizes are the adapter's answers.
 
 The draft is recognised by probing it (flashmap's `flashmap = True` marker plus every method and field used here),

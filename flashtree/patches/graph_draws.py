@@ -46,7 +46,7 @@ DFLASH (sglang 0.5.17 / 0.5.20 / 0.5.23) folds its greedy head into its draft gr
 through the target's LM head, their argmax into `out`, which DFLASH's own decode reads after a replay) and appends it
 as the tail hook. flashtree wraps that builder too and re-classes the sampler with `MarginalSamplerMixin`: the block's
 logits once, DFLASH's `out` from them, then the N draws per position by the eager draws' own code
-(`decode.draw_candidates`: candidate 0 the argmax, the row sampler or FLASHTREE_FUSED_SAMPLER's `candidate_draws`) on
+(`block_draws.draw_candidates`: candidate 0 the argmax, the row sampler or FLASHTREE_FUSED_SAMPLER's `candidate_draws`) on
 torch's default generator, which CUDA graphs replay with fresh noise; `prob` also keeps the tokens' log q under their
 marginals, `best-first` grows its tree from each position's top W - 1 instead. Lean tails compute the K kept
 positions' logits only and leave `out` stale; DFLASH's own steps over those sizes run with the sampler detached, so
@@ -282,7 +282,7 @@ class MarginalSamplerMixin(TailSampler):
     """Mixed in front of DFLASH's `_DflashDraftSampler` (one rank): the block's logits through the target's LM head,
     computed once for DFLASH's greedy block and flashtree's N draws per position."""
 
-    def __call__(self, hidden_states, input_ids=None):
+    def __call__(self, hidden_states, input_ids):
         draws = self.flashtree_draws
         bs, positions, _hidden, _anchor = draws.adapter.tail_inputs(self, hidden_states, input_ids)
         lean = bs <= draws.lean_bs  # only tree steps replay this graph: the kept positions, no DFLASH block
@@ -417,7 +417,7 @@ def build(run, worker, stock, *, free: Callable = free_bytes, graph_sizes: Calla
     marginal = adapter.independent_positions  # DFLASH: the eager draws' own code in the tail (MarginalSamplerMixin)
     draw_blocks = fused = None
     if marginal:
-        from .decode import draw_candidates
+        from .block_draws import draw_candidates
 
         def draw_blocks(base_logits, anchor, n):
             return draw_candidates(run, worker, base_logits, anchor, None, n, default_generator=True)
@@ -463,7 +463,7 @@ def build(run, worker, stock, *, free: Callable = free_bytes, graph_sizes: Calla
 def _describe(plan, marginal: bool, fast: bool, grown: bool) -> str:
     """How the tail draws (the start log's words)."""
     if grown:
-        how = "each position's top W - 1, grown in one launch" if marginal else f"{plan.tree_width - 1} rounds of the head"
+        how = "each position's top W - 1 in one launch" if marginal else f"{plan.tree_width - 1} rounds of the head"
         return f"policy {plan.policy}: the best-first tree from {how}"
     if marginal:
         return ("the block's logits once, N draws per position from one read (candidate_draws)" if fast

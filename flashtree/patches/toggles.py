@@ -280,8 +280,8 @@ class TreeToggles:
         "of the functions with the most host time (host_profile.py)", "set")
     graph_draws: bool = toggle(
         "FLASHTREE_GRAPH_DRAWS", Flag(), True,
-        "draw the N candidate blocks inside DSPARK's captured draft CUDA graph (its draft-sampler tail hook) instead "
-        "of eagerly; batches the graphs do not cover draw eagerly; see \"Graph draws\" below", "set")
+        "draw the N candidate blocks inside the captured draft CUDA graph (DSPARK's or DFLASH's draft-sampler tail "
+        "hook) instead of eagerly; batches the graphs do not cover draw eagerly; see \"Graph draws\" below", "set")
 
     tp: bool = toggle(
         "FLASHTREE_TP", Flag(), False,

@@ -2,8 +2,9 @@
 token, draft-KV writer `_append_target_hidden_to_draft_kv_by_loc` with its validation and prefix-valid commit), the
 DFLASH family's real primitives (window, ForwardBatch of the draft forward, target LM head, N draws per position,
 DFLASH's DFlashVerifyInput carrying the tree mask; 0.5.23: the step's real KV-location plan over a real
-`KVIndexTranslator`), flashtree's walk and commit; stand-ins only for the model forwards (the stand-in target and
-draft of test_decode_cpu) and the KV pools."""
+`KVIndexTranslator`; FLASHTREE_GRAPH_DRAWS: the real init_cuda_graphs, `_maybe_build_draft_sampler`,
+`_DflashDraftSampler` and capture hook), flashtree's walk and commit; stand-ins only for the model forwards (the
+stand-in target and draft of test_decode_cpu), the KV pools and what a one-GPU server publishes."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import torch
 import sglang_cpu
 from test_decode_cpu import MAX_LEN, V, StandIns, chi2_critical_001, reference, standin_base_logits, target_logits
 
-from flashtree.patches import adapters, decode, dflash_step, graph_draws, policy_draws
+from flashtree.patches import adapters, block_draws, dflash_step, graph_draws, policy_draws
 from flashtree.patches.adapters.dflash import DFLASH_WORKER
 from flashtree.patches.adapters.probe import resolve
 from flashtree.patches.decode import create_state
@@ -668,7 +669,7 @@ def test_dflash_tail_draws_equal_the_eager_draws(family, monkeypatch, fused):
     assert torch.equal(sampler.out[: bs * K], stock.out[: bs * K])
     state = worker._flashtree
     state.generator.manual_seed(11)
-    eager = decode.draw_candidates(state, worker, base, anchor, None, 4)
+    eager = block_draws.draw_candidates(state, worker, base, anchor, None, 4)
     cands = draws.read(bs)
     assert cands.shape == (bs, 4, K) and torch.equal(cands[:, 0], base.argmax(-1))
     assert (cands[:, 1:] != cands[:, :1]).any(), "the draws are not all the argmax block"
@@ -679,7 +680,7 @@ def test_dflash_tail_draws_equal_the_eager_draws(family, monkeypatch, fused):
     torch.manual_seed(12)
     hook(None, out, fb, 2 * W)
     state.generator.manual_seed(12)
-    assert torch.equal(draws.read(2), decode.draw_candidates(state, worker, base, anchor, None, 4))
+    assert torch.equal(draws.read(2), block_draws.draw_candidates(state, worker, base, anchor, None, 4))
     assert (sampler.out == -1).all() and draws.drawn_sizes == {4: 4, 2: 4}
 
 
@@ -724,7 +725,7 @@ def test_dflash_graph_draws_stay_eager_with_one_reason(family, monkeypatch, capl
     assert type(worker._draft_sampler).__name__ == "_DflashDraftSampler" and worker._flashtree.graph_draws is None
     said = [r.getMessage() for r in caplog.records if "stay eager" in r.getMessage()]
     assert said == [f"flashtree: FLASHTREE_GRAPH_DRAWS=1 but the N draft draws stay eager: sglang "
-                    f"{family.release}'s DFLASH draft graph tail is not the one flashtree adapts ({gap})"]
+                    f"{family.release}'s DFLASH draft graph tail is not one flashtree adapts ({gap})"]
     monkeypatch.undo()
     monkeypatch.setenv("SGLANG_DFLASH_EAGER_DRAFT_SAMPLER", "1")
     worker, *_ = real_tail_or_none(family, monkeypatch)

@@ -194,7 +194,7 @@ class DFlashFamily(SglangAdapter):
     def graph_draws_unsupported(self, worker, sampler) -> str | None:
         gaps = [msg for msg in (p.check() for p in DFLASH_GRAPH_DRAW_PROBES) if msg]
         if gaps:
-            return f"sglang {self.release}'s DFLASH draft graph tail is not the one flashtree adapts ({'; '.join(gaps)})"
+            return f"sglang {self.release}'s DFLASH draft graph tail is not one flashtree adapts ({'; '.join(gaps)})"
         if not isinstance(sampler, resolve(DFLASH_TAIL_SAMPLER)):
             return f"DFLASH folded {type(sampler).__name__} into its draft graph, not its greedy head"
         if int(getattr(sampler, "tp_size", 1)) != 1 or int(sampler.org_vocab_start):
