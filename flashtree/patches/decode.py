@@ -273,11 +273,12 @@ def policy_draws_of(run: TreeRun, worker, draft, sampler, bs: int, tree_w: int):
         # shapes and kernels), whose path reaches the full depth.
         candidates = candidates[:, :1].expand_as(candidates)
         logp = None if logp is None else logp[:, :1].expand_as(logp)
-        if tree is not None and draft.base_logits is not None:
+        if tree is not None:
             # a grown tree of random marginals is all depth-1 nodes too: once grown (its cost paid), the step verifies
             # the tree of the same width from N copies of the greedy block instead (an argmax and a vote build more,
-            # simulated steps only), and draws its length by the server's N
-            greedy = draft.base_logits[:, :k].argmax(dim=-1).unsqueeze(1)
+            # simulated steps only; a simulated server's graph tail writes the argmax block beside its tree), and
+            # draws its length by the server's N
+            greedy = candidates[:, :1] if draft.base_logits is None else draft.base_logits[:, :k].argmax(-1)[:, None]
             candidates = greedy.expand(bs, plan.draws_for(bs), k)
             tree = build_tree(candidates, tree_w, policy="vote")
     candidates = run.tp.from_first(candidates)  # every rank builds rank 0's tree (its draws are its own generator's)

@@ -105,7 +105,8 @@ class GraphDraws:
     def __init__(self, *, adapter, n: int, depth: int, max_bs: int, vocab: int, temperature: float, device,
                  limit: int = 0, fused: tuple | None = None, seed: int = 0, n_for: Callable[[int], int] | None = None,
                  lean_bs: int = 0, dspark_tail_only: bool = False, policy: str = "vote",
-                 grown: tuple | None = None, tree_width: int = 0, draw_blocks: Callable | None = None):
+                 grown: tuple | None = None, tree_width: int = 0, draw_blocks: Callable | None = None,
+                 simulated: bool = False):
         # depth: the block positions each candidate keeps (FLASHTREE_TREE_DEPTH, <= DSPARK's gamma)
         # max_bs: the requests the buffers hold. limit (FLASHTREE_TREE_MAX_BS, 0 = none): with a limit, a tail run
         # for more than max_bs requests (a graph only chain steps replay) skips the draws instead of failing.
@@ -119,9 +120,12 @@ class GraphDraws:
         # its tree of tree_width tokens from the vanilla head's `grown` = (w1, w2) instead (policy_draws.py)
         # draw_blocks: independent positions (DFLASH): (base logits (bs, K, V), anchor, n) -> (bs, n, K), the eager
         # draws' own code on torch's default generator (graph-safe: each replay redraws); no noise buffers
+        # simulated (FLASHTREE_SIMULATE_ACC / SGLANG_SIMULATE_ACC_LEN): a grown tree's tail also writes the argmax
+        # block as candidate 0, which a simulated step verifies in N copies instead (decode.policy_draws_of)
         self.adapter, self.n, self.k, self.max_bs = adapter, int(n), int(depth), int(max_bs)
         self.lean_bs = int(lean_bs)
         self.draw_blocks = draw_blocks
+        self.simulated = bool(simulated)
         self.dspark_tail_only = bool(dspark_tail_only)
         self.n_for = n_for or (lambda bs: self.n)
         self.limit = int(limit)
@@ -194,6 +198,8 @@ class GraphDraws:
             for buf, part in ((self.tree.tokens, tree.tokens), (self.tree.parents, tree.parents),
                               (self.tree.depth, tree.depth), (self.tree.valid, tree.valid)):
                 buf[:bs].copy_(part)
+            if self.simulated:
+                self.out[:bs, 0].copy_(base_logits.argmax(dim=-1))
             return
         logp = None
         if self.draw_blocks is not None:
@@ -444,7 +450,7 @@ def build(run, worker, stock, *, free: Callable = free_bytes, graph_sizes: Calla
         adapter=adapter, n=n, depth=plan.depth, max_bs=max_bs, vocab=vocab,
         temperature=toggles.draft_temperature, device=stock.out.device, limit=limit, fused=fused, seed=toggles.seed,
         n_for=(lambda bs: 1) if grown is not None else plan.draws_for, lean_bs=lean_bs, policy=plan.policy,
-        grown=grown, tree_width=plan.tree_width, draw_blocks=draw_blocks,
+        grown=grown, tree_width=plan.tree_width, draw_blocks=draw_blocks, simulated=run.simulate is not None,
         dspark_tail_only=run.planner is not None and plan.forward_rows < plan.gamma,
     )
     run.graph_draws = draws

@@ -302,19 +302,22 @@ def test_dflash_tree_matches_sequential_greedy_decode(family, policy):
         assert 0 in accepts, f"the steps must reject too: {accepts}"
 
 
+@pytest.mark.parametrize("graph", [False, True], ids=["eager-draws", "graph-draws"])
 @pytest.mark.parametrize("policy", ["vote", "best-first"])
-def test_dflash_simulated_trees_draw_their_shape_lengths_to_full_depth(family, policy, tmp_path):
+def test_dflash_simulated_trees_draw_their_shape_lengths_to_full_depth(family, policy, graph, tmp_path, monkeypatch):
     """FLASHTREE_SIMULATE_ACC on a DFLASH tree server: lengths drawn from the row of the server's own (N, W), best-first
     included (its grown tree draws no candidates, and a grown tree of random marginals would be all depth-1 nodes: the
-    simulated step verifies the same width built from copies of the greedy block, so the drawn lengths reach full
-    depth). The KV layout stays exact (run checks it)."""
+    simulated step verifies the same width built from copies of the greedy block, which a graph tail writes beside
+    its tree, so the drawn lengths reach full depth). The KV layout stays exact (run checks it)."""
     from flashtree.planner.accept_table import AcceptTable
 
     table = tmp_path / "accept.json"
     deep = (0,) * K + (1,)  # every step accepts the whole block
     AcceptTable({(1, W): (1,), (4, W): deep}, policy=policy).save(table)
-    accepts, state, _gen = run(family, n=4, steps=3, simulate_acc=str(table), policy=policy)
+    accepts, state, _gen = run(family, n=4, steps=3, simulate_acc=str(table), policy=policy,
+                               graphs=(4, monkeypatch) if graph else None)
     assert state.simulate is not None and set(accepts) == {K}, sorted(accepts.items())
+    assert state.draw_paths == {"graph" if graph else "eager": 3}
 
 
 def test_dflash_fused_sampler_draws_commit_the_sequential_greedy_decode(family):
