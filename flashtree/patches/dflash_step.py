@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from . import decode, graph_draws, simulate, startup
+from . import decode, graph_draws, simulate, startup, verify_widths
 from .adapters import SUPPORTED, dflash_adapter
 from .adapters.dflash import DFLASH_MODULE, DFLASH_WORKER
 from .adapters.probe import resolve
@@ -33,10 +33,10 @@ def patches(adapter, toggles: TreeToggles) -> list[Patch]:
     if gaps:
         return [Patch(worker_cls, "__init__", lambda orig: make_refusal(orig, family.release, gaps),
                       "DFlashWorkerV2.__init__")]
-    narrow = bool(toggles.tree_budget or toggles.tree_width)
+    verify_widths.require(adapter, toggles)
     return [
         Patch(worker_cls, "__init__", lambda orig: make_worker_init(orig, family, toggles), "DFlashWorkerV2.__init__"),
-        Patch(worker_cls, "init_cuda_graphs", lambda orig: startup.make_init_cuda_graphs(orig, narrow),
+        Patch(worker_cls, "init_cuda_graphs", lambda orig: startup.make_init_cuda_graphs(orig, toggles.narrows),
               "DFlashWorkerV2.init_cuda_graphs"),
         Patch(worker_cls, "forward_batch_generation",
               lambda orig: make_forward_batch_generation(orig, family, toggles),

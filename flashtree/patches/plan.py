@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from . import admission, decode, dflash_step, flashmap_draft, logprobs, startup
+from . import admission, decode, dflash_step, flashmap_draft, logprobs, startup, verify_widths
 from .adapters import base
 from .adapters.base import DFLASH_UTILS, REQ, RESULTS, SCHEDULER, TRITON, WORKER, SglangAdapter
 from .adapters.probe import resolve
@@ -50,11 +50,7 @@ def _tree_patches(adapter: SglangAdapter, toggles: TreeToggles) -> list[Patch]:
     worker_cls = resolve(WORKER)
     if toggles.draft_rows:
         adapter.check_draft_rows(toggles.draft_rows)
-    narrow = bool(toggles.tree_budget or toggles.tree_width or toggles.planned)  # trees narrower than the window
-    if toggles.planned:  # verify graphs at every width of the planner's menu
-        adapter.require(base.NARROW_VERIFY_PROBES, "FLASHTREE_TREE_N=auto", "an integer from 1 to 256")
-    elif narrow:  # verify graphs at their width
-        adapter.require(base.NARROW_VERIFY_PROBES, "FLASHTREE_TREE_BUDGET / FLASHTREE_TREE_WIDTH", "0 / auto")
+    verify_widths.require(adapter, toggles)
 
     def worker_init(orig):
         # flashtree's tree state, then a FlashMap draft's switch to N noise draws (or its refusal).
@@ -62,7 +58,7 @@ def _tree_patches(adapter: SglangAdapter, toggles: TreeToggles) -> list[Patch]:
 
     return [
         Patch(worker_cls, "__init__", worker_init, "DSparkWorkerV2.__init__"),
-        Patch(worker_cls, "init_cuda_graphs", lambda orig: startup.make_init_cuda_graphs(orig, narrow),
+        Patch(worker_cls, "init_cuda_graphs", lambda orig: startup.make_init_cuda_graphs(orig, toggles.narrows),
               "DSparkWorkerV2.init_cuda_graphs"),
         Patch(worker_cls, "_forward_decode", lambda orig: decode.make_forward_decode(orig, adapter, toggles),
               "DSparkWorkerV2._forward_decode"),

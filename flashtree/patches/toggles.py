@@ -303,6 +303,12 @@ class TreeToggles:
     def planned(self) -> bool:
         return self.tree_n == AUTO_N
 
+    @property
+    def narrows(self) -> bool:
+        """Trees narrower than the window: a budget, a fixed width or the planner's menu, each verified through
+        target graphs captured at its width (verify_widths.py, at init_cuda_graphs: startup.py)."""
+        return bool(self.tree_budget or self.tree_width or self.planned)
+
     def describe(self) -> str:
         return ", ".join(f"{name}={getattr(self, name)}" for name in self.__dataclass_fields__)
 

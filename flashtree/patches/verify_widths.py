@@ -23,9 +23,19 @@ from __future__ import annotations
 import contextlib
 import logging
 
+from .adapters import base
 from .toggles import ToggleError
 
 logger = logging.getLogger("flashtree.patches")
+
+
+def require(adapter, toggles) -> None:
+    """Refuse, before anything is patched, toggles whose narrower trees need verify runners this release's
+    DecodeCudaGraphRunner cannot build (DSPARK's and DFLASH's servers alike)."""
+    if toggles.planned:  # verify graphs at every width of the planner's menu
+        adapter.require(base.NARROW_VERIFY_PROBES, "FLASHTREE_TREE_N=auto", "an integer from 1 to 256")
+    elif toggles.narrows:  # verify graphs at their width
+        adapter.require(base.NARROW_VERIFY_PROBES, "FLASHTREE_TREE_BUDGET / FLASHTREE_TREE_WIDTH", "0 / auto")
 
 
 def capture(run, worker) -> None:

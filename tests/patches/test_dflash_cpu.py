@@ -759,3 +759,30 @@ def test_dflash_tail_memory_estimate():
     assert graph_draws.need_bytes(family, **shapes) > 16 * 32 * 15 * 151936 * 2  # > the repeated rows alone
     assert graph_draws.need_bytes(family, **shapes, fused=True) < (128 << 20)  # per-tile maxima, nothing rows x V
     assert graph_draws.need_bytes(family, **shapes, grown=True) >= 4 * 32 * 15 * 151936 * 4
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"FLASHTREE_TREE_N": "auto"}, ["DFLASH graphs", "verify graphs", "warm-up", "cost table"]),
+    ({"FLASHTREE_TREE_N": "8", "FLASHTREE_TREE_BUDGET": "64"}, ["DFLASH graphs", "verify graphs", "warm-up"]),
+    ({"FLASHTREE_TREE_N": "8"}, ["DFLASH graphs"]),
+], ids=["auto", "budget", "fixed"])
+def test_dflash_start_captures_what_narrower_trees_and_the_planner_need(env, expected, monkeypatch):
+    """DFLASH's init_cuda_graphs as the plugin wraps it, as DSPARK's: after DFLASH's own graphs, trees narrower than
+    the block (the planner's menu, a budget) get their target verify graphs and the kernels' warm-up, and the planner
+    its measured cost table; trees at the block's width need none of them."""
+    from flashtree.patches import checks, planning, verify_widths, warmup
+    from flashtree.patches.toggles import read_toggles
+
+    calls = []
+    monkeypatch.setattr(checks, "at_init_cuda_graphs", lambda *a: None)
+    monkeypatch.setattr(verify_widths, "capture", lambda run, worker: calls.append("verify graphs"))
+    monkeypatch.setattr(warmup, "limits", lambda run, worker: ())
+    monkeypatch.setattr(warmup, "warm", lambda run, worker: calls.append("warm-up") or [])
+    monkeypatch.setattr(planning, "measure", lambda run, worker: calls.append("cost table"))
+    toggles = read_toggles(env)
+    patch = next(p for p in dflash_step.patches(adapters.select_adapter(), toggles) if p.name == "init_cuda_graphs")
+    init_cuda_graphs = patch.make(lambda worker: calls.append("DFLASH graphs"))
+    run = types.SimpleNamespace(plan=types.SimpleNamespace(adapter=None, page_size=1), draft_rows=None,
+                                planner=object() if toggles.planned else None)
+    init_cuda_graphs(types.SimpleNamespace(_flashtree=run))
+    assert calls == expected
