@@ -8,8 +8,9 @@ under the tree mask (read only on each request's L x L block), get a part of the
 and the tree one after the other; a merge kernel combines the S + 1 parts by their log-sum-exp. With S = 1 one part
 does both and writes the output itself. Only shapes are read on the host: graph-capturable.
 
-`tune` overrides the launch for small batches (see `launch_choice`): the key tile, warps and stages; the split
-outputs' dtype (`partials`: fp32, or bf16 / fp16 to halve their write and read; the log-sum-exp stays fp32); the tree
+`tune` overrides the launch for small batches (see `launch_choice`): the key tile, the rows a program packs
+(`block_m`), warps and stages; the split outputs' dtype (`partials`: by default the queries' own 16-bit dtype, fp32
+for fp32 queries; the log-sum-exp stays fp32); the tree
 folded into the last split instead of a part of its own; `prefetch` (on by default), each key tile's KV slots loaded
 one tile ahead and its V gathered before the QK dot (on the H200 it took 4-15% off at every shape of kernel run 10,
 1.09x the floor to 1.04x at bs 64 / 8K; gathering the next tile's K and V into registers as well was slower at bs 1,
