@@ -238,12 +238,13 @@ def target_forward(world, *, batch, forward_batch, is_verify, skip_attn_backend_
 
 
 def run(family, n: int, steps: int, prompts=None, sampling_info=None, policy: str = "vote", page_size: int = 1,
-        fused: bool = False, simulate_acc: str | None = None, graphs=None, depth: int = 0):
+        fused: bool = False, simulate_acc: str | None = None, graphs=None, depth: int = 0, costs=None):
     """`steps` tree steps through flashtree's DFlashWorkerV2.forward_batch_generation; greedy rows are checked
     token for token against the sequential greedy decode (not with `simulate_acc`: simulated lengths are not the
     model's), every row's req_to_token / target KV / draft KV layout. graphs = (graph_max_bs, monkeypatch):
     FLASHTREE_GRAPH_DRAWS on, with DFLASH's draft graphs "captured" (sglang's real init_cuda_graphs) and replayed for
-    batches of at most graph_max_bs requests. depth: FLASHTREE_TREE_DEPTH (0 = the block)."""
+    batches of at most graph_max_bs requests. depth: FLASHTREE_TREE_DEPTH (0 = the block). costs (with n = AUTO_N,
+    FLASHTREE_TREE_N=auto): the planner's cost table, ms per (shape, bs), injected as its start-up measurement."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
 
@@ -256,6 +257,10 @@ def run(family, n: int, steps: int, prompts=None, sampling_info=None, policy: st
     toggles = TreeToggles(tree_n=n, seed=5, tree_policy=policy, fused_sampler=fused, simulate_acc=simulate_acc,
                           graph_draws=graphs is not None, tree_depth=depth)
     dflash_step.make_worker_init(lambda self: None, family, toggles)(worker)
+    if costs is not None:
+        from flashtree.patches import planning
+
+        planning.measure(worker._flashtree, worker, lambda shape, b: costs(shape, b) / 1e3, sizes=[bs])
     if graphs:
         capture_draft_graphs(worker, graphs[1])
         torch.manual_seed(5)  # the server's --random-seed: the tail draws on torch's default generator
@@ -786,3 +791,19 @@ def test_dflash_start_captures_what_narrower_trees_and_the_planner_need(env, exp
                                 planner=object() if toggles.planned else None)
     init_cuda_graphs(types.SimpleNamespace(_flashtree=run))
     assert calls == expected
+
+
+def test_dflash_planned_trees_commit_the_sequential_greedy_decode(family):
+    """FLASHTREE_TREE_N=auto on a DFLASH server: the planner's menu comes from DFLASH's block, and the shape a cost
+    table makes cheapest (here a tree of the first of the step's N draws) serves every step; its commits are the
+    sequential greedy decode token for token (run checks them)."""
+    from flashtree.patches.toggles import AUTO_N
+
+    def costs(shape, bs):  # the chain dearest, then the smallest tree (fewest candidates, narrowest) cheapest
+        return 100.0 if shape.is_chain else shape.n + shape.width / 100
+
+    accepts, state, _gen = run(family, n=AUTO_N, steps=8, costs=costs)
+    cheapest = min((s for s in state.planner.shapes if not s.is_chain), key=lambda s: costs(s, 3))
+    assert cheapest.n < state.plan.toggles.tree_n or cheapest.width < W, state.planner.shapes
+    assert state.steps == 8 and state.planner.planner.summary()[0]["shape"] == cheapest.label()
+    assert sum(accepts.values()) == 8 * 3 and max(accepts) >= 2, accepts  # every request committed, some deep
