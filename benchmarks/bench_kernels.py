@@ -213,6 +213,7 @@ def part_policies():
         rounds = lambda: best_first(shape, w, marginal_topk_scores(top, ids))  # noqa: E731  (the torch rounds)
         log(kind="policy_build", policy="best-first", build="marginal", bs=bs, n=0, k=k, width=w, vocab=vocab,
             same_as_reference=same, flashtree_eager_us=bench(fn), flashtree_graph_us=try_graph(fn),
+            no_prefetch_graph_us=try_graph(lambda: grow_marginal_triton(top, ids, w, prefetch=False)),
             torch_eager_us=bench(rounds, rep=10), torch_graph_us=try_graph(rounds),
             topk_eager_us=bench(topk_fn), topk_graph_us=try_graph(topk_fn))
 

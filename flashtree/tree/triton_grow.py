@@ -5,19 +5,24 @@ The reference keeps a frontier of every kept node's W - 1 best children and take
 position's top k is sorted, so of one parent's children not yet taken the next best is always its next rank: the
 kernel keeps one frontier entry per parent (slot 0 the root, slot i + 1 kept node i), so the frontier has W entries and
 the reference's tie rule (the earlier frontier slot: the lower parent, then the lower rank) is the lowest slot among
-the maxima. One program per request, one warp; a round is one reduction over the frontier that carries the winner's
-fields with it, and the two scores it needs next (its slot's next rank, the first child one position further) are
-loaded for every slot before it, so their latency overlaps the reduction. The (position, rank) cell each pick came
-from is kept in registers and the tokens are gathered once after the loop.
+the maxima. One program per request, one warp. A round is one max over one int64 key per slot (the score's bits in an
+order-preserving int32, then the slot reversed, then its table cell), so the winner's score, slot and cell come out of
+a single two-word shuffle reduction; the two scores its pick opens (its slot's next rank, the first child one position
+further) are then two scalar loads from a table the program pulled into L1 at its start (PREFETCH, on a GPU). The
+(position, rank) cell each pick came from is kept in registers and the tokens are gathered once after the loop.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
 import triton.language as tl
 
 from .types import VoteTree
+
+LINE = 32  # float32 scores per 128-byte cache line
 
 
 @triton.jit
@@ -27,21 +32,39 @@ def _pick(vec, lanes, at):
 
 
 @triton.jit
-def _frontier_max(s1, j1, c1, n1, f1, s2, j2, c2, n2, f2):
-    # the higher score, the lower slot on a tie (the reference's rule), carrying that slot's fields along
-    first = (s1 > s2) | ((s1 == s2) & (j1 < j2))
-    return (tl.where(first, s1, s2), tl.where(first, j1, j2), tl.where(first, c1, c2), tl.where(first, n1, n2),
-            tl.where(first, f1, f2))
+def _key(score, slots, cell, FW: tl.constexpr):
+    # + 0.0 turns -0.0 into +0.0 (the reference's float compare ties them); then the bits as an int32 that orders as
+    # the float does, above the reversed slot (the lower slot wins a tie) and the cell
+    bits = (score + 0.0).to(tl.int32, bitcast=True)
+    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    return (ordered.to(tl.int64) << 32) | ((FW - 1 - slots).to(tl.int64) << 16) | cell.to(tl.int64)
+
+
+@triton.jit
+def _unkey(key, FW: tl.constexpr):
+    ordered = (key >> 32).to(tl.int32)
+    score = tl.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered).to(tl.float32, bitcast=True)
+    return score, FW - 1 - ((key >> 16) & 0xFFFF).to(tl.int32), (key & 0xFFFF).to(tl.int32)
+
+
+@triton.jit
+def _prefetch_l1(ptrs):
+    tl.inline_asm_elementwise("prefetch.global.L1 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
 
 
 @triton.jit
 def _grow_marginal_kernel(top_ptr, ids_ptr, tok_ptr, par_ptr, dep_ptr, val_ptr, vote_ptr, first_ptr,
-                          K: tl.constexpr, KK: tl.constexpr, KEEP: tl.constexpr, FW: tl.constexpr):
+                          K: tl.constexpr, KK: tl.constexpr, KEEP: tl.constexpr, FW: tl.constexpr,
+                          PREFETCH: tl.constexpr, LINES: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     neg = float("-inf")
     row = top_ptr + b * (K * KK)  # log q[pos * KK + rank]
+    if PREFETCH:
+        # the whole table (K * KK scores, a few lines) in flight at once, so no round waits on a line from L2
+        _prefetch_l1(row + tl.minimum(tl.arange(0, LINES) * 32, K * KK - 1))
     slots = tl.arange(0, FW)
-    # the frontier: per parent slot, its next child's score, table cell, and the parent's own score
+    # the frontier: per parent slot, its next child's score and table cell, and the parent's own score
     f_score = tl.where(slots == 0, tl.load(row), neg)
     f_cell = tl.zeros([FW], dtype=tl.int32)
     f_base = tl.zeros([FW], dtype=tl.float32)
@@ -50,12 +73,7 @@ def _grow_marginal_kernel(top_ptr, ids_ptr, tok_ptr, par_ptr, dep_ptr, val_ptr, 
     o_par = tl.zeros([FW], dtype=tl.int32)
     o_ok = tl.zeros([FW], dtype=tl.int32)
     for i in range(KEEP):
-        # every slot's two follow-ups, loaded (L1 hits after the first rounds) before the round's one reduction so
-        # their latency overlaps it: its next rank's path score, and the best score one position further
-        n_next = f_base + tl.load(row + f_cell + 1, mask=f_cell + 1 < K * KK, other=neg)
-        f_pos = f_cell // KK + 1
-        n_first = tl.load(row + f_pos * KK, mask=f_pos < K, other=neg)
-        best, j, cell, nxt, fst = tl.reduce((f_score, slots, f_cell, n_next, n_first), 0, _frontier_max)
+        best, j, cell = _unkey(tl.max(_key(f_score, slots, f_cell, FW), axis=0), FW)
         ok = best > neg
         pos = cell // KK
         rank = cell - pos * KK
@@ -64,12 +82,12 @@ def _grow_marginal_kernel(top_ptr, ids_ptr, tok_ptr, par_ptr, dep_ptr, val_ptr, 
         o_ok = tl.where(outs == i, ok.to(tl.int32), o_ok)
         # the parent's next child: the next rank of the same position (nothing moves once the tree is full: a spent
         # slot's cell points past its position)
-        sib = tl.where(ok & (rank + 1 < KK), nxt, neg)
-        f_score = tl.where(slots == j, sib, f_score)
+        nxt = tl.load(row + cell + 1, mask=ok & (rank + 1 < KK), other=neg)
+        fst = tl.load(row + (pos + 1) * KK, mask=ok & (pos + 1 < K), other=neg)
+        f_score = tl.where(slots == j, f_base + nxt, f_score)
         f_cell = tl.where(slots == j, cell + 1, f_cell)
         # the new node's first child, one position further
-        child = tl.where(ok & (pos + 1 < K), best + fst, neg)
-        f_score = tl.where(slots == i + 1, child, f_score)
+        f_score = tl.where(slots == i + 1, best + fst, f_score)
         f_cell = tl.where(slots == i + 1, (pos + 1) * KK, f_cell)
         f_base = tl.where(slots == i + 1, best, f_base)
     keep = outs < KEEP
@@ -85,19 +103,25 @@ def _grow_marginal_kernel(top_ptr, ids_ptr, tok_ptr, par_ptr, dep_ptr, val_ptr, 
     tl.store(first_ptr + row, tl.full([FW], 1, dtype=tl.int64), mask=keep)  # the builder's one placeholder candidate
 
 
-def grow_marginal_triton(top: torch.Tensor, ids: torch.Tensor, width: int) -> VoteTree:
+def grow_marginal_triton(top: torch.Tensor, ids: torch.Tensor, width: int, *, prefetch: bool | None = None) -> VoteTree:
     """`policies.best_first.grow_marginal` on CUDA: top / ids (bs, K, k) each position's k best log q and tokens,
-    largest first."""
+    largest first. `prefetch` (default: on a GPU) pulls each request's table into L1 before the rounds."""
     bs, k, kk = top.shape
+    if k * kk >= 1 << 16 or width > 1 << 15:
+        raise ValueError(f"best-first grow packs a table cell and a slot in 16 bits each: K x k = {k * kk}, "
+                         f"width {width}")
     keep = width - 1
     dev = top.device
     top = top.float().contiguous()
     ids = ids.long().contiguous()
+    if prefetch is None:
+        prefetch = top.is_cuda and os.environ.get("TRITON_INTERPRET") != "1"
     # every output written by the one launch (valid as int8, viewed as bool: no extra kernels on the step)
     tokens, parents, depth, votes, first = (torch.empty((bs, keep), dtype=torch.int64, device=dev) for _ in range(5))
     valid = torch.empty((bs, keep), dtype=torch.int8, device=dev)
     if bs:
         _grow_marginal_kernel[(bs,)](top, ids, tokens, parents, depth, valid, votes, first, K=k, KK=kk, KEEP=keep,
-                                     FW=max(2, triton.next_power_of_2(keep + 1)), num_warps=1)
+                                     FW=max(2, triton.next_power_of_2(keep + 1)), PREFETCH=prefetch,
+                                     LINES=max(2, triton.next_power_of_2(triton.cdiv(k * kk, LINE))), num_warps=1)
     return VoteTree(tokens=tokens, parents=parents, depth=depth, votes=votes, valid=valid.view(torch.bool),
                     first_candidate=first, k=k)

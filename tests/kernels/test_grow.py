@@ -1,5 +1,9 @@
 """best-first over independent positions (DFLASH): the one-launch kernel against the reference's W - 1 rounds."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -109,3 +113,26 @@ def test_kernel_replays_in_a_graph():
     graph.replay()
     want = reference(new_top, new_ids, 32)
     assert all(torch.equal(getattr(tree, f).cpu(), getattr(want, f)) for f in FIELDS)
+
+
+HOPPER_BUILD = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from flashtree.tree.triton_grow import _grow_marginal_kernel
+names = ["top_ptr", "ids_ptr", "tok_ptr", "par_ptr", "dep_ptr", "val_ptr", "vote_ptr", "first_ptr"]
+sig = dict(zip(names, ["*fp32", "*i64", "*i64", "*i64", "*i64", "*i8", "*i64", "*i64"]))
+consts = {"K": 15, "KK": 31, "KEEP": 31, "FW": 32, "PREFETCH": True, "LINES": 16}
+sig.update({name: "constexpr" for name in consts})
+kernel = triton.compile(ASTSource(_grow_marginal_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
+                        options={"num_warps": 1})
+assert "prefetch.global.L1" in kernel.asm["ptx"] and kernel.asm["cubin"]
+"""
+
+
+def test_gpu_variant_compiles_for_hopper():
+    """The L1 prefetch (inline PTX, which the interpreter skips) assembles for sm_90 through ptxas, without a GPU (in a
+    process of its own: the interpreter's kernels cannot be compiled)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", HOPPER_BUILD], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
