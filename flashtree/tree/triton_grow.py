@@ -5,10 +5,12 @@ The reference keeps a frontier of every kept node's W - 1 best children and take
 position's top k is sorted, so of one parent's children not yet taken the next best is always its next rank: the
 kernel keeps one frontier entry per parent (slot 0 the root, slot i + 1 kept node i), so the frontier has W entries and
 the reference's tie rule (the earlier frontier slot: the lower parent, then the lower rank) is the lowest slot among
-the maxima. One program per request, one warp. A round is one max over one int64 key per slot (the score's bits in an
-order-preserving int32, then the slot reversed, then its table cell), so the winner's score, slot and cell come out of
-a single two-word shuffle reduction; the two scores its pick opens (its slot's next rank, the first child one position
-further) are then two scalar loads from a table the program pulled into L1 at its start (PREFETCH, on a GPU). The
+the maxima. One program per request, one warp. Each frontier slot is one int64 key (the score's bits as an int32
+that orders as the float does, then the slot reversed, then its table cell), so one max over the keys gives the
+winner's score, slot and cell at once. A pick opens two entries (its slot's next rank, its first child one position
+further: two scalar loads), so the next pick is the best of the runner-up and those two: with PICKS = 2 one
+reduction carries (largest key, its slot's parent score, second key) and takes two nodes, halving the dependent
+reductions. On a GPU the program first pulls its tables into L1 (PREFETCH), so no round waits on memory. The
 (position, rank) cell each pick came from is kept in registers and the tokens are gathered once after the loop.
 """
 
@@ -37,7 +39,7 @@ def _key(score, slots, cell, FW: tl.constexpr):
     # the float does, above the reversed slot (the lower slot wins a tie) and the cell
     bits = (score + 0.0).to(tl.int32, bitcast=True)
     ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-    return (ordered.to(tl.int64) << 32) | ((FW - 1 - slots).to(tl.int64) << 16) | cell.to(tl.int64)
+    return (ordered.to(tl.int64) << 32) | (tl.cast(FW - 1 - slots, tl.int64) << 16) | tl.cast(cell, tl.int64)
 
 
 @triton.jit
@@ -54,15 +56,36 @@ def _prefetch_l1(ptrs):
 
 
 @triton.jit
+def _top2(a1, ab, a2, b1, bb, b2):
+    # the larger key with its slot's parent score, and the second-largest key, of two lanes' (key, base, runner-up)
+    first = a1 > b1
+    second = tl.maximum(tl.where(first, b1, a1), tl.where(first, a2, b2))
+    return tl.where(first, a1, b1), tl.where(first, ab, bb), second
+
+
+@triton.jit
+def _opened(row, best, cell, K: tl.constexpr, KK: tl.constexpr):
+    # the two scores a pick opens: its parent's next child (the next rank of the same position; nothing once the tree
+    # is full: a spent slot's cell points past its position) and its own first child, one position further
+    ok = best > float("-inf")
+    pos = cell // KK
+    nxt = tl.load(row + cell + 1, mask=ok & (cell - pos * KK + 1 < KK), other=float("-inf"))
+    fst = tl.load(row + (pos + 1) * KK, mask=ok & (pos + 1 < K), other=float("-inf"))
+    return ok, pos, nxt, fst
+
+
+@triton.jit
 def _grow_marginal_kernel(top_ptr, ids_ptr, tok_ptr, par_ptr, dep_ptr, val_ptr, vote_ptr, first_ptr,
                           K: tl.constexpr, KK: tl.constexpr, KEEP: tl.constexpr, FW: tl.constexpr,
-                          PREFETCH: tl.constexpr, LINES: tl.constexpr):
+                          PREFETCH: tl.constexpr, LINES: tl.constexpr, PICKS: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     neg = float("-inf")
     row = top_ptr + b * (K * KK)  # log q[pos * KK + rank]
     if PREFETCH:
-        # the whole table (K * KK scores, a few lines) in flight at once, so no round waits on a line from L2
+        # both tables (K * KK scores and token ids, a few lines each) in flight at once, so no round and not the
+        # final gather waits on a line from L2 or memory
         _prefetch_l1(row + tl.minimum(tl.arange(0, LINES) * 32, K * KK - 1))
+        _prefetch_l1(ids_ptr + b * (K * KK) + tl.minimum(tl.arange(0, 2 * LINES) * 16, K * KK - 1))
     slots = tl.arange(0, FW)
     # the frontier: per parent slot, its next child's score and table cell, and the parent's own score
     f_score = tl.where(slots == 0, tl.load(row), neg)
@@ -72,24 +95,39 @@ def _grow_marginal_kernel(top_ptr, ids_ptr, tok_ptr, par_ptr, dep_ptr, val_ptr, 
     o_cell = tl.zeros([FW], dtype=tl.int32)
     o_par = tl.zeros([FW], dtype=tl.int32)
     o_ok = tl.zeros([FW], dtype=tl.int32)
-    for i in range(KEEP):
-        best, j, cell = _unkey(tl.max(_key(f_score, slots, f_cell, FW), axis=0), FW)
-        ok = best > neg
-        pos = cell // KK
-        rank = cell - pos * KK
+    for i in range(0, KEEP, PICKS):
+        keys = _key(f_score, slots, f_cell, FW)
+        if PICKS == 1:
+            top1 = tl.max(keys, axis=0)
+            base1 = 0.0
+            top2 = top1
+        else:
+            # two picks per reduction: the second is the best of the runner-up and the two entries the first opens
+            top1, base1, top2 = tl.reduce((keys, f_base, tl.full([FW], -(2**63), tl.int64)), 0, _top2)
+        best, j, cell = _unkey(top1, FW)
+        ok, pos, nxt, fst = _opened(row, best, cell, K, KK)
         o_cell = tl.where(outs == i, cell, o_cell)
         o_par = tl.where(outs == i, j, o_par)
         o_ok = tl.where(outs == i, ok.to(tl.int32), o_ok)
-        # the parent's next child: the next rank of the same position (nothing moves once the tree is full: a spent
-        # slot's cell points past its position)
-        nxt = tl.load(row + cell + 1, mask=ok & (rank + 1 < KK), other=neg)
-        fst = tl.load(row + (pos + 1) * KK, mask=ok & (pos + 1 < K), other=neg)
         f_score = tl.where(slots == j, f_base + nxt, f_score)
         f_cell = tl.where(slots == j, cell + 1, f_cell)
-        # the new node's first child, one position further
         f_score = tl.where(slots == i + 1, best + fst, f_score)
         f_cell = tl.where(slots == i + 1, (pos + 1) * KK, f_cell)
         f_base = tl.where(slots == i + 1, best, f_base)
+        if PICKS == 2:
+            # (past KEEP when KEEP is odd: written to slots and outputs that are never read or stored)
+            top2 = tl.maximum(top2, tl.maximum(_key(base1 + nxt, j, cell + 1, FW),
+                                               _key(best + fst, i + 1, (pos + 1) * KK, FW)))
+            best, j, cell = _unkey(top2, FW)
+            ok, pos, nxt, fst = _opened(row, best, cell, K, KK)
+            o_cell = tl.where(outs == i + 1, cell, o_cell)
+            o_par = tl.where(outs == i + 1, j, o_par)
+            o_ok = tl.where(outs == i + 1, ok.to(tl.int32), o_ok)
+            f_score = tl.where(slots == j, f_base + nxt, f_score)
+            f_cell = tl.where(slots == j, cell + 1, f_cell)
+            f_score = tl.where(slots == i + 2, best + fst, f_score)
+            f_cell = tl.where(slots == i + 2, (pos + 1) * KK, f_cell)
+            f_base = tl.where(slots == i + 2, best, f_base)
     keep = outs < KEEP
     tokens = tl.load(ids_ptr + b * (K * KK) + o_cell, mask=keep & (o_cell < K * KK), other=0)
     first = _pick(tokens, outs, 0)
@@ -103,13 +141,17 @@ def _grow_marginal_kernel(top_ptr, ids_ptr, tok_ptr, par_ptr, dep_ptr, val_ptr, 
     tl.store(first_ptr + row, tl.full([FW], 1, dtype=tl.int64), mask=keep)  # the builder's one placeholder candidate
 
 
-def grow_marginal_triton(top: torch.Tensor, ids: torch.Tensor, width: int, *, prefetch: bool | None = None) -> VoteTree:
+def grow_marginal_triton(top: torch.Tensor, ids: torch.Tensor, width: int, *, prefetch: bool | None = None,
+                         picks: int = 2) -> VoteTree:
     """`policies.best_first.grow_marginal` on CUDA: top / ids (bs, K, k) each position's k best log q and tokens,
-    largest first. `prefetch` (default: on a GPU) pulls each request's table into L1 before the rounds."""
+    largest first. `prefetch` (default: on a GPU) pulls each request's table into L1 before the rounds; `picks`
+    (1 or 2) nodes taken per reduction."""
     bs, k, kk = top.shape
     if k * kk >= 1 << 16 or width > 1 << 15:
         raise ValueError(f"best-first grow packs a table cell and a slot in 16 bits each: K x k = {k * kk}, "
                          f"width {width}")
+    if picks not in (1, 2):
+        raise ValueError(f"picks={picks}: 1 or 2 nodes per reduction")
     keep = width - 1
     dev = top.device
     top = top.float().contiguous()
@@ -122,6 +164,7 @@ def grow_marginal_triton(top: torch.Tensor, ids: torch.Tensor, width: int, *, pr
     if bs:
         _grow_marginal_kernel[(bs,)](top, ids, tokens, parents, depth, valid, votes, first, K=k, KK=kk, KEEP=keep,
                                      FW=max(2, triton.next_power_of_2(keep + 1)), PREFETCH=prefetch,
-                                     LINES=max(2, triton.next_power_of_2(triton.cdiv(k * kk, LINE))), num_warps=1)
+                                     LINES=max(2, triton.next_power_of_2(triton.cdiv(k * kk, LINE))), PICKS=picks,
+                                     num_warps=1)
     return VoteTree(tokens=tokens, parents=parents, depth=depth, votes=votes, valid=valid.view(torch.bool),
                     first_candidate=first, k=k)
