@@ -203,12 +203,16 @@ def part_policies():
     # best-first over independent positions (DFLASH): the build from each position's top W - 1 (one launch) against
     # the registered builder's rounds over the same table; then the top-k that feeds it, over the block's logits
     from flashtree.sampler import row_topk_logprobs
+    from flashtree.sampler.triton_topk import row_topk_logprobs as triton_topk
     from flashtree.tree.policies.best_first import best_first, grow_marginal, marginal_topk_scores
     from flashtree.tree.triton_grow import grow_marginal_triton
 
     for bs, k, w, vocab in [(1, 15, 16, 151936), (64, 15, 16, 151936), (64, 15, 32, 151936), (64, 8, 64, 49152)]:
         logits = torch.randn(bs * k, vocab, device="cuda", dtype=torch.bfloat16)
-        topk_fn = lambda: row_topk_logprobs(logits, w - 1)  # noqa: E731
+        topk_fn = lambda: row_topk_logprobs(logits, w - 1)  # noqa: E731  (the threshold select)
+        rounds_fn = lambda: triton_topk(logits, w - 1, select="rounds")  # noqa: E731
+        want_ids = reference.row_topk_logprobs(logits, w - 1)[1]
+        topk_same = all(torch.equal(f()[1], want_ids) for f in (topk_fn, rounds_fn))
         top, ids = (t.view(bs, k, -1) for t in topk_fn())
         fn = lambda: grow_marginal_triton(top, ids, w)  # noqa: E731
         ref = grow_marginal(top.cpu(), ids.cpu(), w)
@@ -221,7 +225,8 @@ def part_policies():
             one_pick_graph_us=try_graph(lambda: grow_marginal_triton(top, ids, w, picks=1)),
             one_pick_same_as_reference=trees_equal(grow_marginal_triton(top, ids, w, picks=1), ref),
             torch_eager_us=bench(rounds, rep=10), torch_graph_us=try_graph(rounds),
-            topk_eager_us=bench(topk_fn), topk_graph_us=try_graph(topk_fn))
+            topk_eager_us=bench(topk_fn), topk_graph_us=try_graph(topk_fn), topk_rounds_graph_us=try_graph(rounds_fn),
+            topk_same_as_reference=topk_same)
 
 
 # policies-tune: the prob build's shapes (bs, N, K, W), the anchor's first (the budget cuts the last)
