@@ -121,7 +121,8 @@ class GraphDraws:
         # draw_blocks: independent positions (DFLASH): (base logits (bs, K, V), anchor, n) -> (bs, n, K), the eager
         # draws' own code on torch's default generator (graph-safe: each replay redraws); no noise buffers
         # simulated (FLASHTREE_SIMULATE_ACC / SGLANG_SIMULATE_ACC_LEN): a grown tree's tail also writes the argmax
-        # block as candidate 0, which a simulated step verifies in N copies instead (decode.policy_draws_of)
+        # block as candidate 0, which a simulated step verifies in N copies instead (decode.policy_draws_of); a
+        # headless draft's (DFLASH) always does, its positions' top 1 (the planner credits DFLASH's chain by it)
         self.adapter, self.n, self.k, self.max_bs = adapter, int(n), int(depth), int(max_bs)
         self.lean_bs = int(lean_bs)
         self.draw_blocks = draw_blocks
@@ -194,11 +195,13 @@ class GraphDraws:
         draft_hidden = draft_hidden[:, : self.k]
         self.calls += 1
         if self.grown is not None:
-            tree = policy_draws.grow(base_logits, anchor, *self.grown, width=self.tree_width)
+            headless = not self.grown  # DFLASH: the greedy block comes with the top k, as candidate 0
+            tree = policy_draws.grow(base_logits, anchor, *self.grown, width=self.tree_width,
+                                     greedy=self.out[:bs, 0] if headless else None)
             for buf, part in ((self.tree.tokens, tree.tokens), (self.tree.parents, tree.parents),
                               (self.tree.depth, tree.depth), (self.tree.valid, tree.valid)):
                 buf[:bs].copy_(part)
-            if self.simulated:
+            if self.simulated and not headless:
                 self.out[:bs, 0].copy_(base_logits.argmax(dim=-1))
             return
         logp = None

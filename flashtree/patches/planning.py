@@ -11,7 +11,10 @@ server, choosing per decode batch between trees and DSPARK's own chain step.
   the menu's largest N up to `draw_cap` candidates per batch (`TreePlan.draws_for`; PLANNED_DRAW_LOGITS over the
   vocabulary, but at least DRAW_FLOOR per request) and a batch is offered only the shapes of that many; a narrower
   shape's tree is built from the first N of them, so one step can credit every shape of no more candidates
-  (`flashtree.planner.acceptance`).
+  (`flashtree.planner.acceptance`). With FLASHTREE_TREE_POLICY=best-first (DFLASH only: its greedy block, which
+  credits the chain, is each position's top 1, read with the top k the tree grows from) the trees are widths only
+  (`best-first,W=16`; `default_shapes`): every step grows the widest and verifies its first W - 1 nodes, the
+  best-first tree of W, so one step credits every width.
 - init_cuda_graphs (startup.py), after the verify graphs at every menu width (verify_widths.py) and the kernels'
   warm-up: `measure` fills the cost table, each shape's step time at each captured batch size, and logs it once.
   On a GPU `StepProbe` times the parts of a step that differ between shapes, back to back, with CUDA events: the
@@ -42,7 +45,9 @@ import torch
 
 from flashtree.planner import AcceptanceModel, CostTable, Planner, Shape, counterfactual_commits, default_shapes
 from flashtree.planner.acceptance import prior_tau
+from flashtree.tree.types import VoteTree
 
+from . import policy_draws
 from .host_copy import HostCopy
 from .toggles import ToggleError, TreeToggles
 
@@ -77,38 +82,49 @@ def draw_cap(worker) -> int:
 def resolve_toggles(adapter, toggles: TreeToggles, worker, gamma: int) -> TreeToggles:
     """The toggles a planned worker runs with: depth from the draft's block size, the draft rows (0.5.17: the depth),
     N = the menu's largest (what a tree step draws, up to `draw_cap` per batch)."""
+    if policy_draws.grows(toggles.tree_policy) and not adapter.independent_positions:
+        raise ToggleError(
+            f"flashtree: FLASHTREE_TREE_N=auto with FLASHTREE_TREE_POLICY={toggles.tree_policy} plans DFLASH servers "
+            f"only: a best-first step on {adapter.algorithm} grows its tree from the Markov head and draws no greedy "
+            f"block, so nothing would credit {adapter.algorithm}'s chain; allowed: FLASHTREE_TREE_POLICY=vote (or "
+            f"unset) with auto, an integer FLASHTREE_TREE_N with {toggles.tree_policy}, or a DFLASH server"
+        )
     block = adapter.draft_block_size(worker)
     depth = toggles.tree_depth or min(block or gamma, gamma)
     rows = toggles.draft_rows
     if not rows and adapter.draft_rows_release and depth < gamma:
         adapter.check_draft_rows(depth)
         rows = depth
+    # best-first draws none: this N then only keeps sampled batches off DSPARK's chain (decode.skip_reason's N = 1)
     n = max(s.n for s in _trees(toggles.tree_width or gamma + 1, depth, 0))
-    logger.info("flashtree: FLASHTREE_TREE_N=auto: tree depth %d (%s), draft rows %d of gamma %d, %d draws per tree "
-                "step", depth, "FLASHTREE_TREE_DEPTH" if toggles.tree_depth else
+    logger.info("flashtree: FLASHTREE_TREE_N=auto: tree depth %d (%s), draft rows %d of gamma %d, %s per tree step",
+                depth, "FLASHTREE_TREE_DEPTH" if toggles.tree_depth else
                 f"the draft checkpoint's block size {block}" if block else "no block size in the draft config: gamma",
-                rows or gamma, gamma, n)
+                rows or gamma, gamma, "no draws (best-first)" if policy_draws.grows(toggles.tree_policy) else
+                f"{n} draws")
     return replace(toggles, tree_n=n, tree_depth=depth, draft_rows=rows)
 
 
-def _trees(max_width: int, depth: int, rows: int) -> list[Shape]:
-    return [Shape(s.n, s.width, rows) for s in default_shapes(max_width, depth) if not s.is_chain]
+def _trees(max_width: int, depth: int, rows: int, policy: str = "vote") -> list[Shape]:
+    return [replace(s, rows=rows) for s in default_shapes(max_width, depth, policy=policy) if not s.is_chain]
 
 
 def menu(plan) -> list[Shape]:
     """DSPARK's chain over its window, then the trees (module docstring)."""
     rows = plan.forward_rows if plan.forward_rows < plan.gamma else 0
-    return [Shape(0, plan.width)] + _trees(plan.tree_width, plan.depth, rows)
+    return [Shape(0, plan.width)] + _trees(plan.tree_width, plan.depth, rows, plan.policy)
 
 
 def from_plan(plan, simulate, device) -> "ServerPlanner":
     """The worker's planner; with FLASHTREE_SIMULATE_ACC its prior is the table's τ per shape (what the steps will
-    draw), else flashtree.planner's PRIOR_TAU."""
+    draw: a best-first tree's from the table's tree row of its width), else flashtree.planner's PRIOR_TAU."""
     table = getattr(simulate, "table", None)
     prior = prior_tau
     if table is not None:
         def prior(shape: Shape) -> float:
-            return table.tau(1, table.chain_width(shape.width)) if shape.is_chain else table.tau(shape.n, shape.width)
+            if shape.is_chain:
+                return table.tau(1, table.chain_width(shape.width))
+            return table.tau(shape.n, shape.width, shape.grown)
     planner = ServerPlanner(menu(plan), prior=prior, simulated=simulate is not None, policy=plan.policy,
                             cuda=torch.device(device).type == "cuda", max_n=plan.draws_for)
     logger.info("flashtree: FLASHTREE_TREE_N=auto: menu %s; prior tokens per step %s", planner.labels(),
@@ -220,16 +236,20 @@ class ServerPlanner:
 
     # ---- the feeds -------------------------------------------------------------------------------------------
     def after_tree_step(self, shape: Shape, candidates: torch.Tensor, tokens: torch.Tensor,
-                        commit_len: torch.Tensor) -> None:
+                        commit_len: torch.Tensor, grown: VoteTree | None = None) -> None:
         """A tree step of `shape` over `candidates` (bs, N_drawn, K) committed `tokens` (bs, K + 1; -1 past each
-        row's end), `commit_len` (bs,) of them."""
+        row's end), `commit_len` (bs,) of them; `grown`: a best-first step's widest tree (candidate 0: the greedy
+        block)."""
         if not self._credit_now:
             return
         if self.simulated:  # drawn lengths say nothing of other shapes
             self._defer({shape: commit_len})
+            return
+        if grown is not None:  # the best-first widths the step's tree holds
+            shapes = [s for s in self.shapes if s.is_chain or s.width <= grown.tokens.shape[1] + 1]
         else:  # the shapes of no more candidates than this step drew
             shapes = [s for s in self.shapes if s.is_chain or s.n <= candidates.shape[1]]
-            self._defer(counterfactual_commits(candidates, tokens, shapes, self.policy))
+        self._defer(counterfactual_commits(candidates, tokens, shapes, self.policy, grown))
 
     def after_chain_step(self, commit_lens: torch.Tensor) -> None:
         """DSPARK's chain step committed `commit_lens` (bs,) tokens per request (its accept_lens)."""

@@ -106,25 +106,21 @@ def vanilla_scores(anchor: torch.Tensor, base_logits: torch.Tensor, w1: torch.Te
                        step_topk=lambda r, p, t, k: row_topk_logprobs(logits(r, p, t), min(k, w2.shape[0])))
 
 
-def grow(base_logits: torch.Tensor, anchor: torch.Tensor, *head: torch.Tensor, width: int) -> VoteTree:
+def grow(base_logits: torch.Tensor, anchor: torch.Tensor, *head: torch.Tensor, width: int,
+         greedy: torch.Tensor | None = None) -> VoteTree:
     """The best-first tree of `width` tokens (root included) over base logits (bs, K, V) and a vanilla head's
-    (w1, w2), or, with no head, the positions' own distributions."""
+    (w1, w2), or, with no head, the positions' own distributions. greedy (bs, K), headless drafts only: filled with
+    each position's top 1, the draft's greedy block (DFLASH's chain; the planner credits the chain by it)."""
     bs, k, v = base_logits.shape
     if not head:  # each position's top W - 1 once, then one launch grows the tree from them
         top, ids = (t.view(bs, k, -1) for t in row_topk_logprobs(base_logits.reshape(bs * k, v), min(width - 1, v)))
+        if greedy is not None:
+            greedy.copy_(ids[:, :, 0])
         return grow_marginal(top, ids, width)
+    if greedy is not None:
+        raise ValueError("a Markov head's greedy block is not its base logits' top 1")
     shape = torch.zeros((bs, 1, k), dtype=torch.int64, device=base_logits.device)  # the builder reads (N, K) only
     return build_tree(shape, width, policy=GROWN, scores=vanilla_scores(anchor, base_logits, *head))
-
-
-def first_nodes(tree: VoteTree, width: int) -> VoteTree:
-    """The tree's first width - 1 nodes: best-first lists nodes in the order it adds them, so these are exactly the
-    best-first tree of `width` (its first picks never depend on how many follow: a node's m-th child is picked only
-    after its m - 1 better siblings)."""
-    m = width - 1
-    return VoteTree(tokens=tree.tokens[:, :m], parents=tree.parents[:, :m], depth=tree.depth[:, :m],
-                    votes=tree.votes[:, :m], valid=tree.valid[:, :m], first_candidate=tree.first_candidate[:, :m],
-                    k=tree.k)
 
 
 def dummy_scores(bs: int, n: int, k: int, device) -> DraftScores:

@@ -38,7 +38,7 @@ class SglangLength:
         self.adapter, self.length, self.gamma = adapter, simulate_acc_len, gamma
         self.buf = torch.zeros(1, dtype=torch.long, device=device)
 
-    def draw(self, bs: int, n: int, width: int, generator) -> torch.Tensor:
+    def draw(self, bs: int, n: int, width: int, generator, grown: bool = False) -> torch.Tensor:
         self.buf.fill_(self.adapter.simulated_correct_len(self.length, self.gamma))  # host int: no device read
         return self.buf.expand(bs)
 
@@ -47,20 +47,21 @@ class SglangLength:
 
 
 class RecordedLength:
-    """Per request, a length drawn from the accept table's distribution for the step's shape."""
+    """Per request, a length drawn from the accept table's distribution for the step's shape (grown: a best-first
+    tree's, whatever its N: AcceptTable.nearest)."""
 
     def __init__(self, table: accept_table.AcceptTable, path: str, device):
         self.table, self.path, self.device = table, path, device
-        self.probs: dict[tuple[int, int], torch.Tensor] = {}
+        self.probs: dict[tuple[int, int, bool], torch.Tensor] = {}
 
-    def draw(self, bs: int, n: int, width: int, generator) -> torch.Tensor:
-        probs = self.probs.get((n, width))
+    def draw(self, bs: int, n: int, width: int, generator, grown: bool = False) -> torch.Tensor:
+        probs = self.probs.get((n, width, grown))
         if probs is None:
-            probs = torch.tensor(self.table.probs(n, width), dtype=torch.float32, device=self.device)
-            self.probs[(n, width)] = probs
-            shape = self.table.nearest(n, width)
-            logger.info("flashtree: simulated tree steps of N=%d, W=%d draw from the table's N=%d, W=%d (tau %.3f)",
-                        n, width, *shape, self.table.tau(n, width))
+            probs = torch.tensor(self.table.probs(n, width, grown), dtype=torch.float32, device=self.device)
+            self.probs[(n, width, grown)] = probs
+            shape = self.table.nearest(n, width, grown)
+            logger.info("flashtree: simulated tree steps of %s, W=%d draw from the table's N=%d, W=%d (tau %.3f)",
+                        "best-first" if grown else f"N={n}", width, *shape, self.table.tau(n, width, grown))
         return torch.multinomial(probs, bs, replacement=True, generator=generator)
 
     def describe(self) -> str:

@@ -206,6 +206,9 @@ AUTO_N = -1  # FLASHTREE_TREE_N=auto: the planner chooses each decode batch's sh
 # where exact verify replaces the verify attention (AUTO_UNLESS; flashtree/patches/README.md, "Planner").
 AUTO_DEFAULTS = {"FLASHTREE_DRAFT_TEMPERATURE": 0.7, "FLASHTREE_FUSED_SAMPLER": True, "FLASHTREE_SPLITKV_VERIFY": True}
 AUTO_UNLESS = {"FLASHTREE_SPLITKV_VERIFY": "exact_verify"}  # not defaulted when this field is on
+# The policies auto plans: their narrower trees are credited from each step's own (best-first: on DFLASH only,
+# planning.resolve_toggles; flashtree/patches/README.md, "Planner").
+PLANNED_POLICIES = ("vote", "best-first")
 
 
 def toggle(name: str, parse, default, doc: str, needs_tree: str = ""):
@@ -397,11 +400,12 @@ def read_toggles(environ: Mapping[str, str] | None = None) -> TreeToggles | None
             f"choose another shape than the others; allowed: an integer {TREE_N} with FLASHTREE_TP=1, or unset "
             "FLASHTREE_TP"
         )
-    if toggles.planned and toggles.tree_policy != "vote":
+    if toggles.planned and toggles.tree_policy not in PLANNED_POLICIES:
         raise ToggleError(
-            f"flashtree: {TREE_N}=auto estimates every shape's acceptance from trie-vote trees of the same candidates, "
-            f"so it plans trie-vote only, not FLASHTREE_TREE_POLICY={toggles.tree_policy}; allowed: unset "
-            f"FLASHTREE_TREE_POLICY (vote) with auto, or an integer {TREE_N} with the policy"
+            f"flashtree: {TREE_N}=auto credits every shape from each step's own tree (trie-vote trees from the same "
+            f"candidates, best-first trees as the first nodes of the widest), which FLASHTREE_TREE_POLICY="
+            f"{toggles.tree_policy} trees are not; allowed: FLASHTREE_TREE_POLICY={' or '.join(PLANNED_POLICIES)} "
+            f"(unset: vote) with auto, or an integer {TREE_N} with {toggles.tree_policy}"
         )
     if toggles.splitkv_verify and toggles.exact_verify:
         raise ToggleError(

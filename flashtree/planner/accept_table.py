@@ -9,7 +9,9 @@ reaches (`python -m flashtree.engine.accept_table` writes one from a replay reco
 
 counts[i]: steps that accepted i draft tokens (i + 1 committed). A shape the table lacks takes the nearest recorded
 one it contains (no more candidates, no wider tree: their acceptance bounds its own from below; the same width first,
-then the nearest width, the nearest N there), else the nearest of all; the server says which at start.
+then the nearest width, the nearest N there), else the nearest of all; the server says which at start. A best-first
+tree draws no candidates (`grown`): it takes the tree row (N > 1; N = 1 is the chain) of the nearest width, no wider
+first, whatever its N (a best-first table records N = 1 for the chain and best-first trees of W tokens).
 """
 
 from __future__ import annotations
@@ -32,8 +34,11 @@ class AcceptTable:
     source: str = ""
     policy: str = "vote"
 
-    def nearest(self, n: int, width: int) -> tuple[int, int]:
-        """The recorded shape that stands for (n, width) (module docstring)."""
+    def nearest(self, n: int, width: int, grown: bool = False) -> tuple[int, int]:
+        """The recorded shape that stands for (n, width), or a best-first tree of `width` (module docstring)."""
+        if grown:
+            trees = [s for s in self.counts if s[0] > 1] or list(self.counts)
+            return min(trees, key=lambda s: (s[1] > width, abs(s[1] - width), s))
         return min(self.counts, key=lambda s: (s[0] > n or s[1] > width, s[1] != width, abs(s[1] - width),
                                                abs(s[0] - n), s))
 
@@ -44,14 +49,14 @@ class AcceptTable:
         chains = [w for n, w in self.counts if n == 1]
         return min(chains, key=lambda w: (abs(w - width), w)) if chains else width
 
-    def probs(self, n: int, width: int) -> list[float]:
-        counts = self.counts[self.nearest(n, width)]
+    def probs(self, n: int, width: int, grown: bool = False) -> list[float]:
+        counts = self.counts[self.nearest(n, width, grown)]
         total = sum(counts)
         return [c / total for c in counts]
 
-    def tau(self, n: int, width: int) -> float:
+    def tau(self, n: int, width: int, grown: bool = False) -> float:
         """Mean committed tokens per step (accepted + the bonus) of the shape standing for (n, width)."""
-        return 1.0 + sum(i * p for i, p in enumerate(self.probs(n, width)))
+        return 1.0 + sum(i * p for i, p in enumerate(self.probs(n, width, grown)))
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "version": VERSION, "source": self.source, "policy": self.policy,

@@ -5,6 +5,8 @@ same candidates would have committed the longest prefix of g that is a root path
 step's candidates and commit update every shape's estimate, not only the one that ran (the replay's exact argument).
 When the other tree holds all of g, it would have gone further than the step can tell: that credit is a lower bound.
 The chain (DSPARK's step) is credited as the single candidate 0 (the draft's greedy block) over its whole depth.
+Best-first trees draw no candidates: a narrower one is the first nodes of the step's own widest tree (`first_nodes`),
+so it is credited along those, exactly.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Callable
 import torch
 
 from ..tree import build_tree, get_policy
+from ..tree.policies.best_first import first_nodes
+from ..tree.types import VoteTree
 from .shapes import Shape
 
 # Committed tokens per step before any step is seen, by tree width: flashtree's trained SmolLM2-135M drafter on held-out
@@ -23,11 +27,12 @@ PRIOR_TAU = {"chain": 2.7, 9: 2.9, 16: 3.2, 32: 3.6, 64: 3.9}
 
 
 def prior_tau(shape: Shape) -> float:
-    if shape.is_chain or shape.n == 1:  # candidate 0 is the draft's greedy block: a tree of it is DSPARK's chain
+    if shape.is_chain or (shape.n == 1 and not shape.grown):  # candidate 0 is the draft's greedy block: DSPARK's chain
         return PRIOR_TAU["chain"]
     widths = sorted(k for k in PRIOR_TAU if k != "chain")
     w = min(widths, key=lambda x: abs(x - shape.width))
-    scale = min(1.0, shape.n / max(shape.width - 1, 1)) ** 0.5  # fewer candidates fill less of the width
+    # fewer candidates fill less of the width; a best-first tree fills it whatever N
+    scale = 1.0 if shape.grown else min(1.0, shape.n / max(shape.width - 1, 1)) ** 0.5
     return 1.0 + (PRIOR_TAU[w] - 1.0) * scale
 
 
@@ -40,9 +45,10 @@ def check_policy(policy: str) -> None:
 
 
 def counterfactual_commits(candidates: torch.Tensor, committed: torch.Tensor, shapes: list[Shape],
-                           policy: str = "vote") -> dict[Shape, torch.Tensor]:
+                           policy: str = "vote", grown: VoteTree | None = None) -> dict[Shape, torch.Tensor]:
     """(bs,) committed tokens each shape's tree would have given on this step. `committed` (bs, L): the step's
-    committed tokens (accepted drafts then the bonus), -1 past each row's end."""
+    committed tokens (accepted drafts then the bonus), -1 past each row's end. `grown`: the step's best-first tree,
+    at least as wide as every best-first shape asked for (candidate 0: the draft's greedy block, for the chain)."""
     bs, n, k = candidates.shape
     valid = committed >= 0
     length = valid.sum(dim=1)
@@ -54,7 +60,12 @@ def counterfactual_commits(candidates: torch.Tensor, committed: torch.Tensor, sh
             match = (chain[:, :m] == committed[:, :m]) & valid[:, :m]
             out[shape] = match.long().cumprod(dim=1).sum(dim=1) + 1
             continue
-        tree = build_tree(candidates[:, : min(shape.n, n)], shape.width, policy)
+        if shape.grown:
+            if grown is None or shape.width > grown.tokens.shape[1] + 1:
+                raise ValueError(f"{shape.label()} needs the step's best-first tree of at least its width")
+            tree = first_nodes(grown, shape.width)
+        else:
+            tree = build_tree(candidates[:, : min(shape.n, n)], shape.width, policy)
         out[shape] = _matched_path(tree, committed, length) + 1
     return out
 

@@ -82,3 +82,19 @@ def test_qwen3_8b_dummy_dflash_preset_writes_a_dflash_draft(tmp_path):
     assert raw["architectures"] == ["DFlashDraftModel"] and "markov_rank" not in raw
     assert raw["block_size"] == raw["dflash_config"]["block_size"] == 16 and raw["num_hidden_layers"] == 5
     assert load_dflash_config(draft.parent).block_size == cfg.model.draft_block_size == 15
+
+
+def test_the_dflash_planners_run_beside_the_chain_and_the_fixed_best_first_tree():
+    """auto-bestfirst-dflashtab (and auto-dflashtab, votes) on the 8B dummy DFLASH preset: FLASHTREE_TREE_N=auto in
+    the draft's block (window 16, from the model), its policy and its policy's table in the environment."""
+    servers = "[chain-dflashtab,tree16-w16-bestfirst-dflashtab,auto-bestfirst-dflashtab,auto-dflashtab]"
+    cfg = to_live_config(compose("+preset=qwen3-8b-dummy-dflash", f"phases.speed.servers={servers}"))
+    speed = {i.server: i for i in phase_instances(cfg)["speed"]}
+    assert list(speed) == servers[1:-1].split(",")
+    best, votes = speed["auto-bestfirst-dflashtab"], speed["auto-dflashtab"]
+    for inst in (best, votes):
+        assert spec_args(inst.argv)["window"] == "16" and spec_args(inst.argv)["algorithm"] == "DFLASH"
+        assert inst.env["FLASHTREE_TREE_N"] == "auto" and inst.env["SGLANG_SIMULATE_ACC_LEN"] == "1"
+    assert best.env["FLASHTREE_TREE_POLICY"] == "best-first" and "FLASHTREE_TREE_POLICY" not in votes.env
+    assert best.env["FLASHTREE_SIMULATE_ACC"].endswith("smollm2-dflash-gsm8k-bestfirst.json")
+    assert votes.env["FLASHTREE_SIMULATE_ACC"].endswith("smollm2-dflash-gsm8k.json")

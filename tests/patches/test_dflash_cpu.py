@@ -238,12 +238,13 @@ def target_forward(world, *, batch, forward_batch, is_verify, skip_attn_backend_
 
 
 def run(family, n: int, steps: int, prompts=None, sampling_info=None, policy: str = "vote", page_size: int = 1,
-        fused: bool = False, simulate_acc: str | None = None, graphs=None, depth: int = 0, costs=None):
+        fused: bool = False, simulate_acc: str | None = None, graphs=None, depth: int = 0, costs=None, width: int = 0):
     """`steps` tree steps through flashtree's DFlashWorkerV2.forward_batch_generation; greedy rows are checked
     token for token against the sequential greedy decode (not with `simulate_acc`: simulated lengths are not the
     model's), every row's req_to_token / target KV / draft KV layout. graphs = (graph_max_bs, monkeypatch):
     FLASHTREE_GRAPH_DRAWS on, with DFLASH's draft graphs "captured" (sglang's real init_cuda_graphs) and replayed for
-    batches of at most graph_max_bs requests. depth: FLASHTREE_TREE_DEPTH (0 = the block). costs (with n = AUTO_N,
+    batches of at most graph_max_bs requests. depth: FLASHTREE_TREE_DEPTH (0 = the block), width: FLASHTREE_TREE_WIDTH
+    (0 = the block). costs (with n = AUTO_N,
     FLASHTREE_TREE_N=auto): the planner's cost table, ms per (shape, bs), injected as its start-up measurement."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
@@ -255,7 +256,7 @@ def run(family, n: int, steps: int, prompts=None, sampling_info=None, policy: st
     worker = dflash_worker(world, bs, page_size, graph_max_bs=graphs[0] if graphs else 0)
     table = world.req_to_token.clone()
     toggles = TreeToggles(tree_n=n, seed=5, tree_policy=policy, fused_sampler=fused, simulate_acc=simulate_acc,
-                          graph_draws=graphs is not None, tree_depth=depth)
+                          graph_draws=graphs is not None, tree_depth=depth, tree_width=width)
     dflash_step.make_worker_init(lambda self: None, family, toggles)(worker)
     if costs is not None:
         from flashtree.patches import planning
@@ -807,3 +808,69 @@ def test_dflash_planned_trees_commit_the_sequential_greedy_decode(family):
     assert cheapest.n < state.plan.toggles.tree_n or cheapest.width < W, state.planner.shapes
     assert state.steps == 8 and state.planner.planner.summary()[0]["shape"] == cheapest.label()
     assert sum(accepts.values()) == 8 * 3 and max(accepts) >= 2, accepts  # every request committed, some deep
+
+
+def planned_best_first(family, monkeypatch, cheapest: str, steps: int, credits: list | None = None, prompts=None,
+                       graph: bool = False):
+    """run() under FLASHTREE_TREE_N=auto with best-first, depth 3 in the 6-token block (the menu: the chain, best-first
+    W = 4 and 6), the shape labelled `cheapest` made cheapest, every step credited (into `credits`, if given), graph:
+    with FLASHTREE_GRAPH_DRAWS (the tail grows the widest tree and writes the greedy block). DFLASH's
+    own step (the planner's chain) runs as its greedy block, N = 1 (test_dflash_n1_equals_dflash_chain_accept): its
+    real decode needs a GPU server's state."""
+    from flashtree.patches import decode, planning
+    from flashtree.patches.toggles import AUTO_N
+
+    monkeypatch.setattr(planning, "CREDIT_EVERY", {"tree": 1, "chain": 1})
+    if credits is not None:
+        defer = planning.ServerPlanner._defer
+        monkeypatch.setattr(planning.ServerPlanner, "_defer", lambda self, c: credits.append(c) or defer(self, c))
+    chain: dict = {}
+
+    def dflash_chain(self, batch, on_publish, *args, **kwargs):
+        state = chain.setdefault("state", create_state(family, TreeToggles(tree_n=1, seed=5), self))
+        return decode.tree_step(state, self, batch, on_publish)
+
+    monkeypatch.setattr(resolve(DFLASH_WORKER), "forward_batch_generation", dflash_chain)
+    return run(family, n=AUTO_N, steps=steps, policy="best-first", depth=3, prompts=prompts,
+               costs=lambda shape, bs: 1.0 if shape.label() == cheapest else 50.0,
+               graphs=(4, monkeypatch) if graph else None)
+
+
+@pytest.mark.parametrize("cheapest, graph", [("best-first,W=4", False), ("best-first,W=4", True),
+                                             ("chain(W=6)", False)], ids=["tree", "tree-graph-draws", "chain"])
+def test_dflash_planned_best_first_commits_the_sequential_greedy_decode(family, monkeypatch, cheapest, graph):
+    """FLASHTREE_TREE_N=auto with FLASHTREE_TREE_POLICY=best-first on DFLASH: the menu is the chain and best-first
+    widths; the shape a cost table makes cheapest serves every step (a tree: the first 3 nodes of the widest tree,
+    which every credited step credits every width from; the chain: DFLASH's own step), and the commits are the
+    sequential greedy decode token for token (run checks them)."""
+    accepts, state, _gen = planned_best_first(family, monkeypatch, cheapest, steps=6, graph=graph)
+    planner = state.planner
+    assert planner.labels() == ["chain(W=6)", "best-first,W=4", "best-first,W=6"]
+    assert planner.planner.summary() == [{"bs": 3, "shape": cheapest, "steps": 6}]
+    assert sum(accepts.values()) == 6 * 3 and max(accepts) >= 2, accepts
+    counts = planner.planner.acceptance.count
+    assert planner.credited >= 4
+    if cheapest.startswith("chain"):
+        assert state.steps == 0 and state.fallbacks == {"planned-chain": 6}
+        assert counts[planner.chain] > counts[planner.trees[0]] == counts[planner.trees[1]]  # the chain alone
+    else:
+        assert state.steps == 6 and state.draw_paths == {"graph" if graph else "eager": 6} and not state.fallbacks
+        assert len(set(counts.values())) == 1, counts  # every width credited, W = 6 too
+
+
+def test_dflash_best_first_credits_are_what_each_width_commits(family, monkeypatch):
+    """One planned best-first step at W = 6 credits every width exactly what a fixed best-first server of that width
+    (FLASHTREE_TREE_WIDTH) commits from the same state, and the chain what DFLASH's greedy block (N = 1) commits."""
+    prompts = [[20, 26, 9], [29, 28, 22], [16, 18, 4, 12, 14]]  # the widths and the chain commit differently here
+    credits: list = []
+    planned_best_first(family, monkeypatch, "best-first,W=6", steps=1, credits=credits, prompts=prompts)
+    [credit] = credits
+    got = {s.label(): credit[s].tolist() for s in credit}
+
+    def commits(**kw):  # per request, the tokens one step committed
+        return [len(g) - 1 for g in run(family, steps=1, depth=3, prompts=prompts, **kw)[2]]
+
+    want = {"best-first,W=6": commits(n=4, policy="best-first"), "chain(W=6)": commits(n=1),
+            "best-first,W=4": commits(n=4, policy="best-first", width=4)}
+    assert got == want
+    assert len({tuple(v) for v in want.values()}) == 3, want  # not vacuous: each shape commits its own

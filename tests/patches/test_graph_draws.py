@@ -711,8 +711,8 @@ def test_best_first_tail_grows_the_registered_builders_tree():
     """FLASHTREE_TREE_POLICY=best-first: the tail draws nothing and grows the registered best-first builder's tree
     over the head's conditionals (recomputed here from the head's weights, as the engine's DSPARK drafter gives
     them); the step's narrower trees (a budget) are its first nodes, which equal the builder's at that width."""
-    from flashtree.patches import policy_draws
     from flashtree.tree import DraftScores, build_tree
+    from flashtree.tree.policies.best_first import first_nodes
 
     h = head()
     adapter = adapters.select_adapter()
@@ -733,7 +733,7 @@ def test_best_first_tail_grows_the_registered_builders_tree():
     scores = DraftScores(anchor=anchor, step_logprobs=step_logprobs)
     for w in (width, 4, 2):
         want = build_tree(torch.zeros((bs, 1, K), dtype=torch.long), w, policy="best-first", scores=scores)
-        got = policy_draws.first_nodes(draws.read_tree(bs), w)
+        got = first_nodes(draws.read_tree(bs), w)
         for name in ("tokens", "parents", "depth", "valid"):
             assert torch.equal(getattr(got, name), getattr(want, name)), (w, name)
     assert (draws.read_tree(bs).depth > 1).any()  # the tree branches and deepens

@@ -319,9 +319,33 @@ def test_auto_toggle_values():
         read_toggles({"FLASHTREE_TREE_N": "auto", "FLASHTREE_TREE_BUDGET": "64"})
     with pytest.raises(ToggleError, match="FLASHTREE_TREE_N=auto with FLASHTREE_TP=1: each tensor-parallel rank"):
         read_toggles({"FLASHTREE_TREE_N": "auto", "FLASHTREE_TP": "1"})
-    with pytest.raises(ToggleError, match="plans trie-vote only, not FLASHTREE_TREE_POLICY=prob"):
+    with pytest.raises(ToggleError) as err:
         read_toggles({"FLASHTREE_TREE_N": "auto", "FLASHTREE_TREE_POLICY": "prob"})
-    assert read_toggles({"FLASHTREE_TREE_N": "auto", "FLASHTREE_TREE_POLICY": "vote"}).planned
+    assert str(err.value) == (
+        "flashtree: FLASHTREE_TREE_N=auto credits every shape from each step's own tree (trie-vote trees from the same "
+        "candidates, best-first trees as the first nodes of the widest), which FLASHTREE_TREE_POLICY=prob trees are "
+        "not; allowed: FLASHTREE_TREE_POLICY=vote or best-first (unset: vote) with auto, or an integer "
+        "FLASHTREE_TREE_N with prob")
+    for policy in ("vote", "best-first"):
+        assert read_toggles({"FLASHTREE_TREE_N": "auto", "FLASHTREE_TREE_POLICY": policy}).planned
+
+
+def test_auto_with_best_first_is_refused_on_dspark():
+    """best-first under auto plans DFLASH only: on DSPARK its steps grow from the Markov head and draw no greedy
+    block to credit DSPARK's chain by; the worker start says so and what is allowed (vote there: the control)."""
+    world = StandIns(PROMPTS, [reference(p, MAX_LEN - len(p) - 2 * W) for p in PROMPTS])
+    adapter = StandInAdapter(adapters.select_adapter(), world)
+    worker = standin_worker(world)
+    worker.draft_model_runner = types.SimpleNamespace(
+        model_config=types.SimpleNamespace(hf_config={"dspark_block_size": BLOCK}))
+    with pytest.raises(ToggleError) as err:
+        create_state(adapter, TreeToggles(tree_n=AUTO_N, tree_policy="best-first"), worker)
+    assert str(err.value) == (
+        "flashtree: FLASHTREE_TREE_N=auto with FLASHTREE_TREE_POLICY=best-first plans DFLASH servers only: a "
+        "best-first step on DSPARK grows its tree from the Markov head and draws no greedy block, so nothing would "
+        "credit DSPARK's chain; allowed: FLASHTREE_TREE_POLICY=vote (or unset) with auto, an integer FLASHTREE_TREE_N "
+        "with best-first, or a DFLASH server")
+    assert create_state(adapter, TreeToggles(tree_n=AUTO_N), worker).planner is not None
 
 
 class FakeGraph:

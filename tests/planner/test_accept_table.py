@@ -86,3 +86,14 @@ def test_dspark_chain_in_a_wide_window_takes_the_recorded_chain():
     assert table.nearest(1, 32) == (1, 8)
     assert table.chain_width(32) == 8 and table.tau(1, table.chain_width(32)) == 1.75
     assert AcceptTable({(8, 32): (0, 1)}).chain_width(16) == 16
+
+
+def test_best_first_trees_take_the_tree_row_of_their_width_whatever_n():
+    """A best-first table records N = 1 for the chain and best-first trees of W tokens (N unused): a best-first tree
+    takes the tree row of its width (no wider first), never the chain row, whatever N it carries."""
+    table = load("benchmarks/data/simulate/smollm2-dflash-gsm8k-bestfirst.json")
+    assert table.policy == "best-first"
+    assert table.nearest(1, 16, grown=True) == (16, 16) and table.nearest(64, 8, grown=True) == (8, 8)
+    assert table.nearest(1, 12, grown=True) == (8, 8) and table.nearest(1, 128, grown=True) == (32, 64)
+    assert table.nearest(1, 16) == (1, 9)  # without grown, N = 1 is the chain (the negative control)
+    assert table.tau(1, 16, grown=True) == table.tau(16, 16) > table.tau(1, 9) + 0.5

@@ -6,7 +6,10 @@ import torch
 
 from flashtree.planner import CostTable, Planner, Shape, counterfactual_commits, default_shapes
 from flashtree.planner.acceptance import AcceptanceModel, prior_tau
+from flashtree.planner.shapes import GROWN
+from flashtree.sampler import row_topk_logprobs
 from flashtree.tree import build_tree, verify_greedy
+from flashtree.tree.policies.best_first import grow_marginal
 
 V = 3
 
@@ -105,3 +108,59 @@ def test_served_times_shift_the_shapes_not_yet_served():
     assert costs.time(b, 1) == 2.7e-3
     with pytest.raises(ValueError, match="no entry"):
         costs.serve(a, 4, 1e-3)
+
+
+def test_best_first_menus_are_widths_only():
+    """Best-first trees draw no candidates: one shape per width (8 and the vote menu's widths), labelled by the
+    policy, priced by width alone; the chain stays."""
+    shapes = default_shapes(window=16, depth=15, policy=GROWN)
+    assert shapes == [Shape(0, 16), Shape(1, 8, policy=GROWN), Shape(1, 16, policy=GROWN)]
+    assert [s.label() for s in shapes] == ["chain(W=16)", "best-first,W=8", "best-first,W=16"]
+    assert Shape(1, 16, policy=GROWN) != Shape(1, 16) and not Shape(0, 16, policy=GROWN).grown
+    assert prior_tau(Shape(1, 16, policy=GROWN)) == prior_tau(Shape(16, 16)) > prior_tau(Shape(1, 16))
+    assert {s.width for s in default_shapes(window=64, depth=3, policy=GROWN)[1:]} == {4, 8, 16, 32, 64}
+
+
+def grown_tree(logits: torch.Tensor, width: int, later_ties: bool = False):
+    """The best-first tree of `width` over independent positions (bs, K, V) from each position's top width - 1, as a
+    DFLASH step grows it, and the greedy block; later_ties: ties to the higher token (the wrong rule)."""
+    bs, k, v = logits.shape
+    rows = (logits.flip(-1) if later_ties else logits).reshape(bs * k, v)
+    top, ids = (t.view(bs, k, -1) for t in row_topk_logprobs(rows, width - 1))
+    ids = v - 1 - ids if later_ties else ids
+    return grow_marginal(top, ids, width), ids[:, :, 0]
+
+
+def test_best_first_credits_every_narrower_width_what_its_own_step_commits():
+    """A best-first tree of w' < W is the first w' - 1 picks of the W one (the same top-k table, the same tie rule),
+    so one step's commit credits each narrower width exactly what a step growing that width commits, scores tied
+    often (four logit levels); a table whose ties go the other way does not, nor does the wider tree itself."""
+    g = torch.Generator().manual_seed(3)
+    bs, k, v, wide = 64, 5, 12, 16
+    logits = torch.randint(0, 4, (bs, k, v), generator=g).float()
+    _, order = logits.sort(dim=-1, descending=True, stable=True)
+    rank = torch.randint(0, 3, (bs, k + 1), generator=g)  # the target's tokens: among the draft's top 3
+    ref = order[torch.arange(bs)[:, None], torch.arange(k + 1).clamp(max=k - 1)[None], rank]
+
+    def commit(tree):  # the greedy walk against a target that continues ref along its own prefix
+        targets = ref.gather(1, torch.cat([torch.zeros(bs, 1, dtype=torch.long), tree.depth], dim=1))
+        res = verify_greedy(tree, targets)
+        return res.tokens, res.accept_len + 1
+
+    tree, greedy = grown_tree(logits, wide)
+    committed, ran = commit(tree)
+    shapes = default_shapes(window=wide, depth=k, policy=GROWN)
+    credit = counterfactual_commits(greedy[:, None], committed, shapes, GROWN, grown=tree)
+    assert torch.equal(credit[shapes[-1]], ran)
+    for shape in shapes[1:-1]:
+        narrow, greedy_w = grown_tree(logits, shape.width)
+        assert torch.equal(greedy_w, greedy)
+        assert torch.equal(credit[shape], commit(narrow)[1]), shape.label()
+        assert (credit[shape] < ran).any()  # narrower trees commit less on some rows: the credit is not the step's
+    chain = (greedy == ref[:, :k]).long().cumprod(dim=1).sum(dim=1) + 1
+    assert torch.equal(credit[shapes[0]], torch.minimum(chain, ran + 1)) and (chain > 1).any()
+    wrong, _ = grown_tree(logits, wide, later_ties=True)
+    wrong_credit = counterfactual_commits(greedy[:, None], commit(wrong)[0], shapes, GROWN, grown=wrong)
+    assert any(not torch.equal(wrong_credit[s], credit[s]) for s in shapes[1:-1])
+    with pytest.raises(ValueError, match="best-first,W=32 needs the step's best-first tree of at least its width"):
+        counterfactual_commits(greedy[:, None], committed, [Shape(1, 32, policy=GROWN)], GROWN, grown=tree)

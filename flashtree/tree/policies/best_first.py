@@ -82,3 +82,14 @@ def grow_marginal(top: torch.Tensor, ids: torch.Tensor, width: int) -> VoteTree:
     bs, k, _ = top.shape
     shape = torch.zeros((bs, 1, k), dtype=torch.int64, device=top.device)  # the builder reads (N, K) only
     return best_first(shape, width, marginal_topk_scores(top, ids))
+
+
+def first_nodes(tree: VoteTree, width: int) -> VoteTree:
+    """The tree's first width - 1 nodes: best-first lists nodes in the order it adds them, so these are exactly the
+    best-first tree of `width` (its first picks never depend on how many follow: a node's m-th child is picked only
+    after its m - 1 better siblings, and a tie goes to the earlier frontier entry at any width). So one step's widest
+    tree holds every narrower one (the planner credits them from it: flashtree.planner.acceptance)."""
+    m = width - 1
+    return VoteTree(tokens=tree.tokens[:, :m], parents=tree.parents[:, :m], depth=tree.depth[:, :m],
+                    votes=tree.votes[:, :m], valid=tree.valid[:, :m], first_candidate=tree.first_candidate[:, :m],
+                    k=tree.k)
