@@ -36,7 +36,8 @@ accepts more than the target-only walk can with one candidate), and batches abov
 the last two stay on the tree step when a request has penalties or min_p (node_logits.py: per-node exact there) or,
 on 0.5.17, return_logprob (logprobs.py: DSPARK's decode there returns none).
 Under FLASHTREE_TREE_N=auto the planner (planning.py) picks each remaining batch's shape: a tree of the first N of the
-step's candidates at its width, or DSPARK's own decode ("planned-chain"); batches with penalties or min_p (and on
+step's candidates at its width (best-first: the first W - 1 nodes of the widest grown tree), or DSPARK's own decode
+("planned-chain"); batches with penalties or min_p (and on
 0.5.17 return_logprob, logprobs.py) skip it (the default tree). Penalties, logit_bias and custom logit processors
 adjust each node's verify logits before the walk (node_logits.py); grammar requests mask every node's row by the
 grammar state of its own root-to-node path (grammar_masks.py: sglang's grammar objects walk each constrained request's
@@ -52,6 +53,7 @@ import torch
 
 from flashtree.sampler.markov import new_state
 from flashtree.tree import DraftScores, build_tree, chain_tree, pad_tree, sampled_draws, verify_inputs, walk_and_commit
+from flashtree.tree.policies.best_first import first_nodes
 from flashtree.tree.simulate import simulated_walk_and_commit
 from flashtree.tree.types import VoteTree
 
@@ -241,8 +243,10 @@ def skip_reason(plan: TreePlan, batch, args, kwargs) -> str | None:
 
 def policy_draws_of(run: TreeRun, worker, draft, sampler, bs: int, tree_w: int):
     """What the plan's policy builds from -> (candidates (bs, n, K), their log q (bs, n, K) for `prob` else None, the
-    grown tree of tree_w tokens for `best-first` else None, where the draws ran: "graph" (read from the draft graph
-    tail's buffers) or "eager")."""
+    grown tree for `best-first` else None, where the draws ran: "graph" (read from the draft graph tail's buffers) or
+    "eager"). The grown tree is at least tree_w tokens wide (the graph tail's width; under the planner the menu's
+    widest, which credits every width: planning.py), its first tree_w - 1 nodes the step's tree (`first_nodes`);
+    candidate 0 of a headless draft's best-first step is its greedy block."""
     plan = run.plan
     n, k = plan.draws_for(bs), plan.depth
     logp = tree = None
@@ -252,7 +256,7 @@ def policy_draws_of(run: TreeRun, worker, draft, sampler, bs: int, tree_w: int):
         path = "graph"
         draws = sampler.flashtree_draws
         if draws.grown is not None:
-            tree = policy_draws.first_nodes(draws.read_tree(bs), tree_w)
+            tree = draws.read_tree(bs)
         elif draws.logp is not None:
             logp = draws.logp[:bs, :n]
     else:
@@ -260,8 +264,10 @@ def policy_draws_of(run: TreeRun, worker, draft, sampler, bs: int, tree_w: int):
         if sampler is not None:
             graph_draws.note_eager(run, sampler.flashtree_draws, bs)
         if run.grown is not None:  # best-first: no draws, the tree grows from the head
-            tree = policy_draws.grow(draft.base_logits[:, :k], draft.anchor, *run.grown, width=tree_w)
-            candidates = tree.tokens.new_zeros((bs, 1, k))
+            candidates = draft.anchor.new_zeros((bs, 1, k), dtype=torch.long)
+            width = plan.tree_width if run.planner is not None else tree_w
+            tree = policy_draws.grow(draft.base_logits[:, :k], draft.anchor, *run.grown, width=width,
+                                     greedy=None if run.grown else candidates[:, 0])
         else:
             hidden = None if draft.draft_hidden is None else draft.draft_hidden[:, :k]
             with_logp = policy_draws.needs_logp(plan.policy) and plan.adapter.logp_from_draws
@@ -329,11 +335,12 @@ def tree_step(run: TreeRun, worker, batch, on_publish, shape=None, grammar_barri
         draft = adapter.draft_forward(worker, batch, draft_input, window, bs, proposer, sampler, graph_candidates)
     anchor = draft.anchor
     timer.mark("draft")
-    candidates, logp, tree, path = policy_draws_of(run, worker, draft, sampler, bs, tree_w)
+    candidates, logp, grown, path = policy_draws_of(run, worker, draft, sampler, bs, tree_w)
+    tree = None if grown is None else first_nodes(grown, tree_w)
     n = candidates.shape[1]
     run.draw_paths[path] = run.draw_paths.get(path, 0) + 1
     drawn = candidates
-    if shape is not None:  # the planner's tree: the first N of the batch's draws
+    if shape is not None and not shape.grown:  # the planner's tree: the first N of the batch's draws
         candidates = candidates[:, : shape.n]
         logp = None if logp is None else logp[:, : shape.n]
         n = candidates.shape[1]
@@ -366,12 +373,12 @@ def tree_step(run: TreeRun, worker, batch, on_publish, shape=None, grammar_barri
     # KV is copied to offsets 1..accept_len. Then the draft context is injected for the committed tokens only.
     req_to_token = adapter.req_to_token(worker) if plan.page_size == 1 else None
     if run.simulate is not None:  # profiling: a drawn length along one path of the tree (simulate.py)
-        accept = run.tp.from_first(run.simulate.draw(bs, n, tree_w, run.generator))
+        accept = run.tp.from_first(run.simulate.draw(bs, n, tree_w, run.generator, grown=grown is not None))
         result, commit = simulated_walk_and_commit(tree, verified.logits.view(bs, w, -1).argmax(dim=-1), accept,
                                                    req_to_token, batch.req_pool_indices, prefix)
     else:
         result, commit = walk(run, tree, logits, batch.sampling_info, req_to_token, batch.req_pool_indices, prefix)
-    commit_lens = result.commit_len.to(torch.int32)
+    commit_lens = commit.kv_len.to(torch.int32)  # root + accepted nodes: the commit length, already on the plan
     if penalties is not None:
         run.counts.commit(batch.req_pool_indices, result.tokens, commit_lens)
     timer.mark("walk")
@@ -387,7 +394,7 @@ def tree_step(run: TreeRun, worker, batch, on_publish, shape=None, grammar_barri
     adapter.publish_req_to_token_write(worker)
     timer.mark("commit")
 
-    new_seq_lens = prefix + commit_lens.to(prefix.dtype)
+    new_seq_lens = prefix + commit_lens  # int32 promotes to prefix's int64 (or stays int32) in the add
     out_tokens = result.tokens.clamp(min=0)  # (bs, K + 1): committed tokens first, then filler, up to DSPARK's W
     if out_tokens.shape[1] < plan.width:
         out_tokens = torch.cat([out_tokens, out_tokens.new_zeros((bs, plan.width - out_tokens.shape[1]))], dim=1)
@@ -406,7 +413,7 @@ def tree_step(run: TreeRun, worker, batch, on_publish, shape=None, grammar_barri
     run.steps += 1
     run.tp.committed(result.tokens, commit_lens, run.steps)
     if shape is not None:
-        run.planner.after_tree_step(shape, drawn, result.tokens, commit_lens)
+        run.planner.after_tree_step(shape, drawn, result.tokens, commit_lens, grown)
 
     next_draft_input = adapter.make_next_draft_input(result.bonus, new_seq_lens)
     timer.mark("output")
