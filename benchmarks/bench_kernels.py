@@ -16,8 +16,7 @@ measured copy rate, the ratios, and an output check. Times are triton.testing.do
 splits, key tile, warps, stages, bf16 partials, the fused merge, ...) at bs 1 / 4K, bs 1 / 32K and bs 8 / 4K, then
 the default and the best tiles at bs 64 / 8K, every point checked against the fp32 reference, and ends with the best
 point per shape (the `verify_attn_tune_best` table). `attention-small` (not in the default, ~4 min) times a grid of
-launches at bs 1 / 4K and bs 1 / 32K (the tree in the merge launch or a part of its own, rows per merge program,
-split counts),
+launches at bs 1 / 4K and bs 1 / 32K (rows per program, key tile, split counts),
 each point checked, then the default and the fastest points per call inside one CUDA graph of 36 calls over 36
 distinct KV caches (a 36-layer forward's cost a layer, without the one replay's launch overhead), then the fastest
 tiles at bs 8 / 4K and bs 64 / 8K. `policies-tune` (not in the default parts, under a minute) times
@@ -929,27 +928,24 @@ def part_attention_tune(bw, budget_s=120.0):
 # attention-small: the small-batch launch grid. Every point is timed as one graph replay (as every other figure of
 # this file) and the best of them, with the default, also per call inside one graph of LAYERS calls over LAYERS
 # distinct KV caches: what a captured forward of LAYERS layers pays a layer, without the replay's own launch cost.
-# Kernel runs 12-14 swept prefetch depth, warps, stages, the fused merge, PDL, 4 split counts a shape and rows per
-# program against key tile (benchmarks/HISTORY.md section 13); this grid is issue 25's: the tree attended in the merge
-# launch (`tree_merge`) against its own part, by rows per merge program, at the heuristic's split count (None) and
-# others. SMALL_OPTIONS are timed in the graph beside the default whatever their one-replay time.
-SMALL_SHAPES = {(1, 4096, 16): (None, 8, 32), (1, 32768, 16): (None,)}
-SMALL_GRID = dict(tree_merge=(False, True), merge_rows=(2, 4, 8, 16))
-SMALL_OPTIONS = (dict(tree_merge=True),)
+# Kernel runs 12 and 13 swept prefetch depth, warps, stages, the fused merge, PDL and 4 split counts a shape
+# (benchmarks/HISTORY.md section 13); this grid is what they left open: rows per program against key tile.
+SMALL_SHAPES = {(1, 4096, 16): (8, 16), (1, 32768, 16): (8, 16)}
+SMALL_GRID = dict(block_m=(16, 32, 64), block_n=(32, 64, 128))
 SMALL_IN_GRAPH = 8  # the fastest points per shape (by one replay) that are timed in the graph too
 LAYERS = 36  # Qwen3-8B's layers
 
 
 def small_points(splits):
-    """The grid's launches at these split counts (None: the heuristic's; the rest as the default launch has it), a
-    merge launch only up to TUNE_MERGE_LAUNCH_MAX splits."""
+    """The grid's launches at these split counts (the rest as the default launch has it), a merge launch only up to
+    TUNE_MERGE_LAUNCH_MAX splits."""
     import itertools
 
     keys = list(SMALL_GRID)
     for n in splits:
         for values in itertools.product(*SMALL_GRID.values()):
-            cfg = dict(zip(keys, values), **({} if n is None else dict(splits=n)))
-            if cfg.get("fused_merge") or n is None or n <= TUNE_MERGE_LAUNCH_MAX:
+            cfg = dict(zip(keys, values), splits=n)
+            if cfg.get("fused_merge") or n <= TUNE_MERGE_LAUNCH_MAX:
                 yield cfg
 
 
@@ -968,7 +964,7 @@ def _attn_compile(job):
     mask = torch.ones(L * L, dtype=torch.uint8, device="cuda")
     tune = {k: v for k, v in cfg.items() if k != "splits"}
     try:
-        tree_attention_triton(q, kv, kv, kb, kb, indptr, idx, mask, L, num_splits=cfg.get("splits"), tune=tune)
+        tree_attention_triton(q, kv, kv, kb, kb, indptr, idx, mask, L, num_splits=cfg["splits"], tune=tune)
         torch.cuda.synchronize()
     except Exception:  # noqa: BLE001 (a launch that fails is logged by the timing loop)
         pass
@@ -982,10 +978,9 @@ def in_graph_us(fn_for, layers=LAYERS):
 
 def part_attention_small(bw, budget_s=240.0, device="cuda"):
     """The small-batch launch grid (SMALL_SHAPES x small_points), each point checked against the fp32 reference and
-    timed as one graph replay; the default launch, SMALL_OPTIONS (stage "option") and the SMALL_IN_GRAPH fastest
-    points also per call in a graph of LAYERS calls over LAYERS distinct KV caches; then the options and the fastest
-    bs-1 tiles at bs 8 / 4K and bs 64 / 8K (the default launch's other shapes). Ends with one verify_attn_small_best
-    row per shape."""
+    timed as one graph replay; the default launch and the SMALL_IN_GRAPH fastest points also per call in a graph of
+    LAYERS calls over LAYERS distinct KV caches; then the fastest bs-1 tiles at bs 8 / 4K and bs 64 / 8K (the default
+    launch's other shapes). Ends with one verify_attn_small_best row per shape."""
     t0 = time.time()
     hq, hkv, d = TUNE_HEADS
     jobs = [(shape[1], cfg) for shape, splits in SMALL_SHAPES.items() for cfg in small_points(splits)]
@@ -1003,7 +998,6 @@ def part_attention_small(bw, budget_s=240.0, device="cuda"):
         c.floor_us = shape[0] * shape[1] * hkv * d * 2 * 2 / bw * 1e6
         seen = {}
         default = tune_point(c, {}, "default", seen)
-        options = [tune_point(c, cfg, "option", seen) for cfg in SMALL_OPTIONS]
         for cfg in small_points(splits):
             if time.time() - t0 >= budget_s:
                 log(kind="verify_attn_small_skipped", bs=shape[0], prefix=shape[1], budget_s=budget_s)
@@ -1016,8 +1010,8 @@ def part_attention_small(bw, budget_s=240.0, device="cuda"):
             bufs.append((torch.randn_like(c.k_buf), torch.randn_like(c.v_buf),
                          (torch.randperm(total - 64, device=device)[: c.kv_indices.numel()] + 64).to(torch.int64)))
         ok = sorted((r for r in seen.values() if r["matches"] and r is not default), key=lambda r: r["graph_us"])
-        for r in [default, *options, *ok[:SMALL_IN_GRAPH]]:
-            if not r.get("matches") or "in_graph_us" in r:
+        for r in [default, *ok[:SMALL_IN_GRAPH]]:
+            if not r.get("matches"):
                 continue
             launch = r["launch"]
             tune = {k: v for k, v in r["tune"].items() if k != "splits"}
@@ -1047,13 +1041,10 @@ def part_attention_small(bw, budget_s=240.0, device="cuda"):
         c.floor_us = shape[0] * shape[1] * hkv * d * 2 * 2 / bw * 1e6
         seen = {}
         tune_point(c, {}, "default", seen)
-        for cfg in SMALL_OPTIONS:
-            tune_point(c, cfg, "option", seen)
         for b in best.values():
             if b is not None:
                 tile = {k: b["launch"][f] for k, f in (("block_m", "block_m"), ("block_n", "block_n"),
-                                                       ("num_warps", "warps"), ("num_stages", "stages"),
-                                                       ("tree_merge", "tree_merge"))}
+                                                       ("num_warps", "warps"), ("num_stages", "stages"))}
                 tune_point(c, tile, "bs-1 tile", seen)
                 tune_point(c, {**tile, "partials": "bf16"}, "bs-1 tile", seen)
         del c

@@ -28,7 +28,7 @@ def launch_cell(c):
     ahead += ", PDL" if c.get("pdl") else ""
     if c["parts"] == 1:
         return f"unsplit, BM {c['block_m']}, BN {c['block_n']}, {c['warps']} warps, {c['stages']} stages{ahead}"
-    tree = " + tree part" if c["parts"] > c["splits"] else ", tree in the merge" if c.get("tree_merge") else ""
+    tree = " + tree part" if c["parts"] > c["splits"] else ""
     merge = f"fused merge x{c['merge_unroll']}" if c["fused"] else f"merge launch ({c['merge_rows']} rows)"
     return (f"{c['splits']} splits{tree}, BM {c['block_m']}, BN {c['block_n']}, {c['warps']} warps, {c['stages']} stages, "
             f"{c['partials']} partials, {merge}{ahead}")

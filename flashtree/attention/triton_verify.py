@@ -15,9 +15,7 @@ folded into the last split instead of a part of its own; `prefetch` (on by defau
 one tile ahead and its V gathered before the QK dot (on the H200 it took 4-15% off at every shape of kernel run 10,
 1.09x the floor to 1.04x at bs 64 / 8K; gathering the next tile's K and V into registers as well was slower at bs 1,
 kernel run 12); `pdl`, programmatic dependent launch (on by default from Hopper on: each launch is set up while the
-kernel before it runs, and waits for it before reading anything); `tree_merge`, the tree attended by the merge launch
-instead of a part of its own: each merge program attends the tree for its rows before its PDL wait, so that work
-overlaps the split kernel, the splits' S parts are all prefix and the merge reads one partial fewer; and a
+kernel before it runs, and waits for it before reading anything); and a
 fused merge, with no second launch: each part, its partial written, takes a ticket from a per-(request, KV head, row
 block) counter, and the last to arrive merges the row block's parts and writes the output. The counters live in a
 persistent zeroed buffer per device that the merging program zeroes again, so fused calls must not overlap on two
@@ -95,51 +93,6 @@ def _merge_parts(po_ptr, plse_ptr, grp, S, BM: tl.constexpr, BDV: tl.constexpr, 
 
 
 @triton.jit
-def _attend_tree(q, m_i, l_i, acc, k_ptr, v_ptr, mask_ptr, mask_indptr, b, h, t, row_ok, prefix, qk_scale,
-                 s_kt, s_kh, s_vt, s_vh, L: tl.constexpr, LP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-                 DV: tl.constexpr, BDV: tl.constexpr, MASK_FULL: tl.constexpr, DOT_F32: tl.constexpr,
-                 BCAST: tl.constexpr, CACHE: tl.constexpr):
-    """The online-softmax state (m_i, l_i, acc) of rows q (tokens t of request b, KV head h) carried over request
-    b's L tree tokens under the tree mask. BCAST: both products as fp32 broadcasts summed, for fewer rows than a
-    tl.dot takes (16); CACHE: the loads' cache modifier."""
-    d = tl.arange(0, BD)
-    dv = tl.arange(0, BDV)
-    j = tl.arange(0, LP)
-    jm = j < L
-    tok = (b * L + j).to(tl.int64)
-    kk = tl.load(k_ptr + tok[:, None] * s_kt + h * s_kh + d[None, :], mask=jm[:, None] & (d[None, :] < D),
-                 other=0.0, cache_modifier=CACHE)
-    if BCAST:
-        sc = tl.sum(q.to(tl.float32)[:, None, :] * kk.to(tl.float32)[None, :, :], axis=2) * qk_scale
-    else:
-        if DOT_F32:
-            kk = kk.to(tl.float32)
-        sc = tl.dot(q, tl.trans(kk)) * qk_scale
-    mm = row_ok[:, None] & jm[None, :]
-    if MASK_FULL:
-        moff = tl.load(mask_indptr + b, cache_modifier=CACHE) + t[:, None].to(tl.int64) * (prefix + L) + prefix \
-            + j[None, :]
-    else:
-        moff = b.to(tl.int64) * (L * L) + t[:, None] * L + j[None, :]
-    allowed = tl.load(mask_ptr + moff, mask=mm, other=0, cache_modifier=CACHE) != 0
-    sc = tl.where(allowed, sc, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp2(sc - m_safe[:, None])
-    alpha = tl.exp2(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    vt = tl.load(v_ptr + tok[:, None] * s_vt + h * s_vh + dv[None, :], mask=jm[:, None] & (dv[None, :] < DV),
-                 other=0.0, cache_modifier=CACHE)
-    if BCAST:
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * vt.to(tl.float32)[None, :, :], axis=1)
-    elif DOT_F32:
-        acc = acc * alpha[:, None] + tl.dot(p, vt.to(tl.float32))
-    else:
-        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
-    return m_new, l_i, acc
-
-
-@triton.jit
 def _verify_kernel(
     q_ptr, k_ptr, v_ptr, kb_ptr, vb_ptr,
     kv_indptr, kv_indices, page_table, prefix_lens, pt_stride,
@@ -152,14 +105,12 @@ def _verify_kernel(
     BM: tl.constexpr, RB: tl.constexpr, BN: tl.constexpr,
     PAGED: tl.constexpr, PAGE: tl.constexpr, MASK_FULL: tl.constexpr, DIRECT: tl.constexpr,
     FUSED: tl.constexpr, MU: tl.constexpr, PREFETCH: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr,
-    TREE: tl.constexpr,
 ):
     if PDL:  # launched early (programmatic dependent launch): everything read below comes from the kernels before
         gdc_wait()
         gdc_launch_dependents()  # the merge launch may start now (it waits for this grid before reading)
     # S parts (programs along axis 2): n_splits prefix splits, the last of which also takes the tree (S = n_splits),
-    # or a part of the tree's own after them (S = n_splits + 1: its prefix range is empty); without TREE the merge
-    # launch attends the tree (S = n_splits)
+    # or a part of the tree's own after them (S = n_splits + 1: its prefix range is empty)
     S = tl.num_programs(2)
     b, h, rb, s, rows, row_ok, t, hq = gqa_program(RB, BM, G, L)
     d = tl.arange(0, BD)
@@ -174,9 +125,7 @@ def _verify_kernel(
     chunk = tl.cdiv(tl.cdiv(prefix, n_splits), BN) * BN
     lo = s * chunk
     hi = tl.minimum(lo + chunk, prefix)
-    live = lo < hi  # an empty split reads nothing, not even q
-    if TREE:
-        live = live | (s == S - 1)
+    live = (lo < hi) | (s == S - 1)  # an empty split reads nothing, not even q
     q = tl.load(q_ptr + (b * L + t).to(tl.int64)[:, None] * s_qt + hq[:, None] * s_qh + d[None, :],
                 mask=live & row_ok[:, None] & (d[None, :] < D), other=0.0)
     if DOT_F32:  # the CPU interpreter (triton 3.7) mis-multiplies bf16 dots; compute them in fp32 there
@@ -219,11 +168,34 @@ def _verify_kernel(
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
         m_i = m_new
-    if TREE:  # the last part attends the tree (a part of the tree's own has an empty prefix range)
-        if s == S - 1:
-            m_i, l_i, acc = _attend_tree(q, m_i, l_i, acc, k_ptr, v_ptr, mask_ptr, mask_indptr, b, h, t, row_ok,
-                                         prefix, qk_scale, s_kt, s_kh, s_vt, s_vh, L, LP, D, BD, DV, BDV, MASK_FULL,
-                                         DOT_F32, False, "")
+    if s == S - 1:
+        j = tl.arange(0, LP)
+        jm = j < L
+        tok = (b * L + j).to(tl.int64)
+        kk = tl.load(k_ptr + tok[:, None] * s_kt + h * s_kh + d[None, :], mask=jm[:, None] & (d[None, :] < D),
+                     other=0.0)
+        if DOT_F32:
+            kk = kk.to(tl.float32)
+        sc = tl.dot(q, tl.trans(kk)) * qk_scale
+        mm = row_ok[:, None] & jm[None, :]
+        if MASK_FULL:
+            moff = tl.load(mask_indptr + b) + t[:, None].to(tl.int64) * (prefix + L) + prefix + j[None, :]
+        else:
+            moff = b.to(tl.int64) * (L * L) + t[:, None] * L + j[None, :]
+        allowed = tl.load(mask_ptr + moff, mask=mm, other=0) != 0
+        sc = tl.where(allowed, sc, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(sc - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        vt = tl.load(v_ptr + tok[:, None] * s_vt + h * s_vh + dv[None, :], mask=jm[:, None] & (dv[None, :] < DV),
+                     other=0.0)
+        if DOT_F32:
+            acc = acc * alpha[:, None] + tl.dot(p, vt.to(tl.float32))
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+        m_i = m_new
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     out = acc / l_safe[:, None]
     o_rows = o_ptr + (b * L + t).to(tl.int64)[:, None] * s_ot + hq[:, None] * s_oh + dv[None, :]
@@ -250,12 +222,11 @@ def _verify_kernel(
 @triton.jit
 def _merge_kernel(
     po_ptr, plse_ptr, o_ptr, s_ot, s_oh,
-    q_ptr, k_ptr, v_ptr, kv_indptr, prefix_lens, mask_ptr, mask_indptr, qk_scale, s_qt, s_qh, s_kt, s_kh, s_vt, s_vh,
-    HKV: tl.constexpr, G: tl.constexpr, L: tl.constexpr, LP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
-    DV: tl.constexpr, BDV: tl.constexpr, BM: tl.constexpr, RB: tl.constexpr, S: tl.constexpr, SP: tl.constexpr,
-    MR: tl.constexpr, PAGED: tl.constexpr, MASK_FULL: tl.constexpr, TREE: tl.constexpr, DOT_F32: tl.constexpr,
-    PDL: tl.constexpr,
+    HKV: tl.constexpr, G: tl.constexpr, L: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr,
+    BM: tl.constexpr, RB: tl.constexpr, S: tl.constexpr, SP: tl.constexpr, MR: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_wait()  # the partials of the split kernel before it
     # program (b, h * RB + rb, c): rows c * MR .. + MR of that row block
     b = tl.program_id(0)
     h = tl.program_id(1) // RB
@@ -266,45 +237,15 @@ def _merge_kernel(
     t = rows // G
     hq = h * G + rows % G
     dv = tl.arange(0, BDV)
-    if TREE:
-        # The tree's own part, before the wait, so it overlaps the split kernel. Safe to read early: q, k, v, the
-        # mask and the prefix lengths are inputs of the split kernel, which writes none of them. Under PDL this grid
-        # starts only once every split program has passed its own gdc_wait (each triggers this launch after it), i.e.
-        # once the kernels before the split kernel have completed and their writes are performed; the loads go to L2
-        # (.cg), the coherence point, never to an L1 line older than those writes.
-        d = tl.arange(0, BD)
-        q = tl.load(q_ptr + (b * L + t).to(tl.int64)[:, None] * s_qt + hq[:, None] * s_qh + d[None, :],
-                    mask=row_ok[:, None] & (d[None, :] < D), other=0.0, cache_modifier=".cg")
-        if DOT_F32:
-            q = q.to(tl.float32)
-        prefix = 0  # the FULL mask's rows are prefix + L long
-        if MASK_FULL:
-            if PAGED:
-                prefix = tl.load(prefix_lens + b, cache_modifier=".cg").to(tl.int32)
-            else:
-                prefix = (tl.load(kv_indptr + b + 1, cache_modifier=".cg")
-                          - tl.load(kv_indptr + b, cache_modifier=".cg")).to(tl.int32)
-        m_t, l_t, acc_t = _attend_tree(q, tl.full([MR], float("-inf"), tl.float32), tl.zeros([MR], tl.float32),
-                                       tl.zeros([MR, BDV], tl.float32), k_ptr, v_ptr, mask_ptr, mask_indptr, b, h, t,
-                                       row_ok, prefix, qk_scale, s_kt, s_kh, s_vt, s_vh, L, LP, D, BD, DV, BDV,
-                                       MASK_FULL, DOT_F32, MR < 16, ".cg")
-    if PDL:
-        gdc_wait()  # the partials of the split kernel before it
     sp = tl.arange(0, SP)
     base = ((b * HKV + h) * RB + rb) * S
     lse = tl.load(plse_ptr + (base + sp[None, :]).to(tl.int64) * BM + r[:, None],
                   mask=(sp[None, :] < S) & (r[:, None] < BM), other=float("-inf"))  # [MR, SP]
     mx = tl.max(lse, axis=1)
-    if TREE:
-        mx = tl.maximum(mx, m_t)
     mx = tl.where(mx == float("-inf"), 0.0, mx)
     w = tl.exp2(lse - mx[:, None])
     den = tl.sum(w, axis=1)
     acc = tl.zeros([MR, BDV], tl.float32)
-    if TREE:  # its unnormalized state, in fp32
-        wt = tl.exp2(m_t - mx)
-        den += wt * l_t
-        acc = acc_t * wt[:, None]
     for s in tl.static_range(S):  # unrolled: every part's load in flight at once
         ws = tl.sum(tl.where(sp[None, :] == s, w, 0.0), axis=1)
         po = tl.load(po_ptr + (base + s).to(tl.int64) * (BM * BDV) + r[:, None] * BDV + dv[None, :],
@@ -313,6 +254,8 @@ def _merge_kernel(
     out = acc / tl.where(den > 0, den, 1.0)[:, None]
     tl.store(o_ptr + (b * L + t).to(tl.int64)[:, None] * s_ot + hq[:, None] * s_oh + dv[None, :],
              out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (dv[None, :] < DV))
+
+
 
 
 def _np2(x: int, lo: int = 16) -> int:
@@ -379,7 +322,6 @@ class Launch:
     prefetch: bool = True  # each key tile's slots loaded one tile ahead, V before the QK dot
     pdl: bool = False  # programmatic dependent launch (on by default from Hopper on): each launch set up while the
     # kernel before it runs (kernel run 13: 0.6-0.9 µs off at bs 1, in a graph too; no change at bs 8 and 64)
-    tree_merge: bool = False  # the merge launch attends the tree, before its PDL wait; the splits only the prefix
 
 
 PARTIALS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -399,8 +341,6 @@ TUNE = {
     "partials": (lambda x: isinstance(x, str) and x in PARTIALS, "one of " + ", ".join(PARTIALS)),
     "fused_merge": (lambda x: isinstance(x, bool), "a bool (merge in the kernel, no second launch)"),
     "tree_part": (lambda x: isinstance(x, bool), "a bool (False: the last split attends the tree too)"),
-    "tree_merge": (lambda x: isinstance(x, bool), "a bool (the merge launch attends the tree, overlapping the splits "
-                   "under PDL; takes precedence over tree_part; not with fused_merge)"),
     "merge_rows": (lambda x: _int_in(x, 2, 128, pow2=True), "a power of two in 2..128 (rows per merge program)"),
     "merge_unroll": (lambda x: _int_in(x, 1, 16), "an integer in 1..16 (parts a fused merge loads at once)"),
     "prefetch": (lambda x: isinstance(x, bool), "a bool (each tile's KV slots loaded one tile ahead, V before the dot)"),
@@ -419,8 +359,6 @@ def _checked_tune(tune) -> dict:
         accepts, what = TUNE[key]
         if not accepts(value):
             raise ValueError(f"tune[{key!r}]={value!r}: use {what}")
-    if tune.get("tree_merge") and tune.get("fused_merge"):
-        raise ValueError("tune: tree_merge needs the merge launch, not fused_merge")
     return tune
 
 
@@ -443,14 +381,13 @@ def launch_choice(bs: int, hq: int, hkv: int, d: int, dv: int, L: int, max_prefi
         raise ValueError(f"num_splits={num_splits!r}: use an integer >= 1, or None for the heuristic")
     # rows per merge program: enough merge programs to spread the partials' read over the SMs
     mr = max(2, min(16, triton.next_power_of_2(max(1, bs * hkv * rb * bm // (2 * sms)))))
-    tree_merge = num_splits > 1 and t.get("tree_merge", False)
-    parts = 1 if num_splits == 1 else num_splits + (1 if t.get("tree_part", True) and not tree_merge else 0)
+    parts = 1 if num_splits == 1 else num_splits + (1 if t.get("tree_part", True) else 0)
     partials = t.get("partials", SAME_PARTIALS.get(dtype, "fp32"))
     # a fused merge of fp32 partials 4 at a time spills registers at 4 warps (sm_90 compile, 64 x 128 row blocks)
     unroll = t.get("merge_unroll", 2 if partials == "fp32" else 4)
     return Launch(bm, rb, t.get("block_n", bn), t.get("num_warps", warps), t.get("num_stages", stages), num_splits,
                   parts, t.get("merge_rows", mr), partials, parts > 1 and t.get("fused_merge", False), unroll,
-                  t.get("prefetch", True), t.get("pdl", True) and _pdl_ok(device), tree_merge)
+                  t.get("prefetch", True), t.get("pdl", True) and _pdl_ok(device))
 
 
 def _run(q, k, v, kb, vb, kv_indptr, kv_indices, page_table, prefix_lens, page, custom_mask, L, sm_scale,
@@ -494,19 +431,14 @@ def _run(q, k, v, kb, vb, kv_indptr, kv_indices, page_table, prefix_lens, page, 
         kb.stride(0), kb.stride(1), vb.stride(0), vb.stride(1), out.stride(0), out.stride(1),
         HKV=hkv, G=g, L=L, LP=_np2(L), D=d, BD=_np2(d), DV=dv, BDV=bdv, BM=bm, RB=rb, BN=c.block_n,
         PAGED=paged, PAGE=page, MASK_FULL=mask_indptr is not None, DIRECT=direct, FUSED=c.fused, MU=c.merge_unroll,
-        PREFETCH=c.prefetch, PDL=c.pdl, TREE=not c.tree_merge,
+        PREFETCH=c.prefetch, PDL=c.pdl,
         DOT_F32=q.device.type != "cuda", num_warps=c.warps, num_stages=c.stages, **_pdl(c.pdl),
     )
     if not direct and not c.fused:
         mr = c.merge_rows
-        _merge_kernel[(bs, hkv * rb, triton.cdiv(bm, mr))](
-            po, plse, out, out.stride(0), out.stride(1),
-            q, k, v, kv_indptr if not paged else dummy, prefix_lens if paged else dummy,
-            mask, mask_indptr if mask_indptr is not None else dummy, scale,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            HKV=hkv, G=g, L=L, LP=_np2(L), D=d, BD=_np2(d), DV=dv, BDV=bdv, BM=bm, RB=rb, S=s, SP=_np2(s, 2), MR=mr,
-            PAGED=paged, MASK_FULL=mask_indptr is not None, TREE=c.tree_merge, DOT_F32=q.device.type != "cuda",
-            PDL=c.pdl, num_warps=4, **_pdl(c.pdl))
+        _merge_kernel[(bs, hkv * rb, triton.cdiv(bm, mr))](po, plse, out, out.stride(0), out.stride(1), HKV=hkv, G=g,
+                                                            L=L, DV=dv, BDV=bdv, BM=bm, RB=rb, S=s, SP=_np2(s, 2),
+                                                            MR=mr, PDL=c.pdl, num_warps=4, **_pdl(c.pdl))
     return out
 
 

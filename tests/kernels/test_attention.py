@@ -1,7 +1,3 @@
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -194,9 +190,6 @@ TUNED = [
     dict(block_m=16, fused_merge=True, partials="bf16"),
     dict(pdl=True),  # on the GPU a programmatic dependent launch of both kernels; on the CPU the plain launch
     dict(pdl=True, fused_merge=True, partials="bf16"),
-    # the tree in the merge launch: its dot form (16 rows a merge program on the CPU), its broadcast form (4)
-    dict(tree_merge=True),
-    dict(tree_merge=True, merge_rows=4, pdl=True),
 ]
 
 
@@ -245,46 +238,14 @@ def test_tune_overrides_the_launch():
                                                           fused_merge=True, tree_part=False, merge_rows=8))
     assert (c.block_n, c.warps, c.stages, c.partials, c.fused, c.parts, c.merge_rows) == (128, 8, 4, "bf16", True, 3, 8)
     assert not launch_choice(2, 8, 2, 64, 64, 4, 50, cpu, 1, dict(fused_merge=True)).fused  # one part: no merge
-    merged = launch_choice(2, 8, 2, 64, 64, 4, 50, cpu, 3, dict(tree_merge=True))
-    assert (merged.tree_merge, merged.parts) == (True, 3)  # the splits only: the merge launch attends the tree
-    assert not launch_choice(2, 8, 2, 64, 64, 4, 50, cpu, 1, dict(tree_merge=True)).tree_merge  # one part does both
 
 
 @pytest.mark.parametrize("tune", [
     dict(block_n=48), dict(block_n=8), dict(block_n=512), dict(block_n=True), dict(num_warps=3), dict(num_stages=0),
     dict(num_stages=2.0), dict(partials="fp8"), dict(partials=torch.bfloat16), dict(fused_merge=1),
     dict(tree_part="no"), dict(merge_rows=1), dict(merge_unroll=0), dict(splits=4), [("block_n", 64)],
-    dict(prefetch=1), dict(pdl="yes"), dict(block_m=8), dict(block_m=48), dict(tree_merge=1),
-    dict(tree_merge=True, fused_merge=True),
+    dict(prefetch=1), dict(pdl="yes"), dict(block_m=8), dict(block_m=48),
 ])
 def test_bad_overrides_raise(tune):
     with pytest.raises(ValueError, match="tune"):
         launch_choice(2, 8, 2, 64, 64, 4, 50, torch.device("cpu"), 3, tune)
-
-
-HOPPER_MERGE = """
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from flashtree.attention.triton_verify import _merge_kernel
-types = dict(po_ptr="*bf16", plse_ptr="*fp32", o_ptr="*bf16", q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16",
-             kv_indptr="*i32", prefix_lens="*i32", mask_ptr="*u8", mask_indptr="*i64", qk_scale="fp32")
-for mr in (2, 16):  # the tree's broadcast form and its dot form
-    consts = dict(HKV=8, G=4, L=16, LP=16, D=128, BD=128, DV=128, BDV=128, BM=64, RB=1, S=16, SP=16, MR=mr,
-                  PAGED=False, MASK_FULL=True, TREE=True, DOT_F32=False, PDL=True)
-    sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in _merge_kernel.arg_names}
-    kernel = triton.compile(ASTSource(_merge_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
-                            options={"num_warps": 4})
-    ptx = kernel.asm["ptx"]
-    # the tree's loads (L2, .cg) come before the wait, the partials' after it
-    assert ptx.index("ld.global.cg") < ptx.index("griddepcontrol.wait") and kernel.asm["cubin"]
-"""
-
-
-def test_the_merge_with_the_tree_compiles_for_hopper():
-    """The merge launch that attends the tree before its PDL wait (griddepcontrol, which the interpreter skips, and
-    tl.dot's 16-row minimum, which it does not enforce) assembles for sm_90 through ptxas, without a GPU (in a process
-    of its own: the interpreter's kernels cannot be compiled)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", HOPPER_MERGE], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]

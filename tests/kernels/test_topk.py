@@ -12,13 +12,15 @@ from .common import CUDA, DEV
 
 
 def assert_matches_the_sort(x, k, **kw):
-    """Ids exactly as a stable descending sort of the log-softmax orders them, values to ~1e-6, -inf where it has."""
+    """Ids exactly as a stable descending sort of the log-softmax orders them, values to a few ulps of the row's
+    log-sum-exp (~20 at 152K bf16 logits, summed in another order: 1.2e-5 apart on either selection), -inf where it
+    has."""
     values, ids = row_topk_logprobs(x.to(DEV), k, **kw)
     want_v, want_i = reference.row_topk_logprobs(x, k)
     assert torch.equal(ids.cpu(), want_i), (tuple(x.shape), k, kw)
     finite = want_v > float("-inf")
     assert torch.equal(values.cpu() > float("-inf"), finite)
-    assert torch.allclose(values.cpu()[finite], want_v[finite], atol=1e-5, rtol=0)
+    assert torch.allclose(values.cpu()[finite], want_v[finite], atol=3e-5, rtol=0)
 
 
 @pytest.mark.parametrize("select", ["threshold", "rounds"])
