@@ -221,8 +221,8 @@ def part_policies():
         log(kind="policy_build", policy="best-first", build="marginal", bs=bs, n=0, k=k, width=w, vocab=vocab,
             same_as_reference=same, flashtree_eager_us=bench(fn), flashtree_graph_us=try_graph(fn),
             no_prefetch_graph_us=try_graph(lambda: grow_marginal_triton(top, ids, w, prefetch=False)),
-            one_pick_graph_us=try_graph(lambda: grow_marginal_triton(top, ids, w, picks=1)),
-            one_pick_same_as_reference=trees_equal(grow_marginal_triton(top, ids, w, picks=1), ref),
+            shuffle_max_graph_us=try_graph(lambda: grow_marginal_triton(top, ids, w, redux=False)),
+            shuffle_max_same_as_reference=trees_equal(grow_marginal_triton(top, ids, w, redux=False), ref),
             torch_eager_us=bench(rounds, rep=10), torch_graph_us=try_graph(rounds),
             topk_eager_us=bench(topk_fn), topk_graph_us=try_graph(topk_fn), topk_rounds_graph_us=try_graph(rounds_fn),
             topk_same_as_reference=topk_same)

@@ -36,14 +36,13 @@ CASES = [(3, 4, 7, 8, None), (2, 8, 15, 16, None), (2, 15, 31, 32, 4), (3, 3, 3,
          (2, 6, 1, 2, 3), (2, 8, 31, 32, 2), (1, 7, 63, 64, None)]
 
 
-@pytest.mark.parametrize("picks", [1, 2])
 @pytest.mark.parametrize("bs,k,kk,w,levels", CASES)
-def test_kernel_equals_the_rounds(bs, k, kk, w, levels, picks):
+def test_kernel_equals_the_rounds(bs, k, kk, w, levels):
     g = torch.Generator().manual_seed(bs * 1000 + k * 10 + w)
     top, ids = topk_table(bs, k, kk, g, levels=levels)
     want = reference(top, ids, w)
     assert tree_nodes(want) == plain_best_first(top, ids, w)
-    got = grow_marginal_triton(top.to(DEV), ids.to(DEV), w, picks=picks)
+    got = grow_marginal_triton(top.to(DEV), ids.to(DEV), w)
     for f in FIELDS:
         assert torch.equal(getattr(got, f).cpu(), getattr(want, f)), f
     assert got.k == want.k
@@ -90,13 +89,12 @@ def tree_nodes(tree):
              tree.valid))) if v] for b in range(tree.tokens.shape[0])]
 
 
-@pytest.mark.parametrize("picks", [1, 2])
-def test_ties_follow_the_reference_rule(picks):
+def test_ties_follow_the_reference_rule():
     """On a grid of tied scores the kernel keeps the earlier frontier entry, as the rounds do; the reverse rule gives
     another tree on these inputs (the negative control: the parametrised cases above would catch it)."""
     g = torch.Generator().manual_seed(11)
     top, ids = topk_table(2, 8, 31, g, levels=2)
-    got = tree_nodes(grow_marginal_triton(top.to(DEV), ids.to(DEV), 32, picks=picks))
+    got = tree_nodes(grow_marginal_triton(top.to(DEV), ids.to(DEV), 32))
     assert got == plain_best_first(top, ids, 32) == tree_nodes(reference(top, ids, 32))
     assert plain_best_first(top, ids, 32, later_ties=True) != got
 
@@ -124,18 +122,21 @@ from triton.compiler import ASTSource
 from flashtree.tree.triton_grow import _grow_marginal_kernel
 names = ["top_ptr", "ids_ptr", "tok_ptr", "par_ptr", "dep_ptr", "val_ptr", "vote_ptr", "first_ptr"]
 sig = dict(zip(names, ["*fp32", "*i64", "*i64", "*i64", "*i64", "*i8", "*i64", "*i64"]))
-for picks in (1, 2):
-    consts = {"K": 15, "KK": 31, "KEEP": 31, "FW": 32, "PREFETCH": True, "LINES": 16, "PICKS": picks}
+for redux in (True, False):
+    consts = {"K": 15, "KK": 31, "KEEP": 31, "FW": 32, "PREFETCH": True, "LINES": 16, "REDUX": redux, "CELL": 8}
     sig.update({name: "constexpr" for name in consts})
     kernel = triton.compile(ASTSource(_grow_marginal_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
                             options={"num_warps": 1})
-    assert "prefetch.global.L1" in kernel.asm["ptx"] and kernel.asm["cubin"]
+    ptx = kernel.asm["ptx"]
+    assert "prefetch.global.L1" in ptx and kernel.asm["cubin"]
+    # one slot a lane: two warp reductions a round, none of them repeated per register
+    assert ptx.count("redux.sync.max.s32") == (2 if redux else 0)
 """
 
 
 def test_gpu_variant_compiles_for_hopper():
-    """The L1 prefetch (inline PTX, which the interpreter skips) assembles for sm_90 through ptxas, without a GPU (in a
-    process of its own: the interpreter's kernels cannot be compiled)."""
+    """The GPU variants (the L1 prefetch and the warp reductions, inline PTX the interpreter skips) assemble for sm_90
+    through ptxas, without a GPU (in a process of its own: the interpreter's kernels cannot be compiled)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", HOPPER_BUILD], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
