@@ -340,7 +340,8 @@ class StepProbe:
             parts = [self.dspark_draft.get(bs), self.verify[plan.width].get(bs)]
         else:
             tree_w, w = plan.fit_width(shape.width, self.run.verify_runners)
-            step = (lambda: self.dummy_step(plan, self.device, self.table, bs, shape.n, tree_w, w))
+            step = (lambda: self.dummy_step(plan, self.device, self.table, bs, shape.n, tree_w, w,
+                                                grown=self.run.grown))
             parts = [self.tree_draft.get(bs), step, self.verify.get(w, {}).get(bs)]
         return None if any(p is None for p in parts) else parts
 

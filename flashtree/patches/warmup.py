@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from flashtree.tree import build_tree, pad_tree, verify_inputs, walk_and_commit
+from flashtree.tree.policies.best_first import grow_marginal
 
 from .policy_draws import dummy_scores
 
@@ -66,18 +67,25 @@ def warm(run, worker, max_bs: int, graph_bs: int) -> list[tuple[int, int, int]]:
     table = plan.adapter.req_to_token(worker) if plan.page_size == 1 else None
     done = shapes(run, max_bs, graph_bs)
     for n, tree_w, w in done:
-        dummy_step(plan, device, table, 1, n, tree_w, w)
+        dummy_step(plan, device, table, 1, n, tree_w, w, grown=run.grown)
     return done
 
 
-def dummy_step(plan, device, table, bs: int, n: int, tree_w: int, w: int) -> None:
+def dummy_step(plan, device, table, bs: int, n: int, tree_w: int, w: int, grown: tuple | None = None) -> None:
     """A tree step's kernels (build, encode, walk with the req_to_token rewrite) over bs requests on dummy inputs of
     the live dtypes (int64 tokens and lengths, the target's req_to_token dtype); `table`: the live req_to_token
     (None: paged KV), whose row stride the walk kernel is specialised on (a scratch table of its row length is
-    written, never the live one)."""
+    written, never the live one). `grown`: the run's best-first head (() for a draft with independent positions,
+    whose step grows its tree in one launch, not by the builder's rounds: the planner's probe times this step)."""
     candidates = torch.zeros((bs, n, plan.depth), dtype=torch.int64, device=device)
-    scores = dummy_scores(bs, n, plan.depth, device)  # what any policy reads, of the live shapes
-    tree = pad_tree(build_tree(candidates, tree_w, policy=plan.policy, scores=scores), w, n)
+    if grown == ():
+        top = torch.zeros((bs, plan.depth, tree_w - 1), device=device)
+        ids = torch.arange(tree_w - 1, device=device).expand_as(top)  # siblings' tokens distinct, as a top k's are
+        tree = grow_marginal(top, ids, tree_w)
+    else:
+        scores = dummy_scores(bs, n, plan.depth, device)  # what any policy reads, of the live shapes
+        tree = build_tree(candidates, tree_w, policy=plan.policy, scores=scores)
+    tree = pad_tree(tree, w, n)
     prefix = torch.ones(bs, dtype=torch.int64, device=device)
     rows = torch.arange(bs, dtype=torch.int64, device=device)
     scratch = None if table is None else torch.zeros((bs, table.shape[1]), dtype=table.dtype, device=device)

@@ -416,3 +416,21 @@ def test_a_planned_batch_draws_at_least_the_floor_per_request():
     assert [plan.draws_for(bs) for bs in (1, 2, 8, 16, 32, 64)] == [64, 64, 16, 8, 8, 8]
     small = dataclasses.replace(plan, toggles=dataclasses.replace(plan.toggles, tree_n=4))
     assert [small.draws_for(bs) for bs in (1, 64)] == [4, 4]
+
+
+def test_the_probe_grows_a_headless_best_first_tree_as_the_step_does(monkeypatch):
+    """The start-up probe's tree step for a best-first draft with independent positions (DFLASH) grows its tree from
+    the positions' top k (one launch on a GPU), as the served step does, not by the registered builder's W - 1 rounds
+    (milliseconds eager: live run 36's table priced such a step twice its served time); a Markov head's best-first
+    step still goes through the builder."""
+    from flashtree.patches import warmup
+    from flashtree.tree import build_tree
+
+    built = []
+    monkeypatch.setattr(warmup, "build_tree", lambda *a, **kw: built.append(kw["policy"]) or build_tree(*a, **kw))
+    plan = types.SimpleNamespace(depth=4, policy="best-first")
+    warmup.dummy_step(plan, torch.device("cpu"), None, 2, 1, 8, 8, grown=())
+    assert built == []
+    head = (torch.zeros(3, 2), torch.zeros(5, 2))  # a vanilla head's (w1, w2): the builder's rounds
+    warmup.dummy_step(plan, torch.device("cpu"), None, 2, 1, 8, 8, grown=head)
+    assert built == ["best-first"]
