@@ -41,7 +41,7 @@ REPLAY_ARGS=(name=$FORMAT "target.device=${DEVICE:-$default_device}" drafter.nam
   +drafter.options.temperature=1.0 dataset=gsm8k dataset.split=second_half "dataset.limit=${EVAL_PROMPTS:-16}"
   "engine.max_new_tokens=${EVAL_TOKENS:-128}" replay.n_max=8)
 GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
-SPLIT=52000000  # chunk A; each chunk plus the tracked files (~10 MB) must stay under a call's 64 MiB
+SPLIT=50000000  # chunk A; each chunk plus the tracked files (~10 MB) must stay under a call's 64 MiB
 
 case "$mode" in
 prepare)
