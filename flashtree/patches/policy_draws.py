@@ -25,12 +25,10 @@ import torch.nn.functional as F
 
 from flashtree.sampler import row_topk_logprobs
 from flashtree.tree import DraftScores, build_tree, get_policy
-from flashtree.tree.policies.best_first import grow_marginal
+from flashtree.tree.policies.best_first import NAME as GROWN, grow_marginal
 from flashtree.tree.types import VoteTree
 
 from .toggles import ToggleError
-
-GROWN = "best-first"  # the policy that grows its tree from the head instead of the candidates
 
 
 def needs_logp(policy: str) -> bool:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
-GROWN = "best-first"  # the policy that grows its tree from the draft's probabilities: no candidates, a width only
+from ..tree.policies.best_first import NAME as GROWN
 
 
 @dataclass(frozen=True, order=True)

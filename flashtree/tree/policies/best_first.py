@@ -14,8 +14,10 @@ import torch
 from ..types import VoteTree
 from .registry import DraftScores, register_policy
 
+NAME = "best-first"  # the policy that grows its tree from the draft's probabilities: no candidates, a width only
 
-@register_policy("best-first", needs_scores=("anchor", "step_logprobs"),
+
+@register_policy(NAME, needs_scores=("anchor", "step_logprobs"),
                  doc="no sampling: the most probable nodes of the draft's tree, grown from the root")
 def best_first(candidates: torch.Tensor, width: int, scores) -> VoteTree:
     bs, n, k = candidates.shape
