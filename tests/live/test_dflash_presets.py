@@ -30,15 +30,20 @@ def test_dflash_smollm2_preset_chain_against_trees():
     plan = phase_instances(cfg)
     assert list(plan) == ["identity", "speed"] and cfg.phases.speed.concurrencies == [1, 8, 32]
     speed = {i.server: i for i in plan["speed"]}
-    assert list(speed) == ["chain", "tree32-w32", "tree32-w32-bestfirst", "tree16-w16-bestfirst"]
+    assert list(speed) == ["plain", "chain", "tree16-w16-bestfirst", "tree32-w32-bestfirst", "auto-bestfirst"]
+    assert "--speculative-algorithm" not in speed.pop("plain").argv
     for inst in speed.values():
         assert spec_args(inst.argv)["algorithm"] == "DFLASH" and not spec_args(inst.argv)["dspark_block"]
         assert spec_args(inst.argv)["draft"] == "/tmp/ft-dflash-draft"
     assert spec_args(speed["chain"].argv)["window"] == "9" and "FLASHTREE_TREE_N" not in speed["chain"].env
-    assert spec_args(speed["tree32-w32"].argv)["window"] == "32"
+    assert spec_args(speed["tree32-w32-bestfirst"].argv)["window"] == "32"
     assert speed["tree32-w32-bestfirst"].env["FLASHTREE_TREE_POLICY"] == "best-first"
     assert spec_args(speed["tree16-w16-bestfirst"].argv)["window"] == "16"
-    assert speed["tree32-w32"].env["FLASHTREE_TREE_DEPTH"] == "8"
+    assert speed["tree32-w32-bestfirst"].env["FLASHTREE_TREE_DEPTH"] == "8"
+    # the planner: one toggle and the policy; its window bounds the widths it may choose
+    auto = speed["auto-bestfirst"]
+    assert auto.env["FLASHTREE_TREE_N"] == "auto" and auto.env["FLASHTREE_TREE_POLICY"] == "best-first"
+    assert spec_args(auto.argv)["window"] == "32" and "FLASHTREE_TREE_DEPTH" not in auto.env
     assert [i.server for i in plan["identity"]] == ["plain", "chain-exact", "tree32-w32-exact",
                                                     "tree32-w32-bestfirst-exact"]
     assert plan["identity"][3].env["FLASHTREE_EXACT_VERIFY"] == "1"
