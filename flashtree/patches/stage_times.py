@@ -4,8 +4,9 @@ CUDA: events recorded between stages and read only when the log line is due (one
 step), so the timed server runs as it would untimed. CPU: wall clock. Stages are named by the tree step's marks, in
 the engine's vocabulary (`STAGES`).
 Each line also gives the host's time per step (Python and launches: when it matches the device time, the step is bound
-by the host, not the GPU) and the median device time between one step's end and the next one's start (sglang's work
-between steps: scheduling, output processing, and idle time).
+by the host, not the GPU) and the device time between one step's end and the next one's start (sglang's work between
+steps: scheduling, output processing, prefills, and idle time) as median / mean / longest: a median alone hides the
+few long gaps that periodic host work leaves.
 """
 
 from __future__ import annotations
@@ -96,13 +97,15 @@ class StageTimer:
         self._pending = []
         host = sum(self._host_ms) / steps
         self._host_ms = []
-        gap = sorted(gaps)[len(gaps) // 2] if gaps else float("nan")
+        gaps.sort()
+        gap = (f"{gaps[len(gaps) // 2]:.3f} / {sum(gaps) / len(gaps):.3f} / {gaps[-1]:.3f}" if gaps
+               else "nan / nan / nan")
         parts = ", ".join(f"{k} {v / steps:.3f}" for k, v in window.items())
         paths = ", ".join(f"{k} {v}" for k, v in sorted(self._paths.items()))
         self._paths = {}
         logger.info(
             "flashtree stage times (ms per tree step, mean over steps %d-%d; mean bs %.1f): %s; total %.3f; "
-            "host %.3f; between steps (median) %.3f%s",
+            "host %.3f; between steps (median / mean / max) %s%s",
             self.steps - steps + 1, self.steps, rows / steps, parts, sum(window.values()) / steps, host, gap,
             f"; draws ran: {paths}" if paths else "",
         )
