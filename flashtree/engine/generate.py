@@ -18,6 +18,8 @@ from ..planner import Planner, check_policy
 from ..tree import (DEFAULT_POLICY, VerifyResult, VoteTree, ancestor_mask, build_tree, get_policy, tree_positions,
                     verify_greedy, verify_rejection, verify_sampled)
 from ..tree.checks import check_sampling, check_tokens, check_width
+from ..tree.policies.best_first import NAME as GROWN
+from .planning import step_tree
 from .records import GenerateResult, step_record
 from .stopping import stop_end
 from .target import context_limit, keep_in_cache, prefill, verify_forward
@@ -90,10 +92,11 @@ def _check(target, drafter: Drafter, rows, n, width, max_new_tokens, temperature
     check_width(width)
     if planner is not None:
         check_policy(policy)
-        over = [s.label() for s in planner.acceptance.shapes if s.is_chain or s.n > n or s.width > width]
+        over = [s.label() for s in planner.acceptance.shapes
+                if s.is_chain or s.n > n or s.width > width or s.grown != (policy == GROWN)]
         if over or walk == "rejection":
-            raise ValueError(f"the planner's shapes must be trees within n={n} and width={width} on the target walk; "
-                             f"got walk={walk!r} and {', '.join(over) or 'no shape over them'}")
+            raise ValueError(f"the planner's shapes must be {policy} trees within n={n} and width={width} on the "
+                             f"target walk; got walk={walk!r} and {', '.join(over) or 'no shape outside them'}")
     _count("max_new_tokens", max_new_tokens, "tokens to generate per prompt")
     _count(f"{type(drafter).__name__}.k", drafter.k, "the drafter's block length K")
     check_sampling(temperature, top_k, top_p)
@@ -166,8 +169,9 @@ def tree_generate(
     `scores` (the DSPARK drafter proposes them).
 
     `planner` (tree.n=auto, `flashtree.engine.planning`): each step draws `n` candidates, runs the tree of the
-    shape the planner chooses (its first N candidates, its W; every shape within `n` and `width`) and credits every
-    shape with what it would have committed. Every shape is a tree verified as above, so the output is unchanged.
+    shape the planner chooses (its first N candidates, its W; every shape within `n` and `width`; best-first: the
+    first nodes of the menu's widest tree) and credits every shape with what it would have committed. Every shape
+    is a tree verified as above, so the output is unchanged.
     """
     rows = _as_rows(input_ids, target.config.vocab_size)
     _check(target, drafter, rows, n, width, max_new_tokens, temperature, top_k, top_p, walk, policy, planner)
@@ -198,22 +202,26 @@ def tree_generate(
             )
         live = [b for b, r in enumerate(reqs) if not r.done]
         plan = None if planner is None else planner.choose(len(live)).shape
-        step_n, step_w = (n, width) if plan is None else (plan.n, plan.width)
+        step_n = n if plan is None else plan.n
+
+        def build(m: int, w: int) -> VoteTree:
+            return build_tree(cands[:, :m], w, policy, scores=proposal.scores)
+
         with watch("build"):
-            tree = build_tree(cands[:, :step_n], step_w, policy, scores=proposal.scores)
+            tree, grown = (build(n, width), None) if plan is None else step_tree(planner, plan, build)
         shared = watch.take()
         committed = []
         for b in live:
             r = reqs[b]
             probs = None if draft_probs is None else draft_probs[b : b + 1, 0]
-            row = _row(tree, b)
+            row = _rows(tree, [b])
             position = r.tokens.numel()
             res = _step_one(target, r, row, probs, layers, temperature, top_k, top_p, generator, watch)
             taken.append((b, step, position, row, cands[b, :step_n], res, plan, {**shared, **watch.take()}))
             committed.append(res.tokens)
             _truncate(r, position, stops, max_new_tokens)
         if planner is not None:
-            planner.observe(cands[live], torch.cat(committed), policy)
+            planner.observe(cands[live], torch.cat(committed), policy, None if grown is None else _rows(grown, live))
         drafter.advance(_draft_state(reqs, layers, device))
         step += 1
 
@@ -230,9 +238,9 @@ def tree_generate(
     )
 
 
-def _row(tree: VoteTree, b: int) -> VoteTree:
+def _rows(tree: VoteTree, rows: list[int]) -> VoteTree:
     fields = ("tokens", "parents", "depth", "votes", "valid", "first_candidate")
-    return VoteTree(**{f: getattr(tree, f)[b : b + 1] for f in fields}, k=tree.k)
+    return VoteTree(**{f: getattr(tree, f)[rows] for f in fields}, k=tree.k)
 
 
 def _step_one(target, r: _Request, tree, draft_probs, layers, temperature, top_k, top_p, generator,

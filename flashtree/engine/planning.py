@@ -3,16 +3,21 @@
 The engine and the replay drive a `flashtree.planner.Planner`: per step `choose` picks the shape, the step runs it,
 and `observe` credits every shape with what it would have committed on the same candidates. Each step therefore
 draws the menu's largest N (a narrower shape builds its tree from the first N of them), so the draft costs every
-shape the same and the cost table only needs what differs between shapes: the verify forward over W tokens.
+shape the same and the cost table only needs what differs between shapes: the verify forward over W tokens. With
+tree.policy=best-first the menu is widths only: each step grows the widest tree and verifies the chosen width's
+first nodes (`step_tree`), which the credit reads for every width.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import torch
 
 from ..planner import AcceptanceModel, CostTable, Planner, Shape, default_shapes
+from ..tree.policies.best_first import first_nodes
+from ..tree.types import VoteTree
 from .target import keep_in_cache, prefill, verify_forward
 
 # The replay's step time without `tree.costs`: a fixed cost plus one per verify token, fitted to SmolLM2-135M on one
@@ -22,10 +27,11 @@ STEP_MS = 3.08
 TOKEN_MS = 0.0082
 
 
-def menu(window: int, depth: int, max_n: int = 64) -> list[Shape]:
-    """The shapes a run may choose: trees of up to `window` tokens (tree.width) from up to `max_n` candidates. The
-    engine has no separate chain step (N = 1 is the chain), so the planner's DSPARK chain is left out."""
-    return [s for s in default_shapes(window, depth, max_n) if not s.is_chain]
+def menu(window: int, depth: int, max_n: int = 64, policy: str = "vote") -> list[Shape]:
+    """The shapes a run may choose: trees of up to `window` tokens (tree.width) from up to `max_n` candidates, or
+    with policy best-first its widths up to `window` (as the server's menu). The engine has no separate chain step
+    (N = 1 is the chain), so the planner's DSPARK chain is left out."""
+    return [s for s in default_shapes(window, depth, max_n, policy) if not s.is_chain]
 
 
 def modelled_costs(shapes: list[Shape], ms: dict[int, float] | None = None) -> CostTable:
@@ -77,6 +83,17 @@ def make_planner(shapes: list[Shape], costs: CostTable) -> Planner:
     return Planner(costs, AcceptanceModel(shapes))
 
 
+def step_tree(planner: Planner, shape: Shape,
+              build: Callable[[int, int], VoteTree]) -> tuple[VoteTree, VoteTree | None]:
+    """The tree a planned step verifies, `build(n, width)` building the run's policy's tree from the first n
+    candidates, and the tree its credit reads (`Planner.observe`'s `grown`): a best-first step grows the menu's
+    widest tree and verifies its first W - 1 nodes (as the server's step), else None."""
+    if not shape.grown:
+        return build(shape.n, shape.width), None
+    grown = build(shape.n, planner.widest_grown())
+    return first_nodes(grown, shape.width), grown
+
+
 def draws(planner: Planner) -> int:
     """Candidates each planned step draws: the menu's largest N, so every shape can be credited."""
     return max(s.n for s in planner.acceptance.shapes)
@@ -86,8 +103,9 @@ def report(planner: Planner, steps) -> dict:
     """What summary.json says of a planned run: steps per chosen shape (from the steps table, so a warm-up is left
     out), the cost table (ms per step) and the final estimates of committed tokens per step, per shape."""
     chosen = steps.groupby(["plan_n", "plan_width"]).size() if len(steps) else {}
+    shapes = {(s.n, s.width): s for s in planner.acceptance.shapes}
     return {
-        "plan_choices": {Shape(int(n), int(w)).label(): int(c) for (n, w), c in dict(chosen).items()},
+        "plan_choices": {shapes[(int(n), int(w))].label(): int(c) for (n, w), c in dict(chosen).items()},
         "plan_costs_ms": {r["shape"]: r["ms"] for r in planner.costs.rows()},
         "plan_tau": {s.label(): round(planner.acceptance.tau(s), 4) for s in planner.acceptance.shapes},
     }

@@ -26,6 +26,7 @@ import torch
 from ..drafters.base import DraftState
 from ..planner import Planner, Shape
 from ..tree import DEFAULT_POLICY, POLICIES, DraftScores, VoteTree, build_tree, get_policy, verify_greedy
+from .planning import step_tree
 from .records import StepRecord, step_record
 from .stopping import stop_end
 
@@ -165,7 +166,8 @@ def replay(rec: Recording, n: int, width: int, policy: str = DEFAULT_POLICY) -> 
 
 def replay_planned(rec: Recording, planner: Planner, policy: str = DEFAULT_POLICY) -> list[StepRecord]:
     """The steps a direct greedy run with tree.n=auto makes: per step the planner's shape, then its update with
-    every shape's credit on the recorded candidates (the engine's `planner` loop, replayed)."""
+    every shape's credit on the recorded candidates, or on the recorded best-first tree at the menu's widest width
+    (the engine's `planner` loop, replayed)."""
     over = [s.label() for s in planner.acceptance.shapes if s.n > rec.n_max]
     if over:
         raise ValueError(f"tree.n=auto: the recording holds N_max = {rec.n_max} candidates, the menu has {over}")
@@ -180,7 +182,8 @@ def _walk(rec: Recording, policy: str, shape_of_step, planner: Planner | None = 
         i = pos - rec.prompt_len
         shape = shape_of_step()
         cands = rec.candidates[i, : shape.n]
-        tree = replay_tree(rec, i, shape.n, shape.width, policy)
+        build = lambda n, w: replay_tree(rec, i, n, w, policy)  # noqa: E731
+        tree, grown = (build(shape.n, shape.width), None) if planner is None else step_tree(planner, shape, build)
         # The target's choice after a node at depth d on the greedy path is g[pos + d]; off the path it is never
         # read (a node is accepted only if all its ancestors are), so g[pos + d] serves every node.
         depth = torch.cat([tree.depth.new_zeros(1, 1), tree.depth], dim=1)
@@ -189,7 +192,7 @@ def _walk(rec: Recording, policy: str, shape_of_step, planner: Planner | None = 
         steps.append(step_record(tree, cands, res, committed[pos:], request=0, step=step, position=pos, policy=policy,
                                  plan=None if planner is None else shape))
         if planner is not None:
-            planner.observe(rec.candidates[i : i + 1], res.tokens, policy)
+            planner.observe(rec.candidates[i : i + 1], res.tokens, policy, grown)
         pos += steps[-1].accept_len + 1
         step += 1
     return steps

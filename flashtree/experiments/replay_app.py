@@ -33,7 +33,7 @@ def load_or_record(rc, out: Path):
     from tqdm.auto import tqdm
 
     from flashtree.datasets import encode_prompts, load_prompts
-    from flashtree.engine.replay import RECORDING_VERSION, Recording, record
+    from flashtree.engine.replay import RECORDING_VERSION, Recording, grown_policies, record
     from flashtree.engine.stopping import stop_ids
     from flashtree.experiments.run import load, make_drafter, measured_config
 
@@ -41,7 +41,9 @@ def load_or_record(rc, out: Path):
         saved = load_torch(rc.replay.recording, "the replay recording (replay.recording)")
         log.info(f"[flashtree] replaying {rc.replay.recording} ({len(saved['recordings'])} prompts)")
         return [Recording(**r) for r in saved["recordings"]], saved["record_time_s"]
-    grown_width = max(rc.replay.widths)
+    # a planned best-first run grows tree.width's tree every step
+    planned = rc.tree.auto and rc.tree.policy in grown_policies()
+    grown_width = max(*rc.replay.widths, rc.tree.width if planned else 0)
     key = {**measured_config(rc), "tree": None, "replay": None, "n_max": rc.replay.n_max, "v": RECORDING_VERSION}
     digest = store.config_hash(key)
     path = out / RECORDING
@@ -99,12 +101,13 @@ def write_config(rc, out: Path, n, w: int, steps_per_prompt, recs, planner=None)
 
 def replay_auto(rc, out: Path, recs) -> dict:
     """tree.n=auto beside the grid: the planner over trees of up to tree.width tokens from up to the recording's
-    N_max candidates, priced by tree.costs or the documented model (replay has no timing), learning prompt by prompt."""
+    N_max candidates (best-first: its widths up to tree.width), priced by tree.costs or the documented model (replay
+    has no timing), learning prompt by prompt."""
     from flashtree.engine import planning
     from flashtree.engine.replay import replay_planned
     from flashtree.planner import AUTO
 
-    shapes = planning.menu(rc.tree.width, recs[0].k, recs[0].n_max)
+    shapes = planning.menu(rc.tree.width, recs[0].k, recs[0].n_max, rc.tree.policy)
     planner = planning.make_planner(shapes, planning.modelled_costs(shapes, rc.tree.costs))
     steps = [replay_planned(r, planner, rc.tree.policy) for r in recs]
     return write_config(rc, out, AUTO, rc.tree.width, steps, recs, planner)

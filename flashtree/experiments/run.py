@@ -61,13 +61,13 @@ def make_drafter(cfg: RunConfig, model, reference=None):
 
 
 def make_planner(cfg: RunConfig, model, k: int, prompt):
-    """tree.n=auto: the planner over trees of up to tree.width tokens (N up to 64 and W), priced by tree.costs or,
-    without it, by timing the verify forward of each width on `prompt` now."""
+    """tree.n=auto: the planner over trees of up to tree.width tokens (N up to 64 and W; best-first: its widths),
+    priced by tree.costs or, without it, by timing the verify forward of each width on `prompt` now."""
     import torch
 
     from flashtree.engine import planning
 
-    shapes = planning.menu(cfg.tree.width, k)
+    shapes = planning.menu(cfg.tree.width, k, policy=cfg.tree.policy)
     if cfg.tree.costs:
         costs = planning.modelled_costs(shapes, cfg.tree.costs)
     else:

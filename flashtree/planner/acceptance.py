@@ -15,8 +15,8 @@ from typing import Callable
 
 import torch
 
-from ..tree import build_tree, get_policy
-from ..tree.policies.best_first import first_nodes
+from ..tree import POLICIES, build_tree, get_policy
+from ..tree.policies.best_first import NAME as GROWN, first_nodes
 from ..tree.types import VoteTree
 from .shapes import Shape
 
@@ -36,12 +36,20 @@ def prior_tau(shape: Shape) -> float:
     return 1.0 + (PRIOR_TAU[w] - 1.0) * scale
 
 
+def planned_policies() -> list[str]:
+    """The policies whose every shape one step can credit (below): those that read the candidate tokens alone (a
+    narrower tree is rebuilt from them) and best-first (a narrower tree is the first nodes of the step's own)."""
+    return [p.name for p in POLICIES.values() if not p.needs_scores or p.name == GROWN]
+
+
 def check_policy(policy: str) -> None:
-    """ValueError unless `policy` builds its tree from the candidate tokens alone, as the credit below rebuilds it."""
+    """ValueError (UnknownPolicy for an unknown name) unless the planner can plan `policy`'s trees."""
     needs = get_policy(policy).needs_scores
-    if needs:
-        raise ValueError(f"the planner (tree.n=auto) needs a tree policy that reads only the candidate tokens (vote); "
-                         f"{policy!r} also reads the draft's {', '.join(needs)}")
+    if policy not in planned_policies():
+        raise ValueError(f"the planner credits every shape from each step's own tree, which {policy!r} trees "
+                         f"(ranked by the draft's {', '.join(needs)}) cannot be rebuilt from; allowed: "
+                         f"tree.policy={' or '.join(planned_policies())} with tree.n=auto, or an integer tree.n "
+                         f"with {policy}")
 
 
 def counterfactual_commits(candidates: torch.Tensor, committed: torch.Tensor, shapes: list[Shape],

@@ -8,6 +8,7 @@ from typing import Callable
 
 import torch
 
+from ..tree.types import VoteTree
 from .acceptance import AcceptanceModel, counterfactual_commits
 from .costs import CostTable
 from .shapes import Shape
@@ -59,10 +60,17 @@ class Planner:
         self.chosen[(bs, best.shape.label())] += 1
         return best
 
-    def observe(self, candidates: torch.Tensor, committed: torch.Tensor, policy: str = "vote") -> None:
+    def observe(self, candidates: torch.Tensor, committed: torch.Tensor, policy: str = "vote",
+                grown: VoteTree | None = None) -> None:
         """Credit every shape with what it would have committed on this step: `candidates` (bs, N, K) as drawn,
-        `committed` (bs, L) the step's committed tokens, -1 past each row's end (the walk's `tokens`)."""
-        self.acceptance.update(counterfactual_commits(candidates, committed, self.acceptance.shapes, policy))
+        `committed` (bs, L) the step's committed tokens, -1 past each row's end (the walk's `tokens`), `grown` the
+        step's best-first tree at the menu's widest best-first width (best-first shapes)."""
+        self.acceptance.update(counterfactual_commits(candidates, committed, self.acceptance.shapes, policy, grown))
+
+    def widest_grown(self) -> int:
+        """The width a best-first step grows its tree to: the menu's widest best-first shape's, so that its first
+        nodes are every best-first shape's tree (`first_nodes`) and one step credits them all."""
+        return max(s.width for s in self.acceptance.shapes if s.grown)
 
     def summary(self) -> list[dict]:
         """The choices so far, per batch size and shape, with the current estimates (what the server logs)."""

@@ -52,8 +52,93 @@ def test_a_planner_outside_the_runs_limits_or_with_a_scored_policy_is_refused():
     planner = planning.make_planner(shapes, planning.modelled_costs(shapes))
     with pytest.raises(ValueError, match="within n=2 and width=8"):
         tree_generate(model, drafter, torch.arange(5), n=2, width=8, max_new_tokens=4, planner=planner)
-    with pytest.raises(ValueError, match="reads only the candidate tokens"):
+    with pytest.raises(ValueError, match="allowed: tree.policy=vote or best-first with tree.n=auto"):
         tree_generate(model, drafter, torch.arange(5), n=4, width=8, max_new_tokens=4, planner=planner, policy="prob")
+    with pytest.raises(ValueError, match="best-first trees within n=4 and width=8 on the target walk; .* N=4,W=8"):
+        tree_generate(model, drafter, torch.arange(5), n=4, width=8, max_new_tokens=4, planner=planner,
+                      policy="best-first")  # a menu of trie-vote shapes
+
+
+def test_a_prob_policy_with_auto_is_one_config_error_naming_the_planned_policies():
+    from flashtree.experiments.config import ConfigError, TreeConfig
+
+    with pytest.raises(ConfigError, match=r"tree.policy='prob' with tree.n=auto: .* allowed: tree.policy=vote or "
+                                          r"best-first with tree.n=auto, or an integer tree.n with prob"):
+        TreeConfig(n="auto", policy="prob")
+    TreeConfig(n="auto", policy="best-first")
+
+
+@pytest.fixture(scope="module")
+def scored():
+    """A tiny target and a DSPARK drafter of random weights: its proposals carry what best-first grows from."""
+    from flashtree.drafters import load_drafter
+    from tests.test_dspark import random_model, small_config
+
+    model = load_target("tiny-llama")[0]
+    drafter = load_drafter("dspark", model, model=random_model(small_config(model), std=0.05), temperature=0.0)
+    return model, drafter
+
+
+def test_planned_best_first_equals_the_targets_greedy_output_and_its_replay(scored):
+    from flashtree import metrics
+    from flashtree.engine.replay import record
+    from flashtree.experiments.config import RunConfig, TreeConfig
+    from flashtree.experiments.run import make_planner
+
+    model, drafter = scored
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]
+    ref = model.generate(torch.tensor([prompt]), max_new_tokens=24, min_new_tokens=24, do_sample=False)[0]
+    # the sweep's planner, priced so that the choice moves (W = 16 first, then W = 5 as its estimates settle)
+    tree = TreeConfig(n="auto", width=16, policy="best-first", costs={5: 1.0, 16: 1.1})
+    planner = lambda: make_planner(RunConfig(tree=tree), model, drafter.k, prompt)  # noqa: E731
+    direct = planner()
+    shapes = direct.acceptance.shapes
+    assert [s.label() for s in shapes] == ["best-first,W=5", "best-first,W=8", "best-first,W=16"]  # the server's
+    res = tree_generate(model, drafter, torch.tensor(prompt), n=planning.draws(direct), width=16, max_new_tokens=24,
+                        policy="best-first", planner=direct)
+    assert torch.equal(res.sequences[0], ref)
+    assert {s.plan_width for s in res.steps} == {5, 16}
+    assert all(direct.acceptance.count[s] == 32 + len(res.steps) for s in shapes)  # every width, every step
+    replayed = planner()
+    steps = replay_planned(record(model, drafter, prompt, n_max=1, max_new_tokens=24, grown_width=16), replayed,
+                           "best-first")
+    key = lambda steps: [(s.position, s.plan_n, s.plan_width, s.accept_len, s.accepted_path)  # noqa: E731
+                         for s in steps]
+    assert key(steps) == key(res.steps)
+    assert replayed.acceptance.total == direct.acceptance.total
+    report = planning.report(direct, metrics.steps_frame(metrics.step_rows(res.steps, prompt=0)))
+    assert set(report["plan_choices"]) == {"best-first,W=5", "best-first,W=16"}
+    assert sum(report["plan_choices"].values()) == len(res.steps)
+    assert set(report["plan_tau"]) == {s.label() for s in shapes}
+    assert set(report["plan_costs_ms"]) == {"best-first,W=5", "best-first,W=16"}  # the widths tree.costs prices
+
+
+def test_replayed_best_first_planner_verifies_and_credits_each_width_as_its_own_tree():
+    from flashtree.engine.replay import replay_tree
+    from flashtree.tree import verify_greedy
+
+    saved = torch.load(RECORDING, weights_only=False)
+    recs = [Recording(**r) for r in saved["recordings"][:3]]
+    shapes = planning.menu(window=64, depth=recs[0].k, max_n=recs[0].n_max, policy="best-first")
+    planner = planning.make_planner(shapes, planning.modelled_costs(shapes))
+    expected = {s: planner.acceptance.total[s] for s in shapes}
+    steps = []
+    for rec in recs:
+        for step in replay_planned(rec, planner, "best-first"):
+            steps.append(step)
+            g, i = rec.sequence, step.position - rec.prompt_len
+
+            def committed(width):  # the fixed best-first tree of `width` at this step, read from the recording
+                tree = replay_tree(rec, i, 1, width, "best-first")
+                depth = torch.cat([tree.depth.new_zeros(1, 1), tree.depth], dim=1)
+                return int(verify_greedy(tree, g[step.position + depth]).accept_len[0]) + 1
+
+            chosen = committed(step.plan_width)
+            assert chosen == step.accept_len + 1
+            for s in shapes:  # exact up to the chosen width; a wider tree is credited at most one token past it
+                expected[s] += min(committed(s.width), chosen + (s.width > step.plan_width))
+    assert expected == planner.acceptance.total
+    assert len({s.plan_width for s in steps}) >= 2 and all(s.plan_n == 1 == s.candidates for s in steps)
 
 
 def test_measured_costs_price_every_shape_of_the_menu():

@@ -43,12 +43,14 @@ def test_a_sweep_with_auto_beside_fixed_shapes(tmp_path):
     assert save_all(table, tmp_path / "figures")  # the fixed rows still plot; the planner's is in the table
 
 
-@pytest.mark.parametrize("override, message", [
-    ("tree.n=automatic", "tree.n='automatic': use an int >= 1 (the candidate count N; 1 = the chain) or 'auto'"),
-    ("+tree.costs={8:1.0}", "tree.costs={8: 1.0}: prices the planner's shapes: tree.n=auto only"),
+@pytest.mark.parametrize("overrides, message", [
+    (["tree.n=automatic"], "tree.n='automatic': use an int >= 1 (the candidate count N; 1 = the chain) or 'auto'"),
+    (["+tree.costs={8:1.0}"], "tree.costs={8: 1.0}: prices the planner's shapes: tree.n=auto only"),
+    (["tree.n=auto", "tree.policy=prob"], "tree.policy='prob' with tree.n=auto: the planner credits every shape from "
+     "each step's own tree"),
 ])
-def test_a_bad_auto_setting_fails_naming_the_key(tmp_path, override, message):
-    proc = run_app("sweep.py", [*TINY, override, f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path, check=False)
+def test_a_bad_auto_setting_fails_naming_the_key(tmp_path, overrides, message):
+    proc = run_app("sweep.py", [*TINY, *overrides, f"hydra.run.dir={tmp_path}/run"], cwd=tmp_path, check=False)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 
@@ -62,3 +64,18 @@ def test_the_replay_with_auto_lands_between_the_narrowest_and_widest_shapes(tmp_
     tau = {(n, w): t for n, w, t in zip(table["tree.n"], table["tree.width"], table["tau"])}
     assert tau[(1, 9)] < summary["tau"] <= tau[(32, 64)]
     assert summary["plan_costs_ms"]["N=1,W=9"] == pytest.approx(3.08 + 0.0082 * 9, abs=1e-3)  # the documented model
+
+
+def test_the_replay_plans_best_first_widths_and_names_them_as_the_server_does(tmp_path):
+    out = tmp_path / "replay"
+    run_app("replay.py", [f"replay.recording={RECORDING}", "replay.n_max=32", "replay.ns=[1]",
+                          "replay.widths=[8,64]", "tree.policy=best-first", "tree.n=auto", "tree.width=64",
+                          "logger.wandb.mode=disabled", "logger.progress=false", f"hydra.run.dir={out}"], cwd=tmp_path)
+    summary = check_planned_run(out / "tree.n=auto,tree.width=64")
+    widths = ["best-first,W=8", "best-first,W=9", "best-first,W=16", "best-first,W=32", "best-first,W=64"]
+    assert list(summary["plan_tau"]) == widths and set(summary["plan_choices"]) <= set(widths)
+    steps = metrics.read_steps(out / "tree.n=auto,tree.width=64" / "steps.parquet")
+    assert (steps["plan_n"] == 1).all() and steps["plan_width"].isin([8, 9, 16, 32, 64]).all()
+    table = load_results(out)
+    tau = {(n, w): t for n, w, t in zip(table["tree.n"], table["tree.width"], table["tau"])}
+    assert tau[(1, 8)] < summary["tau"] <= tau[(1, 64)]
