@@ -354,8 +354,6 @@ def tree_step(run: TreeRun, worker, batch, on_publish, shape=None, grammar_barri
         window = window.narrowed(w)
 
     inputs = verify_inputs(tree, anchor, prefix, mask_prefix_bound(plan, worker, batch), candidates)
-    if policy_draws.grows(plan.policy):
-        inputs.stats[:, :2] = 0  # best-first draws no candidates
     grammar = None
     if getattr(batch, "has_grammar", False):  # each node's mask from its own path's grammar state (grammar_masks.py)
         grammar = TreeGrammar.start(batch.reqs, tree, inputs.ids.view(bs, w))
@@ -406,7 +404,9 @@ def tree_step(run: TreeRun, worker, batch, on_publish, shape=None, grammar_barri
     if getattr(batch, "return_logprob", False):
         logprobs.write(adapter, logits_output, batch, logits.view(bs, w, -1), result.path, result.tokens)
     inputs.stats[:, 3] = result.accept_len
-    stats = DeferredRows(torch.cat([inputs.stats, run.row_tail(bs, w)], dim=1))
+    # the step's constant columns join the rows on the host: no device op for them
+    stats = DeferredRows(inputs.stats, tail=(w, int(run.simulate is not None)),
+                         drawn=not policy_draws.grows(plan.policy))
     info = dict(getattr(logits_output, "customized_info", None) or {})
     info[STATS_KEY] = stats
     logits_output.customized_info = info
@@ -449,10 +449,18 @@ def make_collect_stats(original):
 class DeferredRows(HostCopy):
     """Per-request rows copied to pinned host memory without a host wait. sglang reads `rows[i]` while collecting the
     step's customized_info, after it has waited for the step's own device-to-host copies; the event wait here is then
-    free."""
+    free. Each row gets `tail` appended, and with `drawn=False` (best-first draws no candidates) its first two
+    columns (candidates, distinct candidates) read 0."""
+
+    def __init__(self, tensor: torch.Tensor, tail: tuple = (), drawn: bool = True):
+        super().__init__(tensor)
+        self.tail, self.drawn = list(tail), drawn
 
     def __len__(self) -> int:
         return self.host.shape[0]
 
     def __getitem__(self, i: int) -> list:
-        return self.wait()[i].tolist()
+        row = self.wait()[i].tolist()
+        if not self.drawn:
+            row[:2] = [0, 0]
+        return row + self.tail

@@ -85,21 +85,11 @@ class TreeRun:
     verify_runners: dict = field(default_factory=dict)
     draft_rows: object | None = None  # FLASHTREE_DRAFT_ROWS below gamma: the D-row forward (draft_rows.DraftRows)
     simulate: object | None = None  # simulated acceptance's length source (simulate.py), None on a verified server
-    row_tails: dict = field(default_factory=dict)  # (bs, verify width) -> the statistics rows' fixed tail
     tp: TpSync = field(default_factory=lambda: TpSync(None))  # rank 0's draws for every TP rank (TP 1: nothing)
     planner: object | None = None  # FLASHTREE_TREE_N=auto: the per-batch choice (planning.ServerPlanner)
     grown: tuple | None = None  # FLASHTREE_TREE_POLICY=best-first: the vanilla head's (w1, w2), () for a headless draft
     counts: CommittedCounts = field(default_factory=CommittedCounts)  # penalties' committed tokens (node_logits.py)
     grammar_rows: MaskBuffer = field(default_factory=MaskBuffer)  # grammar requests' node masks (grammar_masks.py)
-
-    def row_tail(self, bs: int, width: int) -> torch.Tensor:
-        """(bs, 2) int32 [verify width, simulated] of a step's statistics rows: fixed per shape, built once."""
-        tail = self.row_tails.get((bs, width))
-        if tail is None:
-            device = self.generator.device
-            tail = torch.tensor([[width, int(self.simulate is not None)]], dtype=torch.int32, device=device)
-            tail = self.row_tails[(bs, width)] = tail.expand(bs, 2).contiguous()
-        return tail
 
     def widths_for(self, bs: int) -> tuple[int, int]:
         return self.plan.widths_for(bs, self.verify_runners)

@@ -36,8 +36,8 @@ def tree_kernels():
     sglang_cpu.force_triton_tree_kernels()
 
 
-@pytest.fixture(autouse=True)
-def _one_gpu_server():
+@contextlib.contextmanager
+def one_gpu_server():
     """What a one-GPU server publishes before its workers run (0.5.20's DFLASH decode reads the MoE EP width)."""
     try:
         from sglang.srt.runtime_context import get_parallel
@@ -48,8 +48,19 @@ def _one_gpu_server():
         yield
 
 
+@pytest.fixture(autouse=True)
+def _one_gpu_server():
+    with one_gpu_server():
+        yield
+
+
 @pytest.fixture(scope="module")
 def family():
+    return stand_in_family()
+
+
+def stand_in_family():
+    """The release's real DFLASH family, its verify input handing the stand-in target what it reads."""
     real = adapters.dflash_adapter(adapters.select_adapter())
     assert real.mismatches() == []
     from sglang.srt.speculative.dflash_info import DFlashVerifyInput
@@ -87,10 +98,11 @@ def kv_translator(world: StandIns, pool, page_size: int):
                              page_size=page_size, device="cpu")
 
 
-def dflash_worker(world: StandIns, bs: int, page_size: int = 1, graph_max_bs: int = 0):
+def dflash_worker(world: StandIns, bs: int, page_size: int = 1, graph_max_bs: int = 0, prepare_kernel: bool = True):
     """A DFlashWorkerV2 as its __init__ leaves it for a plain DFLASH draft on one GPU (object.__new__: the real class
     and methods, the attributes its decode reads), over the stand-in models; its draft runner "replays a graph" for
-    batches of at most graph_max_bs requests (capture_draft_graphs gives it the tail)."""
+    batches of at most graph_max_bs requests (capture_draft_graphs gives it the tail). prepare_kernel: DFLASH runs its
+    Triton prepare-block kernel (a GPU server; here the Triton interpreter), else its eager block ops."""
     from sglang.srt.speculative.draft_worker_common import make_draft_block_spec_info
 
     head = torch.nn.Linear(V, V, bias=False)
@@ -116,7 +128,7 @@ def dflash_worker(world: StandIns, bs: int, page_size: int = 1, graph_max_bs: in
     worker.__dict__.update(
         block_size=W, device="cpu", page_size=page_size, _mask_token_id=MASK, _block_pos_offsets=torch.arange(W),
         _draft_block_spec_info=make_draft_block_spec_info(draft_token_num=W, device="cpu"),
-        _draft_block_ids_buf=None, use_compact_draft_cache=False, _need_mamba_verify_commit=False,
+        _draft_block_ids_buf=None, _use_triton_prepare_block=prepare_kernel, use_compact_draft_cache=False, _need_mamba_verify_commit=False,
         _use_fused_kv_materialize=False, _fused_kv_helper=None, selector=None, lilicorr=None, _is_domino=False,
         _full_embed_gpu=None, _noise_embed_scale=1.0, draft_tp_context=lambda group: torch.enable_grad(),
         draft_parallel_layout=types.SimpleNamespace(tp_group=None, disable_cp=False),
@@ -238,13 +250,14 @@ def target_forward(world, *, batch, forward_batch, is_verify, skip_attn_backend_
 
 
 def run(family, n: int, steps: int, prompts=None, sampling_info=None, policy: str = "vote", page_size: int = 1,
-        fused: bool = False, simulate_acc: str | None = None, graphs=None, depth: int = 0, costs=None, width: int = 0):
+        fused: bool = False, simulate_acc: str | None = None, graphs=None, depth: int = 0, costs=None, width: int = 0,
+        prepare_kernel: bool = True):
     """`steps` tree steps through flashtree's DFlashWorkerV2.forward_batch_generation; greedy rows are checked
     token for token against the sequential greedy decode (not with `simulate_acc`: simulated lengths are not the
     model's), every row's req_to_token / target KV / draft KV layout. graphs = (graph_max_bs, monkeypatch):
     FLASHTREE_GRAPH_DRAWS on, with DFLASH's draft graphs "captured" (sglang's real init_cuda_graphs) and replayed for
     batches of at most graph_max_bs requests. depth: FLASHTREE_TREE_DEPTH (0 = the block), width: FLASHTREE_TREE_WIDTH
-    (0 = the block). costs (with n = AUTO_N,
+    (0 = the block). prepare_kernel: dflash_worker's. costs (with n = AUTO_N,
     FLASHTREE_TREE_N=auto): the planner's cost table, ms per (shape, bs), injected as its start-up measurement."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
@@ -253,7 +266,8 @@ def run(family, n: int, steps: int, prompts=None, sampling_info=None, policy: st
     bs = len(prompts)
     refs = [reference(p, MAX_LEN - len(p) - 2 * W) for p in prompts]
     world = StandIns(prompts, refs, page_size)
-    worker = dflash_worker(world, bs, page_size, graph_max_bs=graphs[0] if graphs else 0)
+    worker = dflash_worker(world, bs, page_size, graph_max_bs=graphs[0] if graphs else 0,
+                           prepare_kernel=prepare_kernel)
     table = world.req_to_token.clone()
     toggles = TreeToggles(tree_n=n, seed=5, tree_policy=policy, fused_sampler=fused, simulate_acc=simulate_acc,
                           graph_draws=graphs is not None, tree_depth=depth, tree_width=width)
@@ -306,6 +320,27 @@ def test_dflash_tree_matches_sequential_greedy_decode(family, policy):
     assert max(accepts) >= 2, f"the steps must accept deep: {accepts}"
     if policy != "best-first":  # sampled trees also miss the target's first token (best-first keeps the best ones)
         assert 0 in accepts, f"the steps must reject too: {accepts}"
+
+
+def test_dflash_block_without_the_prepare_kernel_commits_the_same(family, monkeypatch, caplog):
+    """The window and the block [anchor, mask x K] come from DFLASH's prepare-block kernel where DFLASH runs it, else
+    from its eager ops, and a kernel that fails turns itself off for good as DFLASH's own step does: every way gives
+    the same commits (the sequential greedy decode: run checks them, and the stand-in draft checks the block)."""
+    from sglang.srt.speculative import dflash_worker_v2
+
+    kernel = run(family, n=4, steps=6)
+    eager = run(family, n=4, steps=6, prepare_kernel=False)
+    assert kernel[2] == eager[2] and kernel[0] == eager[0]
+
+    def broken(**kw):
+        raise RuntimeError("no Triton here")
+
+    monkeypatch.setattr(dflash_worker_v2, "_prepare_dflash_draft_block_unchecked", broken)
+    with caplog.at_level(logging.WARNING, logger="flashtree.patches"):
+        failed = run(family, n=4, steps=6)
+    assert failed[2] == kernel[2]
+    assert [r.getMessage() for r in caplog.records if "prepare-block" in r.getMessage()] == [
+        "flashtree: DFLASH's prepare-block kernel failed; the eager path from now on: no Triton here"]
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager-draws", "graph-draws"])

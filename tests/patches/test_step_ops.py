@@ -10,8 +10,10 @@ import torch
 import sglang_cpu
 import step_ops
 import test_decode_cpu as harness
+import test_dflash_cpu as dflash_harness
+from flashtree.patches import decode
 
-# flashtree-owned launches per greedy tree step (the Triton stages as one each; 12 for vote, 17 for best-first when
+# flashtree-owned launches per greedy tree step (the Triton stages as one each; 11 for vote, 10 for best-first when
 # pinned, sglang's own ops and the CPU-only checks aside): room for a few, not for a per-request loop
 MAX_LAUNCHES = 20
 CPU_ONLY = "tree.checks:"
@@ -46,3 +48,36 @@ def test_tree_step_host_work_is_small_flat_in_the_batch_and_sync_free(kw):
     assert one.ops == eight.ops
     syncs = [s for s in one.syncs + eight.syncs if not s.startswith(CPU_ONLY)]
     assert syncs == [], eight.table()
+
+
+# flashtree-owned launches per DFLASH tree step (best-first, draws and grow in the draft graph's tail), 18 when pinned:
+# DFLASH's prepare-block kernel (the window and the block), the block's embedding, the verify inputs, the argmax and
+# the walk, 6 for the commit (commit and new lengths, output tokens, statistics column, the path's slots and hidden
+# states) and 7 ops on host tensors (the host lengths DFLASH's own chain step computes too); 24 before the pin
+HOST_LENS = ("patches.adapters.dflash:draft_host_lens", "patches.adapters.base:add_window_to_host_lens")
+MAX_DFLASH_LAUNCHES = 18
+
+
+def dflash_step_counts(family, bs: int, monkeypatch) -> step_ops.StepOps:
+    prompts = [[(3 * b + j) % 29 + 1 for j in range(3 + b % 5)] for b in range(bs)]
+    counter = step_ops.StepOps()
+    with dflash_harness.one_gpu_server(), step_ops.counting_steps(counter, decode, "tree_step"):
+        dflash_harness.run(family, n=16, steps=4, prompts=prompts, policy="best-first",
+                           graphs=(max(dflash_harness.GRAPH_BS), monkeypatch))
+    return counter
+
+
+def test_dflash_tree_step_host_work_is_small_flat_in_the_batch_and_sync_free(monkeypatch):
+    """The DFLASH tree step as live runs serve it (best-first, graph draws): the launches flashtree issues per step
+    stay at the pinned count, do not grow with the batch, and read nothing from the device; its only host reads are
+    of sglang's host lengths (seq_lens_cpu), which DFLASH's own chain step reads the same way."""
+    family = dflash_harness.stand_in_family()  # before the graph capture stands in for the release's draft context
+    one = dflash_step_counts(family, 1, monkeypatch)
+    four = dflash_step_counts(family, max(dflash_harness.GRAPH_BS), monkeypatch)
+    assert one.steps == four.steps == 3
+    assert flashtree_launches(one) <= MAX_DFLASH_LAUNCHES, one.table()
+    assert flashtree_launches(one) == flashtree_launches(four), (one.table(), four.table())
+    assert one.ops == four.ops
+    assert one.launches["kernel:_prepare_dflash_draft_block_unchecked"] == one.steps, one.table()
+    syncs = [s for s in one.syncs + four.syncs if not s.startswith(HOST_LENS + (CPU_ONLY,))]
+    assert syncs == [], four.table()

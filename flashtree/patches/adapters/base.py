@@ -14,7 +14,7 @@ import torch
 
 from ..step_types import DraftOut, Verified, Window
 from ..toggles import ToggleError
-from .probe import Has, Lacks, Sig, resolve
+from .probe import Has, Lacks, Sig, resolve, resolve_once
 
 WORKER = "sglang.srt.speculative.dspark_components.dspark_worker_v2:DSparkWorkerV2"
 PLANNER = "sglang.srt.speculative.dspark_components.dspark_planner"
@@ -348,7 +348,7 @@ class SglangAdapter:
     def verify_input(self, batch, ids_2d, positions_2d, custom_mask, **extra):
         """The release's verify input over the W tree tokens of each request (FULL_MASK layout, flat bool mask);
         `extra`: the caller's own fields of it."""
-        capture = resolve("sglang.srt.model_executor.forward_batch_info:CaptureHiddenMode")
+        capture = resolve_once("sglang.srt.model_executor.forward_batch_info:CaptureHiddenMode")
         return self.verify_input_cls()(
             draft_token=ids_2d.reshape(-1),
             positions=positions_2d.reshape(-1),
@@ -492,7 +492,7 @@ class SglangAdapter:
         return resolve(f"{DRAFT}:make_next_draft_input")(bonus_tokens=bonus, new_seq_lens=new_seq_lens)
 
     def batch_result(self, **kwargs):
-        return resolve("sglang.srt.managers.scheduler:GenerationBatchResult")(**kwargs)
+        return resolve_once("sglang.srt.managers.scheduler:GenerationBatchResult")(**kwargs)
 
 
 COMMON_PROBES = (

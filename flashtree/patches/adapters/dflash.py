@@ -15,23 +15,29 @@ what 0.5.20's and 0.5.23's share).
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 import torch
 
 from ..step_types import DraftOut, Verified, Window
 from .base import DFLASH_UTILS, SglangAdapter
-from .probe import Has, Sig, resolve
+from .probe import Has, Sig, resolve, resolve_once
 
 DFLASH_MODULE = "sglang.srt.speculative.dflash_worker_v2"
 DFLASH_WORKER = f"{DFLASH_MODULE}:DFlashWorkerV2"
 FORWARD_BATCH = "sglang.srt.model_executor.forward_batch_info"
+
+logger = logging.getLogger("flashtree.patches")
 
 # What the DFLASH family calls on every release it adapts (each release adds its own).
 DFLASH_PROBES = (
     Sig(f"{DFLASH_WORKER}.__init__", ("self", "server_args"), prefix=True),
     Has(f"{DFLASH_WORKER}.init_cuda_graphs"),
     Has(f"{DFLASH_WORKER}._ensure_draft_block_buffers", ("bs",)),
+    Has(f"{DFLASH_MODULE}:_prepare_dflash_draft_block_unchecked",
+        ("bonus_tokens", "prefix_lens", "req_pool_indices", "req_to_token", "block_ids_out", "positions_out",
+         "cache_loc_out", "mask_token_id")),
     Has(f"{DFLASH_WORKER}._append_target_hidden_to_draft_kv_by_loc",
         ("target_hidden", "cache_loc", "positions", "cache_loc_2d", "commit_lens")),
     Has(f"{DFLASH_MODULE}:SIMULATE_ACC_LEN"),
@@ -101,11 +107,30 @@ class DFlashFamily(SglangAdapter):
 
     # ---- the tree step's primitives --------------------------------------------------------------------------
     def alloc_window(self, worker, batch, bs: int, draft_input) -> Window:
-        # DFLASH's window: req_to_token[req, seq_len : seq_len + W] (spec-v2 over-allocated it ahead).
-        positions = batch.seq_lens.view(-1, 1).to(torch.int64) + worker._block_pos_offsets.view(1, -1)
+        """DFLASH's window req_to_token[req, seq_len : seq_len + W] (spec-v2 over-allocated it ahead) and the draft
+        block [anchor, mask x K], written into DFLASH's own block buffers as its chain step writes them: one launch of
+        its prepare-block kernel where DFLASH runs that kernel, five eager ops elsewhere."""
+        worker._ensure_draft_block_buffers(bs)
+        ids = worker._draft_block_ids_buf[:bs]
+        positions = worker._draft_block_positions_buf[:bs]
+        loc = worker._draft_verify_out_cache_loc_buf[:bs]
         table = self.req_to_token(worker)
-        loc = table[batch.req_pool_indices.view(-1, 1).to(torch.int64), positions].to(torch.int64)
-        return Window(positions, loc.reshape(-1), loc, None)
+        anchor = draft_input.bonus_tokens.view(-1)
+        if getattr(worker, "_use_triton_prepare_block", False):
+            try:
+                resolve(f"{DFLASH_MODULE}:_prepare_dflash_draft_block_unchecked")(
+                    bonus_tokens=anchor, prefix_lens=batch.seq_lens.view(-1),
+                    req_pool_indices=batch.req_pool_indices.view(-1), req_to_token=table, block_ids_out=ids,
+                    positions_out=positions, cache_loc_out=loc, mask_token_id=int(worker._mask_token_id))
+                return Window(positions, loc.view(-1), loc, None)
+            except Exception as err:  # noqa: BLE001 - DFLASH's own rule: the kernel off for good, the eager ops
+                worker._use_triton_prepare_block = False
+                logger.warning("flashtree: DFLASH's prepare-block kernel failed; the eager path from now on: %s", err)
+        ids.fill_(int(worker._mask_token_id))
+        ids[:, 0].copy_(anchor)
+        torch.add(batch.seq_lens.view(-1, 1), worker._block_pos_offsets, out=positions)
+        loc.copy_(table[batch.req_pool_indices.view(-1, 1).to(torch.int64), positions])
+        return Window(positions, loc.view(-1), loc, None)
 
     def noise_embeddings(self, worker, block_ids: torch.Tensor) -> torch.Tensor:
         """The block's input embeddings as DFLASH embeds it (0.5.17: the target's input embeddings)."""
@@ -150,13 +175,11 @@ class DFlashFamily(SglangAdapter):
         """One DFLASH draft forward over [anchor, mask x K] (its graph replays when DFLASH captured one) -> the
         candidates the graph's tail drew (`graph_candidates(bs)`, FLASHTREE_GRAPH_DRAWS), or else base logits
         (bs, K, V) through the target's LM head for the eager draws."""
-        fb_mod = resolve(FORWARD_BATCH)
+        fb_mod = resolve_once(FORWARD_BATCH)
         block = int(worker.block_size)
-        worker._ensure_draft_block_buffers(bs)
-        ids = worker._draft_block_ids_buf[:bs]
-        ids.fill_(int(worker._mask_token_id))
+        ids = worker._draft_block_ids_buf[:bs]  # [anchor, mask x K], written by alloc_window
+        # the anchor is read within the step only (the build, the verify inputs): no copy of the bonus tokens
         anchor = draft_input.bonus_tokens.view(-1)
-        ids[:, 0].copy_(anchor)
         embeds = self.noise_embeddings(worker, ids)
         seq_lens_cpu, seq_lens_sum = self.draft_host_lens(worker, batch, draft_input, block, bs)
         forward_batch = fb_mod.ForwardBatch(
@@ -170,7 +193,7 @@ class DFlashFamily(SglangAdapter):
             seq_lens_cpu=seq_lens_cpu,
             positions=window.positions_2d.reshape(-1),
             input_embeds=embeds.view(-1, embeds.shape[-1]),
-            spec_algorithm=resolve("sglang.srt.speculative.spec_info:SpeculativeAlgorithm").DFLASH,
+            spec_algorithm=resolve_once("sglang.srt.speculative.spec_info:SpeculativeAlgorithm").DFLASH,
             spec_info=worker._draft_block_spec_info,
             capture_hidden_mode=fb_mod.CaptureHiddenMode.NULL,
             **self.draft_batch_extra(batch, bs, block, ids.device),
@@ -180,12 +203,12 @@ class DFlashFamily(SglangAdapter):
             out = worker.draft_model_runner.forward(forward_batch)
         drawn = graph_candidates(bs) if graph_candidates is not None and out.can_run_graph else None
         if drawn is not None:  # the replayed graph's tail computed the block's logits and drew the candidates
-            return DraftOut(anchor.clone(), None, None, drawn)
+            return DraftOut(anchor, None, None, drawn)
         hidden = out.logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("flashtree: the DFLASH draft forward returned no hidden states")
         hidden = hidden.view(bs, block, -1)[:, 1:]
-        return DraftOut(anchor.clone(), self.lm_logits(worker, hidden), None, None)
+        return DraftOut(anchor, self.lm_logits(worker, hidden), None, None)
 
     def lm_head(self, worker):
         return worker.target_worker.model_runner.model.lm_head

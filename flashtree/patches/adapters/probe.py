@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from dataclasses import dataclass
@@ -30,6 +31,13 @@ def resolve(path: str) -> Any:
         except AttributeError:
             raise LookupError(f"{path}: no attribute {part!r}") from None
     return obj
+
+
+@functools.cache
+def resolve_once(path: str) -> Any:
+    """`resolve` looked up once, for the tree step's hot path: modules and classes only, which sglang never rebinds
+    after import (functions stay `resolve`d per call, so a patched one is seen)."""
+    return resolve(path)
 
 
 def param_names(fn: Any) -> list[str]:
