@@ -98,6 +98,39 @@ def test_grammar_requests_commit_the_constrained_greedy_decode(grammar_backend):
     assert all(g == r[len(p):][: len(g)] for g, r, p in zip(generated, refs, PROMPTS))
 
 
+def test_verify_is_launched_before_the_grammar_wait(grammar_backend, monkeypatch):
+    """A constrained step's one host wait (the drafted nodes its grammar walk needs) comes after the target verify's
+    launch, and the nodes' copy is queued before that launch: the wait covers the draft only, and the device runs the
+    verify while the host walks the grammar (the unmasked verify, masks applied before the walk)."""
+    from test_decode_cpu import StandInAdapter
+
+    calls = []
+
+    def spy(cls, name):
+        original = getattr(cls, name)
+
+        def wrapped(*args, **kwargs):
+            calls.append(name)
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(cls, name, wrapped)
+
+    spy(grammar_masks.TreeGrammar, "start")
+    spy(StandInAdapter, "target_verify")
+    spy(grammar_masks.TreeGrammar, "fill")  # the barrier, then the wait for the nodes' copy, then the walk
+    refs = [masked_decode(grammar_backend, PROMPTS[0], N_TOKENS), reference(PROMPTS[2], N_TOKENS)]
+    reqs, info = grammar_reqs(grammar_backend, [PROMPTS[0], PROMPTS[2]], [True, False])
+    reqs[0].grammar.accept_token(refs[0][len(PROMPTS[0])])
+
+    def advance(res):
+        for tok in res.next_token_ids.view(2, W)[0, : int(res.accept_lens[0])].tolist():
+            reqs[0].grammar.accept_token(tok)
+
+    run(n=4, steps=3, prompts=[PROMPTS[0], PROMPTS[2]], refs=refs, reqs=reqs, on_step=advance, sampling_info=info,
+        batch_extra={"has_grammar": True})
+    assert calls == ["start", "target_verify", "fill"] * 3
+
+
 def test_unmasked_tree_breaks_the_grammar(grammar_backend, monkeypatch):
     """Negative control: the same run with the masks dropped commits tokens the grammar forbids."""
     from flashtree.patches import grammar_masks
