@@ -18,9 +18,9 @@ the server's --speculative-num-draft-tokens W reserving and capturing the wider 
   4. target verify through DSPARK's executor with that mask and those positions (with FLASHTREE_TREE_BUDGET, over
      the first w slots of the window and through a verify graph captured at width w: verify_widths.py; likewise a
      fixed FLASHTREE_TREE_WIDTH below the window);
-  5. greedy walk with its commit plan and (page size 1) the req_to_token window rewrite in one launch on CUDA
-     (`walk_and_commit`); sampled batches walk greedily over one target draw per node (`sampled_draws`: the
-     lossless target-only walk);
+  5. greedy walk with its commit plan, (page size 1) the req_to_token window rewrite and the step's outputs (new
+     lengths, output tokens, ...: `commit.step_commit`) in one launch on CUDA (`walk_and_commit`); sampled batches
+     walk greedily over one target draw per node (`sampled_draws`: the lossless target-only walk);
   6. commit: page size 1 permutes req_to_token's window so the accepted path's slots come first (no KV moves); paged
      KV copies the accepted nodes' target KV into the window's first offsets (the pool's own move_kv_cache); the
      draft's context K/V is injected for the committed path only, at sequential positions;
@@ -293,15 +293,16 @@ def policy_draws_of(run: TreeRun, worker, draft, sampler, bs: int, tree_w: int):
     return candidates, logp, tree, path
 
 
-def walk(run: TreeRun, tree: VoteTree, logits: torch.Tensor, sampling_info, req_to_token, rows, starts):
-    """The accepted path and its commit plan; with `req_to_token` (page size 1) the window `req_to_token[rows[b],
-    starts[b]:][:W]` is also rewritten so the accepted path's slots come first. Greedy batches: one launch on CUDA.
+def walk(run: TreeRun, tree: VoteTree, logits: torch.Tensor, sampling_info, req_to_token, rows, starts, **step):
+    """The accepted path, its commit plan and the step's outputs (`walk_and_commit` with `step`'s arguments); with
+    `req_to_token` (page size 1) the window `req_to_token[rows[b], starts[b]:][:W]` is also rewritten so the accepted
+    path's slots come first. Greedy batches: one launch on CUDA.
     Here only sglang's sampling_info becomes per-request tensors (top_k = 1 rows are greedy). Sampled batches: the
     walk is greedy over the per-node target draws, which every TP rank takes from the first (run.tp)."""
     bs, w = tree.batch_size, tree.width
     logits = logits.view(bs, w, -1)
     if sampling_info is None or sampling_info.is_all_greedy:
-        return walk_and_commit(tree, logits.argmax(dim=-1), req_to_token, rows, starts)
+        return walk_and_commit(tree, logits.argmax(dim=-1), req_to_token, rows, starts, **step)
     greedy = (sampling_info.top_ks.view(-1) <= 1)
     temperature = torch.where(greedy, 0.0, sampling_info.temperatures.view(-1).float())
     top_k = torch.where(greedy, 0, sampling_info.top_ks.view(-1).to(torch.long))
@@ -310,7 +311,7 @@ def walk(run: TreeRun, tree: VoteTree, logits: torch.Tensor, sampling_info, req_
     if getattr(sampling_info, "need_min_p_sampling", False):
         logits = node_logits.min_p_filtered(logits, temperature, sampling_info.min_ps.view(-1))
     draws = run.tp.from_first(sampled_draws(tree, logits, temperature, run.generator, top_k, top_p))
-    return walk_and_commit(tree, draws, req_to_token, rows, starts)
+    return walk_and_commit(tree, draws, req_to_token, rows, starts, **step)
 
 
 def tree_step(run: TreeRun, worker, batch, on_publish, shape=None, grammar_barrier=None):
@@ -369,21 +370,26 @@ def tree_step(run: TreeRun, worker, batch, on_publish, shape=None, grammar_barri
     # Page size 1: the walk also permutes the window in req_to_token so the accepted path's slots come first (no KV
     # moves). Paged KV: a slot's page offset is its position's, so the window stays put and the accepted nodes' target
     # KV is copied to offsets 1..accept_len. Then the draft context is injected for the committed tokens only.
-    req_to_token = adapter.req_to_token(worker) if plan.page_size == 1 else None
+    # The same launch writes what the step hands on (new lengths, int32 commit lengths, output tokens up to DSPARK's
+    # W, the statistics rows' accepted depth and, page size 1, the window's slots in commit order).
+    paged = plan.page_size > 1
+    req_to_token = None if paged else adapter.req_to_token(worker)
+    step = dict(seq_lens=prefix, out_width=plan.width, window_slots=None if paged else window.cache_loc_2d,
+                stats=inputs.stats)
     if run.simulate is not None:  # profiling: a drawn length along one path of the tree (simulate.py)
         accept = run.tp.from_first(run.simulate.draw(bs, n, tree_w, run.generator, grown=grown is not None))
-        result, commit = simulated_walk_and_commit(tree, verified.logits.view(bs, w, -1).argmax(dim=-1), accept,
-                                                   req_to_token, batch.req_pool_indices, prefix)
+        result, commit, out = simulated_walk_and_commit(tree, verified.logits.view(bs, w, -1).argmax(dim=-1), accept,
+                                                        req_to_token, batch.req_pool_indices, prefix, **step)
     else:
-        result, commit = walk(run, tree, logits, batch.sampling_info, req_to_token, batch.req_pool_indices, prefix)
-    commit_lens = commit.kv_len.to(torch.int32)  # root + accepted nodes: the commit length, already on the plan
+        result, commit, out = walk(run, tree, logits, batch.sampling_info, req_to_token, batch.req_pool_indices,
+                                   prefix, **step)
+    commit_lens = out.commit_len
     if penalties is not None:
         run.counts.commit(batch.req_pool_indices, result.tokens, commit_lens)
     timer.mark("walk")
 
-    if plan.page_size == 1:
-        slots = window.cache_loc_2d.gather(1, commit.permutation)
-    else:
+    slots = out.slots
+    if paged:
         adapter.copy_committed_kv(worker, window.cache_loc_2d, commit)
         slots = window.cache_loc_2d
     hidden = verified.hidden.view(bs, w, -1)
@@ -392,10 +398,7 @@ def tree_step(run: TreeRun, worker, batch, on_publish, shape=None, grammar_barri
     adapter.publish_req_to_token_write(worker)
     timer.mark("commit")
 
-    new_seq_lens = prefix + commit_lens  # int32 promotes to prefix's int64 (or stays int32) in the add
-    out_tokens = result.tokens.clamp(min=0)  # (bs, K + 1): committed tokens first, then filler, up to DSPARK's W
-    if out_tokens.shape[1] < plan.width:
-        out_tokens = torch.cat([out_tokens, out_tokens.new_zeros((bs, plan.width - out_tokens.shape[1]))], dim=1)
+    new_seq_lens = out.seq_lens
     if on_publish is not None:
         on_publish(new_seq_lens)
 
@@ -403,7 +406,6 @@ def tree_step(run: TreeRun, worker, batch, on_publish, shape=None, grammar_barri
     logits_output.hidden_states = None
     if getattr(batch, "return_logprob", False):
         logprobs.write(adapter, logits_output, batch, logits.view(bs, w, -1), result.path, result.tokens)
-    inputs.stats[:, 3] = result.accept_len
     # the step's constant columns join the rows on the host: no device op for them
     stats = DeferredRows(inputs.stats, tail=(w, int(run.simulate is not None)),
                          drawn=not policy_draws.grows(plan.policy))
@@ -420,7 +422,7 @@ def tree_step(run: TreeRun, worker, batch, on_publish, shape=None, grammar_barri
     timer.end_step(bs, path)
     return adapter.batch_result(
         logits_output=logits_output,
-        next_token_ids=out_tokens.reshape(-1),
+        next_token_ids=out.out_tokens.reshape(-1),
         accept_lens=commit_lens,
         block_accept_lens=commit_lens,
         can_run_cuda_graph=verified.can_run_cuda_graph,

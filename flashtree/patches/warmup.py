@@ -67,16 +67,18 @@ def warm(run, worker, max_bs: int, graph_bs: int) -> list[tuple[int, int, int]]:
     table = plan.adapter.req_to_token(worker) if plan.page_size == 1 else None
     done = shapes(run, max_bs, graph_bs)
     for n, tree_w, w in done:
-        dummy_step(plan, device, table, 1, n, tree_w, w, grown=run.grown)
+        dummy_step(plan, device, table, 1, n, tree_w, w, grown=run.grown, simulated=run.simulate is not None)
     return done
 
 
-def dummy_step(plan, device, table, bs: int, n: int, tree_w: int, w: int, grown: tuple | None = None) -> None:
-    """A tree step's kernels (build, encode, walk with the req_to_token rewrite) over bs requests on dummy inputs of
-    the live dtypes (int64 tokens and lengths, the target's req_to_token dtype); `table`: the live req_to_token
-    (None: paged KV), whose row stride the walk kernel is specialised on (a scratch table of its row length is
-    written, never the live one). `grown`: the run's best-first head (() for a draft with independent positions,
-    whose step grows its tree in one launch, not by the builder's rounds: the planner's probe times this step)."""
+def dummy_step(plan, device, table, bs: int, n: int, tree_w: int, w: int, grown: tuple | None = None,
+               simulated: bool = False) -> None:
+    """A tree step's kernels (build, encode, walk with the req_to_token rewrite and the step's outputs) over bs
+    requests on dummy inputs of the live dtypes (int64 tokens, lengths and KV slots, the target's req_to_token
+    dtype); `table`: the live req_to_token (None: paged KV), whose row stride the walk kernel is specialised on (a
+    scratch table of its row length is written, never the live one). `grown`: the run's best-first head (() for a
+    draft with independent positions, whose step grows its tree in one launch, not by the builder's rounds: the
+    planner's probe times this step). `simulated`: the walk capped at drawn lengths (simulate.py)."""
     candidates = torch.zeros((bs, n, plan.depth), dtype=torch.int64, device=device)
     if grown == ():
         top = torch.zeros((bs, plan.depth, tree_w - 1), device=device)
@@ -89,6 +91,9 @@ def dummy_step(plan, device, table, bs: int, n: int, tree_w: int, w: int, grown:
     prefix = torch.ones(bs, dtype=torch.int64, device=device)
     rows = torch.arange(bs, dtype=torch.int64, device=device)
     scratch = None if table is None else torch.zeros((bs, table.shape[1]), dtype=table.dtype, device=device)
-    verify_inputs(tree, torch.zeros(bs, dtype=torch.int64, device=device), prefix, bs, candidates)
+    inputs = verify_inputs(tree, torch.zeros(bs, dtype=torch.int64, device=device), prefix, bs, candidates)
     targets = torch.zeros((bs, w), dtype=torch.int64, device=device)
-    walk_and_commit(tree, targets, scratch, rows, prefix)
+    # the window's slots as the step reads them: the first w of DSPARK's window of plan.width
+    slots = None if table is None else torch.zeros((bs, plan.width), dtype=torch.int64, device=device)[:, :w]
+    walk_and_commit(tree, targets, scratch, rows, prefix, seq_lens=prefix, out_width=plan.width, window_slots=slots,
+                    stats=inputs.stats, cap=prefix if simulated else None)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .types import CommitPlan, VerifyResult, VoteTree
+from .types import CommitPlan, StepCommit, VerifyResult, VoteTree
 
 
 def commit_plan(tree: VoteTree, result: VerifyResult) -> CommitPlan:
@@ -35,6 +35,21 @@ def commit_plan(tree: VoteTree, result: VerifyResult) -> CommitPlan:
         copy_mask=copy_mask,
         kv_len=result.accept_len + 1,
     )
+
+
+def step_commit(result: VerifyResult, plan: CommitPlan, seq_lens: torch.Tensor, out_width: int = 0,
+                window_slots: torch.Tensor | None = None, stats: torch.Tensor | None = None) -> StepCommit:
+    """What a serving step hands on after the walk: the commit lengths (int32), the new sequence lengths, the
+    committed tokens zero-padded to `out_width` (at least K + 1 columns), with `window_slots` (bs, W) the window's
+    slots in commit order, and with `stats` (bs, 4) the accepted depth written into its column 3 (in place)."""
+    commit_len = plan.kv_len.to(torch.int32)
+    tokens = result.tokens.clamp(min=0)
+    if tokens.shape[1] < out_width:
+        tokens = torch.cat([tokens, tokens.new_zeros((tokens.shape[0], out_width - tokens.shape[1]))], dim=1)
+    if stats is not None:
+        stats[:, 3] = result.accept_len
+    slots = None if window_slots is None else window_slots.gather(1, plan.permutation)
+    return StepCommit(commit_len=commit_len, seq_lens=seq_lens + commit_len, out_tokens=tokens, slots=slots)
 
 
 def apply_permutation(req_to_token: torch.Tensor, rows: torch.Tensor, starts: torch.Tensor, plan: CommitPlan) -> None:

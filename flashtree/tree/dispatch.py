@@ -63,20 +63,26 @@ def verify_inputs(tree: VoteTree, anchor: torch.Tensor, seq_lens: torch.Tensor, 
 
 
 def walk_and_commit(tree: VoteTree, target_tokens: torch.Tensor, req_to_token: torch.Tensor | None = None,
-                    rows: torch.Tensor | None = None, starts: torch.Tensor | None = None):
+                    rows: torch.Tensor | None = None, starts: torch.Tensor | None = None, *,
+                    seq_lens: torch.Tensor | None = None, out_width: int = 0, window_slots: torch.Tensor | None = None,
+                    stats: torch.Tensor | None = None, cap: torch.Tensor | None = None):
     """Greedy walk, its commit plan and, with `req_to_token`, the page-size-1 window rewrite (`apply_permutation`):
-    (VerifyResult, CommitPlan). One launch on CUDA (the fused walk + commit kernel), the references elsewhere."""
+    (VerifyResult, CommitPlan, StepCommit or None). With `seq_lens`, a serving step's outputs after the walk
+    (`commit.step_commit`, `stats` written in place); with `cap` (bs,), at most cap[b] nodes accepted
+    (`verify.cut_walk`). One launch on CUDA (the fused walk + commit kernel), the references elsewhere."""
     if target_tokens.is_cuda:
         from .triton_walk import walk_and_commit_triton
 
-        result, plan, _ = walk_and_commit_triton(tree, target_tokens, req_to_token=req_to_token, rows=rows,
-                                                 starts=starts)
-        return result, plan
+        return walk_and_commit_triton(tree, target_tokens, seq_lens, req_to_token, rows, starts, out_width=out_width,
+                                      window_slots=window_slots, stats=stats, cap=cap)
     result = verify.verify_greedy(tree, target_tokens)
+    if cap is not None:
+        result = verify.cut_walk(result, cap)
     plan = commit.commit_plan(tree, result)
     if req_to_token is not None:
         commit.apply_permutation(req_to_token, rows, starts, plan)
-    return result, plan
+    step = None if seq_lens is None else commit.step_commit(result, plan, seq_lens, out_width, window_slots, stats)
+    return result, plan, step
 
 
 def sampled_draws(tree: VoteTree, target_logits: torch.Tensor, temperature, generator=None, top_k=None,

@@ -7,8 +7,8 @@ block, DSPARK's chain block; it stops at `accept_len` nodes or a leaf. The bonus
 last node, as in a verified walk. Fixed shapes, no host reads.
 
 `simulated_walk` is the plain reference. `simulated_walk_and_commit` is what a server step runs: it hands the greedy
-walk (the fused walk + commit kernel on CUDA) target tokens that lead it down that path, then cuts the result at the
-drawn length, so a simulated step costs what a verified one does.
+walk (the fused walk + commit kernel on CUDA) target tokens that lead it down that path, capped at the drawn length
+in the same launch, so a simulated step costs what a verified one does.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from .dispatch import walk_and_commit
-from .types import CommitPlan, VerifyResult, VoteTree
+from .types import VerifyResult, VoteTree
 
 
 def simulated_targets(tree: VoteTree, target_tokens: torch.Tensor, accept_len: torch.Tensor) -> torch.Tensor:
@@ -37,21 +37,12 @@ def simulated_targets(tree: VoteTree, target_tokens: torch.Tensor, accept_len: t
 
 def simulated_walk_and_commit(tree: VoteTree, target_tokens: torch.Tensor, accept_len: torch.Tensor,
                               req_to_token: torch.Tensor | None = None, rows: torch.Tensor | None = None,
-                              starts: torch.Tensor | None = None) -> tuple[VerifyResult, CommitPlan]:
-    """`walk_and_commit` along the first-child path, cut at `accept_len` (bs,) draft tokens: (VerifyResult,
-    CommitPlan). A walk that goes past the cut (the target's token at the cut node matches a child) is cut there;
-    the permutation lists the path first, so its first accept_len + 1 slots are the committed ones either way."""
-    guided = simulated_targets(tree, target_tokens, accept_len)
-    result, plan = walk_and_commit(tree, guided, req_to_token, rows, starts)
-    bs, k1 = result.tokens.shape
-    taken = torch.minimum(result.accept_len, accept_len.to(result.accept_len.dtype).clamp(min=0))
-    col = torch.arange(k1, device=taken.device).expand(bs, k1)
-    bonus = result.tokens.gather(1, taken.view(bs, 1)).view(bs)  # the target's token at the cut node (see above)
-    cut = VerifyResult(path=torch.where(col <= taken.view(bs, 1), result.path, -1), accept_len=taken, bonus=bonus,
-                       tokens=torch.where(col <= taken.view(bs, 1), result.tokens, -1))
-    plan = CommitPlan(permutation=plan.permutation, copy_src=plan.copy_src, copy_dst=plan.copy_dst,
-                      copy_mask=plan.copy_mask & (col[:, 1:] <= taken.view(bs, 1)), kv_len=taken + 1)
-    return cut, plan
+                              starts: torch.Tensor | None = None, **step):
+    """`walk_and_commit` along the first-child path, capped at `accept_len` (bs,) draft tokens: (VerifyResult,
+    CommitPlan, StepCommit or None; `step`: walk_and_commit's step-output arguments). A walk that could go past the
+    cap (the target's token at the cap's node matches a child) stops there, its bonus that token."""
+    return walk_and_commit(tree, simulated_targets(tree, target_tokens, accept_len), req_to_token, rows, starts,
+                           cap=accept_len, **step)
 
 
 def simulated_walk(tree: VoteTree, target_tokens: torch.Tensor, accept_len: torch.Tensor) -> VerifyResult:

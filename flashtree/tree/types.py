@@ -49,6 +49,16 @@ class VerifyResult:
 
 
 @dataclass
+class StepCommit:
+    """A serving step's outputs of the walk beyond its plan (`commit.step_commit`)."""
+
+    commit_len: torch.Tensor  # (bs,) int32 tokens committed: root + accepted nodes (the plan's kv_len)
+    seq_lens: torch.Tensor  # (bs,) seq_lens + commit_len, in seq_lens' dtype
+    out_tokens: torch.Tensor  # (bs, out_width) int64 committed tokens, then 0 (the walk's -1 padding too)
+    slots: torch.Tensor | None  # (bs, W) the window's slots in commit order (window_slots[permutation]), if asked
+
+
+@dataclass
 class VerifyInputs:
     """What the target's tree verify forward takes, plus the step's statistics rows (`verify_inputs`)."""
 

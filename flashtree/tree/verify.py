@@ -44,6 +44,17 @@ def verify_greedy(tree: VoteTree, target_tokens: torch.Tensor) -> VerifyResult:
     return VerifyResult(path=path, accept_len=accept_len, bonus=bonus, tokens=tokens)
 
 
+def cut_walk(result: VerifyResult, cap: torch.Tensor) -> VerifyResult:
+    """The walk stopped after at most cap[b] accepted nodes (bs,): its path and tokens end there, and the bonus is
+    the target's token at the last node kept (the token the walk committed after it)."""
+    bs, k1 = result.tokens.shape
+    taken = torch.minimum(result.accept_len, cap.to(result.accept_len.dtype).clamp(min=0))
+    keep = torch.arange(k1, device=taken.device).expand(bs, k1) <= taken.view(bs, 1)
+    bonus = result.tokens.gather(1, taken.view(bs, 1)).view(bs)
+    return VerifyResult(path=torch.where(keep, result.path, -1), accept_len=taken, bonus=bonus,
+                        tokens=torch.where(keep, result.tokens, -1))
+
+
 def node_draws(tree: VoteTree, target_logits: torch.Tensor, temperature, generator=None, top_k=None, top_p=None,
                sample_rows=reference.sample_rows) -> torch.Tensor:
     """(bs, W) tokens: one draw from the target's distribution after every node (root first), with each request's

@@ -455,8 +455,8 @@ def test_tree_step_matches_sequential_greedy_decode(monkeypatch, graph_max_bs):
     seen = {"non_first_deep": 0}
     real_walk = decode.walk
 
-    def walk(state, tree, logits, sampling_info, *commit_args):
-        result, plan = real_walk(state, tree, logits, sampling_info, *commit_args)
+    def walk(state, tree, logits, sampling_info, *commit_args, **step):
+        result, plan, out = real_walk(state, tree, logits, sampling_info, *commit_args, **step)
         first_child, _ = child_links(tree)
         path = result.path
         for b in range(tree.batch_size):
@@ -464,7 +464,7 @@ def test_tree_step_matches_sequential_greedy_decode(monkeypatch, graph_max_bs):
             through_other = any(first_child[b, p] != c for p, c in zip(nodes, nodes[1:]))
             if through_other and len(nodes) - 1 >= 2:
                 seen["non_first_deep"] += 1
-        return result, plan
+        return result, plan, out
 
     monkeypatch.setattr(decode, "walk", walk)
     accepts, state, _gen, _world = run(n=4, steps=40, graph_max_bs=graph_max_bs)
@@ -575,9 +575,9 @@ def test_fused_walk_and_commit_kernel_in_the_tree_step(monkeypatch):
 
     launches = []
 
-    def fused(tree, targets, req_to_token=None, rows=None, starts=None):
-        launches.append(req_to_token is not None)
-        return walk_and_commit_triton(tree, targets, req_to_token=req_to_token, rows=rows, starts=starts)[:2]
+    def fused(tree, targets, req_to_token=None, rows=None, starts=None, seq_lens=None, **step):
+        launches.append(req_to_token is not None and seq_lens is not None)
+        return walk_and_commit_triton(tree, targets, seq_lens, req_to_token, rows, starts, **step)
 
     monkeypatch.setattr(decode, "walk_and_commit", fused)
     accepts, state, _gen, _world = run(n=4, steps=12)
@@ -645,8 +645,8 @@ def test_n1_chain_equals_dspark_chain_accept(monkeypatch, graph_max_bs):
     checked = []
     real_walk = decode.walk
 
-    def walk(state, tree, logits, sampling_info, *commit_args):
-        result, plan = real_walk(state, tree, logits, sampling_info, *commit_args)
+    def walk(state, tree, logits, sampling_info, *commit_args, **step):
+        result, plan, out = real_walk(state, tree, logits, sampling_info, *commit_args, **step)
         bs = tree.batch_size
         assert torch.equal(tree.parents, torch.arange(W - 1).expand(bs, W - 1)), "N = 1 must give the chain"
         anchor = torch.zeros(bs, 1, dtype=torch.int64)  # the anchor is not compared by the chain accept
@@ -661,7 +661,7 @@ def test_n1_chain_equals_dspark_chain_accept(monkeypatch, graph_max_bs):
         assert correct_len.tolist() == result.accept_len.tolist()
         assert bonus.tolist() == result.bonus.tolist()
         checked.append(bs)
-        return result, plan
+        return result, plan, out
 
     monkeypatch.setattr(decode, "walk", walk)
     accepts, state, _gen, _world = run(n=1, steps=12, graph_max_bs=graph_max_bs)
@@ -798,16 +798,16 @@ def sampled_two_steps(monkeypatch, graph_max_bs, policy: str = "vote", wrong_wal
     real_walk = decode.walk
     replayed = []
 
-    def walk(state, tree, logits, info, *commit_args):
+    def walk(state, tree, logits, info, *commit_args, **step):
         before = state.generator.get_state()
-        result, plan = real_walk(state, tree, logits, info, *commit_args)
+        result, plan, out = real_walk(state, tree, logits, info, *commit_args, **step)
         replay = torch.Generator().set_state(before)
         want = verify_sampled(
             tree, logits.view(bs, W, V), torch.where(greedy, 0.0, temp), generator=replay, top_k=torch.zeros(bs, dtype=torch.long)
         )
         assert torch.equal(want.tokens, result.tokens) and torch.equal(want.accept_len, result.accept_len)
         replayed.append(True)
-        return result, plan
+        return result, plan, out
 
     monkeypatch.setattr(decode, "walk", wrong_walk or walk)
     accepts, state, generated, _world = run(n=4, steps=2, prompts=[prompt] * bs, sampling_info=sampling_info,
@@ -864,10 +864,10 @@ def test_sampled_chi_square_fails_a_walk_that_favours_the_tree(monkeypatch, poli
 
     real_walk = decode.walk
 
-    def biased(state, tree, logits, info, *commit_args):
+    def biased(state, tree, logits, info, *commit_args, **step):
         logits = logits.clone().view(tree.batch_size, tree.width, -1)
         logits[torch.arange(tree.batch_size), 0, tree.tokens[:, 0]] += 3.0  # the root favours node 1's token
-        return real_walk(state, tree, logits.view(-1, logits.shape[-1]), info, *commit_args)
+        return real_walk(state, tree, logits.view(-1, logits.shape[-1]), info, *commit_args, **step)
 
     stat, critical, outside, _firsts, _top = sampled_two_steps(monkeypatch, None, policy, wrong_walk=biased)
     assert outside or stat > critical, f"the biased walk passed: chi-square {stat:.1f} <= {critical:.1f}"
@@ -1174,8 +1174,8 @@ def test_warmup_covers_every_tree_shape_a_batch_takes(monkeypatch):
     monkeypatch.setattr(warmup, "build_tree", lambda c, w, policy, scores: calls.append((c.shape[1], w))
                         or build_vote_tree_triton(c, w))
     monkeypatch.setattr(warmup, "verify_inputs", verify_inputs_triton)
-    monkeypatch.setattr(warmup, "walk_and_commit", lambda tree, targets, table, rows, starts: walk_and_commit_triton(
-        tree, targets, req_to_token=table, rows=rows, starts=starts)[:2])
+    monkeypatch.setattr(warmup, "walk_and_commit", lambda tree, targets, table, rows, starts, seq_lens, **step:
+                        walk_and_commit_triton(tree, targets, seq_lens, table, rows, starts, **step))
     worker = types.SimpleNamespace(device="cpu")
     assert warmup.warm(state, worker, 4, 4) == warmup.shapes(state, 4, 4)
     assert calls == [(n, tree_w) for n, tree_w, _w in warmup.shapes(state, 4, 4)]

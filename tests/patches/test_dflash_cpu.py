@@ -382,8 +382,8 @@ def test_dflash_n1_equals_dflash_chain_accept(family, monkeypatch):
 
     real_walk, checked = decode.walk, []
 
-    def walk(state, tree, logits, sampling_info, *commit_args):
-        result, plan = real_walk(state, tree, logits, sampling_info, *commit_args)
+    def walk(state, tree, logits, sampling_info, *commit_args, **step):
+        result, plan, out = real_walk(state, tree, logits, sampling_info, *commit_args, **step)
         bs = tree.batch_size
         assert torch.equal(tree.parents, torch.arange(W - 1).expand(bs, W - 1)), "N = 1 must give the chain"
         chain = torch.cat([torch.zeros(bs, 1, dtype=torch.int64), tree.tokens], dim=1)
@@ -391,7 +391,7 @@ def test_dflash_n1_equals_dflash_chain_accept(family, monkeypatch):
             candidates=chain, target_predict=logits.view(bs, W, V).argmax(-1))
         assert accept.tolist() == result.accept_len.tolist() and bonus.tolist() == result.bonus.tolist()
         checked.append(bs)
-        return result, plan
+        return result, plan, out
 
     monkeypatch.setattr(decode, "walk", walk)
     accepts, state, _gen = run(family, n=1, steps=8)
@@ -450,8 +450,8 @@ def first_sampled_tokens(family, monkeypatch, wrong_temperature: float | None):
     if wrong_temperature is not None:
         real_walk = decode.walk
         wrong = SamplingInfo(bs, wrong_temperature)
-        monkeypatch.setattr(decode, "walk", lambda state, tree, logits, _info, *a: real_walk(state, tree, logits,
-                                                                                            wrong, *a))
+        monkeypatch.setattr(decode, "walk", lambda state, tree, logits, _info, *a, **step: real_walk(
+                            state, tree, logits, wrong, *a, **step))
     prompt = [4, 4, 2, 7]
     _acc, _state, generated = run(family, n=4, steps=1, prompts=[prompt] * bs, sampling_info=info)
     return prompt + [generated[0][0]], Counter(g[1] for g in generated)

@@ -428,7 +428,7 @@ def test_the_probe_grows_a_headless_best_first_tree_as_the_step_does(monkeypatch
 
     built = []
     monkeypatch.setattr(warmup, "build_tree", lambda *a, **kw: built.append(kw["policy"]) or build_tree(*a, **kw))
-    plan = types.SimpleNamespace(depth=4, policy="best-first")
+    plan = types.SimpleNamespace(depth=4, width=8, policy="best-first")
     warmup.dummy_step(plan, torch.device("cpu"), None, 2, 1, 8, 8, grown=())
     assert built == []
     head = (torch.zeros(3, 2), torch.zeros(5, 2))  # a vanilla head's (w1, w2): the builder's rounds

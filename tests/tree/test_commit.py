@@ -62,9 +62,18 @@ def test_walk_and_commit_is_walk_plan_and_window_rewrite():
         res = verify_greedy(tree, targets)
         plan = commit_plan(tree, res)
         apply_permutation(want, rows, starts, plan)
-        got_res, got_plan = walk_and_commit(tree, targets, req_to_token, rows, starts)
+        seq_lens, window = torch.randint(0, 50, (4,), generator=g), torch.randint(0, 999, (4, 10), generator=g)
+        stats = torch.zeros(4, 4, dtype=torch.int32)
+        got_res, got_plan, step = walk_and_commit(tree, targets, req_to_token, rows, starts, seq_lens=seq_lens,
+                                                  out_width=12, window_slots=window, stats=stats)
         assert torch.equal(req_to_token, want) and torch.equal(got_res.tokens, res.tokens)
         assert torch.equal(got_plan.permutation, plan.permutation) and torch.equal(got_plan.kv_len, plan.kv_len)
+        # the step's outputs: what the tree step used to compute after the walk, op by op
+        assert step.commit_len.dtype == torch.int32 and torch.equal(step.commit_len, plan.kv_len.to(torch.int32))
+        assert torch.equal(step.seq_lens, seq_lens + res.accept_len + 1)
+        assert torch.equal(step.out_tokens, torch.cat([res.tokens.clamp(min=0), torch.zeros(4, 12 - 6, dtype=torch.long)], 1))
+        assert torch.equal(step.slots, window.gather(1, plan.permutation))
+        assert torch.equal(stats[:, 3], res.accept_len.to(torch.int32)) and not stats[:, :3].any()
         untouched = req_to_token.clone()
-        walk_and_commit(tree, targets)
+        assert walk_and_commit(tree, targets)[2] is None
         assert torch.equal(req_to_token, untouched)

@@ -54,12 +54,14 @@ def test_the_guided_walk_commits_what_the_reference_commits():
         ref = simulated_walk(tree, target, want)
         table = torch.arange(bs * 20).view(bs, 20)
         starts = torch.tensor([1, 2, 3])
-        got, plan = simulated_walk_and_commit(tree, target, want, table, torch.arange(bs), starts)
+        got, plan, _ = simulated_walk_and_commit(tree, target, want, table, torch.arange(bs), starts)
         assert torch.equal(got.accept_len, ref.accept_len), trial
         assert torch.equal(got.path, ref.path), trial
         assert torch.equal(got.bonus, ref.bonus), trial
         assert torch.equal(got.tokens, ref.tokens), trial
         assert torch.equal(plan.kv_len, ref.accept_len + 1)
+        # paged KV copies nothing past the cut: masked-off entries copy a slot onto itself
+        assert torch.equal(plan.copy_src[~plan.copy_mask], plan.copy_dst[~plan.copy_mask]), trial
         for b in range(bs):  # the committed slots lead the rewritten window, in path order
             d = int(ref.accept_len[b])
             window = table[b, int(starts[b]):][: d + 1] - (b * 20 + int(starts[b]))
