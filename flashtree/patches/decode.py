@@ -354,7 +354,7 @@ def tree_step(run: TreeRun, worker, batch, on_publish, shape=None, grammar_barri
     if w < plan.width:  # a narrower verify graph: the first w slots of DSPARK's window
         window = window.narrowed(w)
 
-    inputs = verify_inputs(tree, anchor, prefix, mask_prefix_bound(plan, worker, batch), candidates)
+    inputs = verify_inputs(tree, anchor, prefix, mask_prefix_bound(plan, worker, batch), candidates, run.workspace)
     grammar = None
     if getattr(batch, "has_grammar", False):  # each node's mask from its own path's grammar state (grammar_masks.py)
         grammar = TreeGrammar.start(batch.reqs, tree, inputs.ids.view(bs, w))
@@ -375,7 +375,7 @@ def tree_step(run: TreeRun, worker, batch, on_publish, shape=None, grammar_barri
     paged = plan.page_size > 1
     req_to_token = None if paged else adapter.req_to_token(worker)
     step = dict(seq_lens=prefix, out_width=plan.width, window_slots=None if paged else window.cache_loc_2d,
-                stats=inputs.stats)
+                stats=inputs.stats, workspace=run.workspace)
     if run.simulate is not None:  # profiling: a drawn length along one path of the tree (simulate.py)
         accept = run.tp.from_first(run.simulate.draw(bs, n, tree_w, run.generator, grown=grown is not None))
         result, commit, out = simulated_walk_and_commit(tree, verified.logits.view(bs, w, -1).argmax(dim=-1), accept,

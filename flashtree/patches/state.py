@@ -9,6 +9,8 @@ from typing import Callable, Iterable
 
 import torch
 
+from flashtree.tree.workspace import Workspace
+
 from .grammar_masks import MaskBuffer
 from .node_logits import CommittedCounts
 from .toggles import TreeToggles
@@ -90,6 +92,7 @@ class TreeRun:
     grown: tuple | None = None  # FLASHTREE_TREE_POLICY=best-first: the vanilla head's (w1, w2), () for a headless draft
     counts: CommittedCounts = field(default_factory=CommittedCounts)  # penalties' committed tokens (node_logits.py)
     grammar_rows: MaskBuffer = field(default_factory=MaskBuffer)  # grammar requests' node masks (grammar_masks.py)
+    workspace: Workspace = field(default_factory=Workspace)  # the verify-input and walk kernels' step-local outputs
 
     def widths_for(self, bs: int) -> tuple[int, int]:
         return self.plan.widths_for(bs, self.verify_runners)

@@ -13,6 +13,7 @@ from .. import sampler
 from . import build, commit, encode, verify
 from .checks import check_logits, check_sampling, check_tokens, check_tree_vocab, check_width
 from .types import CommitPlan, VerifyInputs, VerifyResult, VoteTree
+from .workspace import Workspace
 
 
 def build_vote_tree(candidates: torch.Tensor, width: int) -> VoteTree:
@@ -53,28 +54,31 @@ def commit_plan(tree: VoteTree, result: VerifyResult) -> CommitPlan:
 
 
 def verify_inputs(tree: VoteTree, anchor: torch.Tensor, seq_lens: torch.Tensor, seq_lens_sum: int,
-                  candidates: torch.Tensor | None = None) -> VerifyInputs:
-    """Verify ids, positions, sglang's FULL_MASK tree mask and the statistics rows: one launch on CUDA."""
+                  candidates: torch.Tensor | None = None, workspace: Workspace | None = None) -> VerifyInputs:
+    """Verify ids, positions, sglang's FULL_MASK tree mask and the statistics rows: one launch on CUDA, its outputs
+    from `workspace` when given (workspace.py)."""
     if tree.tokens.is_cuda:
         from .triton_mask import verify_inputs_triton
 
-        return verify_inputs_triton(tree, anchor, seq_lens, seq_lens_sum, candidates)
+        return verify_inputs_triton(tree, anchor, seq_lens, seq_lens_sum, candidates, workspace)
     return encode.verify_inputs(tree, anchor, seq_lens, seq_lens_sum, candidates)
 
 
 def walk_and_commit(tree: VoteTree, target_tokens: torch.Tensor, req_to_token: torch.Tensor | None = None,
                     rows: torch.Tensor | None = None, starts: torch.Tensor | None = None, *,
                     seq_lens: torch.Tensor | None = None, out_width: int = 0, window_slots: torch.Tensor | None = None,
-                    stats: torch.Tensor | None = None, cap: torch.Tensor | None = None):
+                    stats: torch.Tensor | None = None, cap: torch.Tensor | None = None,
+                    workspace: Workspace | None = None):
     """Greedy walk, its commit plan and, with `req_to_token`, the page-size-1 window rewrite (`apply_permutation`):
     (VerifyResult, CommitPlan, StepCommit or None). With `seq_lens`, a serving step's outputs after the walk
     (`commit.step_commit`, `stats` written in place); with `cap` (bs,), at most cap[b] nodes accepted
-    (`verify.cut_walk`). One launch on CUDA (the fused walk + commit kernel), the references elsewhere."""
+    (`verify.cut_walk`). One launch on CUDA (the fused walk + commit kernel; its step-local outputs from `workspace`
+    when given), the references elsewhere."""
     if target_tokens.is_cuda:
         from .triton_walk import walk_and_commit_triton
 
         return walk_and_commit_triton(tree, target_tokens, seq_lens, req_to_token, rows, starts, out_width=out_width,
-                                      window_slots=window_slots, stats=stats, cap=cap)
+                                      window_slots=window_slots, stats=stats, cap=cap, workspace=workspace)
     result = verify.verify_greedy(tree, target_tokens)
     if cap is not None:
         result = verify.cut_walk(result, cap)

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from .types import VerifyInputs, VoteTree
+from .workspace import Workspace
 
 
 @triton.jit
@@ -82,16 +83,24 @@ def _np2(x: int) -> int:
 
 
 def verify_inputs_triton(tree: VoteTree, anchor: torch.Tensor, seq_lens: torch.Tensor, seq_lens_sum: int,
-                         candidates: torch.Tensor | None = None) -> VerifyInputs:
+                         candidates: torch.Tensor | None = None, workspace: Workspace | None = None) -> VerifyInputs:
     """Same signature and result as `flashtree.tree.verify_inputs`, one launch (mask cells past the last block, when
-    `seq_lens_sum` is a bound above the sum, are left unwritten)."""
+    `seq_lens_sum` is a bound above the sum, are left unwritten); with a `workspace`, every output comes from it."""
     bs, w = tree.batch_size, tree.width
     dev = tree.tokens.device
-    ids = torch.empty(bs, w, dtype=torch.int64, device=dev)
-    positions = torch.empty(bs * w, dtype=torch.int64, device=dev)
-    mask = torch.empty(seq_lens_sum * w + bs * w * w, dtype=torch.bool, device=dev)
     has_stats = candidates is not None
-    stats = torch.empty(bs, 4, dtype=torch.int32, device=dev) if has_stats else None
+
+    def outputs():  # ids, positions, statistics rows
+        return (torch.empty(bs, w, dtype=torch.int64, device=dev), torch.empty(bs * w, dtype=torch.int64, device=dev),
+                torch.empty(bs, 4, dtype=torch.int32, device=dev) if has_stats else None)
+
+    numel = seq_lens_sum * w + bs * w * w
+    if workspace is None:
+        ids, positions, stats = outputs()
+        mask = torch.empty(numel, dtype=torch.bool, device=dev)
+    else:
+        ids, positions, stats = workspace.take(("verify_inputs", bs, w, has_stats, dev), outputs)
+        mask = workspace.flat(("mask", dev), numel, torch.bool, dev)
     n, k = candidates.shape[1:] if has_stats else (1, 1)
     wp = max(16, _np2(w))  # tl.dot's smallest tile
     steps = min(tree.k, w - 1)

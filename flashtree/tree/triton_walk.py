@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from .types import CommitPlan, StepCommit, VerifyResult, VoteTree
+from .workspace import Workspace
 
 
 @triton.jit
@@ -128,6 +129,7 @@ def walk_and_commit_triton(
     window_slots: torch.Tensor | None = None,
     stats: torch.Tensor | None = None,
     cap: torch.Tensor | None = None,
+    workspace: Workspace | None = None,
 ):
     """Greedy walk and commit in one launch.
 
@@ -135,7 +137,8 @@ def walk_and_commit_triton(
     `commit.step_commit(result, plan, seq_lens, out_width, window_slots, stats)` gives them (`stats` written in place).
     With `req_to_token`, `rows` and `starts`, the window `req_to_token[rows[b], starts[b] : starts[b] + W]` is
     rewritten in place as `apply_permutation` does (page size 1). `cap` (bs,): the walk accepts at most cap[b] nodes
-    (`verify.cut_walk`'s result, walked).
+    (`verify.cut_walk`'s result, walked). With a `workspace`, the outputs a step reads within itself only (all but
+    the bonus and the StepCommit's lengths and tokens) come from it.
     """
     bs, w, k = tree.batch_size, tree.width, tree.k
     if target_tokens.shape != (bs, w):
@@ -149,22 +152,24 @@ def walk_and_commit_triton(
     ow = max(out_width, k + 1)
     dev = tree.tokens.device
     i64 = dict(dtype=torch.int64, device=dev)
-    path = torch.empty(bs, k + 1, **i64)
-    ctok = torch.empty(bs, k + 1, **i64)
-    alen = torch.empty(bs, **i64)
+
+    def scratch():  # path, committed tokens, accept_len, permutation, copy src / dst / mask, kv_len
+        return (torch.empty(bs, k + 1, **i64), torch.empty(bs, k + 1, **i64), torch.empty(bs, **i64),
+                torch.empty(bs, w, **i64), torch.empty(bs, k, **i64), torch.empty(bs, k, **i64),
+                torch.empty(bs, k, dtype=torch.bool, device=dev), torch.empty(bs, **i64))
+
+    path, ctok, alen, perm, csrc, cdst, cmask, kvlen = (
+        scratch() if workspace is None else workspace.take(("walk", bs, w, k, dev), scratch))
     bonus = torch.empty(bs, **i64)
-    perm = torch.empty(bs, w, **i64)
-    csrc = torch.empty(bs, k, **i64)
-    cdst = torch.empty(bs, k, **i64)
-    cmask = torch.empty(bs, k, dtype=torch.bool, device=dev)
-    kvlen = torch.empty(bs, **i64)
     step = None
     if has_step:
         slots = None
         if window_slots is not None:
             if window_slots.stride(1) != 1:
                 window_slots = window_slots.contiguous()
-            slots = torch.empty(bs, w, dtype=window_slots.dtype, device=dev)
+            dtype = window_slots.dtype
+            slots = (torch.empty(bs, w, dtype=dtype, device=dev) if workspace is None else workspace.take(
+                ("slots", bs, w, dtype, dev), lambda: (torch.empty(bs, w, dtype=dtype, device=dev),))[0])
         step = StepCommit(commit_len=torch.empty(bs, dtype=torch.int32, device=dev), seq_lens=torch.empty_like(seq_lens),
                           out_tokens=torch.empty(bs, ow, **i64), slots=slots)
     dummy = alen

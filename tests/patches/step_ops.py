@@ -4,7 +4,8 @@
 flashtree (or sglang) function on the Python stack; the harness's own ops and whatever runs under its stand-ins
 (`STAND_INS`: the models, a draft graph replay's tail, the window allocator and KV writers) are not counted. The tree
 stages that are one Triton launch on CUDA (`KERNELS`) run their torch references on CPU, sglang's Triton kernels
-(`SGLANG_KERNELS`) the Triton interpreter; each call counts as one op.
+(`SGLANG_KERNELS`) the Triton interpreter; each call counts as one op (and no allocation: the Triton wrappers'
+allocations are counted in tests/kernels/test_workspace.py).
 Host syncs are the reads of tensor data on the host (`.item()`, `int(t)`, `bool(t)`, `.tolist()`, `.cpu()`, and ops
 whose output size depends on the data: nonzero, masked_select, unique, boolean-mask indexing).
 """
@@ -101,11 +102,22 @@ def _bool_index(index) -> bool:
     return any(isinstance(p, torch.Tensor) and p.dtype == torch.bool for p in parts)
 
 
+@functools.cache
+def _allocates(func) -> bool:
+    """Whether an aten op returns a new tensor: not a view, writes none of its arguments (in place, out=) and returns a
+    tensor (not a host scalar)."""
+    schema = func._schema
+    return (schema.name.split("::")[-1] not in VIEWS and any("Tensor" in str(r.type) for r in schema.returns)
+            and not any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments))
+
+
 class StepOps:
-    """Counts per step: `ops` (aten ops, views included), `launches` (ops less views), `syncs`, by owner."""
+    """Counts per step: `ops` (aten ops, views included), `launches` (ops less views), `allocs` (ops that return a
+    new tensor: a caching-allocator call on CUDA; a kernel's own outputs are its wrapper's, tests/kernels), `syncs`,
+    by owner."""
 
     def __init__(self):
-        self.ops, self.launches, self.syncs = Counter(), Counter(), Counter()
+        self.ops, self.launches, self.allocs, self.syncs = Counter(), Counter(), Counter(), Counter()
         self.steps = 0
         self._paused = 0
         self._active = False
@@ -120,6 +132,8 @@ class StepOps:
         self.ops[owner] += 1
         if name not in VIEWS:
             self.launches[owner] += 1
+        if _allocates(func):
+            self.allocs[owner] += 1
         if name in SYNC_OPS:
             self.syncs[f"{owner} ({name})"] += 1
 
@@ -158,9 +172,11 @@ class StepOps:
 
     def table(self, top: int = 25) -> str:
         lines = [f"per step over {self.steps} steps: ops {self.per_step(self.ops):.1f}, launches "
-                 f"{self.per_step(self.launches):.1f}, host syncs {self.per_step(self.syncs):.1f}"]
+                 f"{self.per_step(self.launches):.1f}, allocations {self.per_step(self.allocs):.1f}, host syncs "
+                 f"{self.per_step(self.syncs):.1f}"]
         for owner, n in self.launches.most_common(top):
-            lines.append(f"  {n / self.steps:7.1f} launches {self.ops[owner] / self.steps:7.1f} ops  {owner}")
+            lines.append(f"  {n / self.steps:7.1f} launches {self.ops[owner] / self.steps:7.1f} ops "
+                         f"{self.allocs[owner] / self.steps:7.1f} allocs  {owner}")
         for owner, n in self.syncs.most_common():
             lines.append(f"  {n / self.steps:7.1f} syncs  {owner}")
         return "\n".join(lines)

@@ -540,9 +540,9 @@ def test_the_verify_mask_is_sized_from_the_reserved_lengths(monkeypatch):
 
     bounds, real = [], decode.verify_inputs
 
-    def verify_inputs(tree, anchor, seq_lens, seq_lens_sum, candidates):
+    def verify_inputs(tree, anchor, seq_lens, seq_lens_sum, candidates, workspace=None):
         bounds.append((seq_lens_sum, int(seq_lens.sum())))
-        return real(tree, anchor, seq_lens, seq_lens_sum, candidates)
+        return real(tree, anchor, seq_lens, seq_lens_sum, candidates, workspace)
 
     def no_sum(*args, **kwargs):
         raise AssertionError("the step summed the device seq_lens")
@@ -569,14 +569,15 @@ def test_the_verify_mask_is_sized_from_the_reserved_lengths(monkeypatch):
 
 def test_fused_walk_and_commit_kernel_in_the_tree_step(monkeypatch):
     """The CUDA path of the greedy walk: the fused walk + commit Triton kernel (Triton interpreter here) rewrites the
-    stand-in server's real req_to_token layout, and every commit still equals the sequential greedy decode."""
+    stand-in server's real req_to_token layout and writes the step's outputs, its step-local ones in the run's
+    workspace buffers (reused every other step), and every commit still equals the sequential greedy decode."""
     import flashtree.patches.decode as decode
     from flashtree.tree.triton_walk import walk_and_commit_triton
 
     launches = []
 
     def fused(tree, targets, req_to_token=None, rows=None, starts=None, seq_lens=None, **step):
-        launches.append(req_to_token is not None and seq_lens is not None)
+        launches.append(req_to_token is not None and seq_lens is not None and step["workspace"] is not None)
         return walk_and_commit_triton(tree, targets, seq_lens, req_to_token, rows, starts, **step)
 
     monkeypatch.setattr(decode, "walk_and_commit", fused)
@@ -587,15 +588,16 @@ def test_fused_walk_and_commit_kernel_in_the_tree_step(monkeypatch):
 
 def test_verify_inputs_kernel_in_the_tree_step(monkeypatch):
     """The CUDA path of the verify inputs: the one-launch Triton kernel (interpreter here) gives the target verify its
-    ids, positions and FULL_MASK, and the statistics rows; commits still equal the sequential greedy decode."""
+    ids, positions and FULL_MASK, and the statistics rows, in the run's workspace buffers (reused every other step);
+    commits still equal the sequential greedy decode."""
     import flashtree.patches.decode as decode
     from flashtree.tree.triton_mask import verify_inputs_triton
 
     launches = []
 
-    def kernel(tree, anchor, seq_lens, seq_lens_sum, candidates=None):
-        launches.append(candidates is not None)
-        return verify_inputs_triton(tree, anchor, seq_lens, seq_lens_sum, candidates)
+    def kernel(tree, anchor, seq_lens, seq_lens_sum, candidates=None, workspace=None):
+        launches.append(candidates is not None and workspace is not None)
+        return verify_inputs_triton(tree, anchor, seq_lens, seq_lens_sum, candidates, workspace)
 
     monkeypatch.setattr(decode, "verify_inputs", kernel)
     accepts, state, _gen, _world = run(n=4, steps=10)
@@ -1158,7 +1160,8 @@ def test_warmup_covers_every_tree_shape_a_batch_takes(monkeypatch):
     build, encode = decode.build_tree, decode.verify_inputs
     monkeypatch.setattr(decode, "build_tree", lambda c, width, policy, scores: used.append([c.shape[1], width])
                         or build(c, width, policy, scores))
-    monkeypatch.setattr(decode, "verify_inputs", lambda tree, *a: used[-1].append(tree.width) or encode(tree, *a))
+    monkeypatch.setattr(decode, "verify_inputs", lambda tree, *a, **kw: used[-1].append(tree.width)
+                        or encode(tree, *a, **kw))
     prompts = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9], [2, 7, 1, 8]]
     listed = set()
     for bs in range(1, 5):
