@@ -829,6 +829,22 @@ def test_dflash_start_captures_what_narrower_trees_and_the_planner_need(env, exp
     assert calls == expected
 
 
+@pytest.mark.parametrize("block", [4, W])
+def test_dflash_auto_depth_is_the_block_the_draft_proposes(family, block):
+    """FLASHTREE_TREE_N=auto takes the tree depth from the DFLASH draft checkpoint: its `block_size` counts the anchor,
+    so a draft trained on 4-token blocks plans trees of depth 3 in the 6-token window (a depth-4 tree would grow into
+    a mask position the draft never learnt), and one trained on the window's own block the window's K."""
+    from flashtree.patches.toggles import AUTO_N
+
+    world = StandIns([[3, 1, 4]], [reference([3, 1, 4], 4)], 1)
+    worker = dflash_worker(world, bs=1)
+    worker.draft_model_runner.model_config = types.SimpleNamespace(hf_config={
+        "num_hidden_layers": 1, "block_size": block, "dflash_config": {"block_size": block, "num_target_layers": 2}})
+    assert family.draft_block_size(worker) == block - 1
+    dflash_step.make_worker_init(lambda self: None, family, TreeToggles(tree_n=AUTO_N, tree_policy="best-first"))(worker)
+    assert worker._flashtree.plan.depth == block - 1
+
+
 def test_dflash_planned_trees_commit_the_sequential_greedy_decode(family):
     """FLASHTREE_TREE_N=auto on a DFLASH server: the planner's menu comes from DFLASH's block, and the shape a cost
     table makes cheapest (here a tree of the first of the step's N draws) serves every step; its commits are the

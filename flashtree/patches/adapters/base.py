@@ -34,6 +34,12 @@ LOGPROBS = "sglang.srt.layers.logprob_processor"
 DSPARK_CONFIG = "sglang.srt.speculative.dspark_components.dspark_config"
 
 
+def draft_hf_config(worker):
+    """The draft checkpoint's Hugging Face config as the worker's draft runner loaded it; None where it has none."""
+    runner = getattr(worker, "draft_model_runner", None)
+    return getattr(getattr(runner, "model_config", None), "hf_config", None)
+
+
 class SglangAdapter:
     release = "?"
     algorithm = "DSPARK"  # the speculative algorithm whose worker these primitives drive (adapters/dflash.py: DFLASH)
@@ -132,8 +138,7 @@ class SglangAdapter:
     def draft_block_size(self, worker) -> int | None:
         """The block length in the draft checkpoint's config (what it was trained on; sglang's gamma is larger under
         --speculative-dspark-block-size), None where the worker has no draft config or it names none."""
-        runner = getattr(worker, "draft_model_runner", None)
-        hf_config = getattr(getattr(runner, "model_config", None), "hf_config", None)
+        hf_config = draft_hf_config(worker)
         if hf_config is None:
             return None
         block = resolve(f"{DSPARK_CONFIG}:parse_dspark_draft_config")(draft_hf_config=hf_config).gamma

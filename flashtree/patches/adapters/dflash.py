@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from ..step_types import DraftOut, Verified, Window
-from .base import DFLASH_UTILS, SglangAdapter
+from .base import DFLASH_UTILS, SglangAdapter, draft_hf_config
 from .probe import Has, Sig, resolve, resolve_once
 
 DFLASH_MODULE = "sglang.srt.speculative.dflash_worker_v2"
@@ -48,6 +48,7 @@ DFLASH_PROBES = (
     Has("sglang.srt.speculative.dflash_info:DFlashVerifyInput", ("draft_token", "positions", "draft_token_num", "custom_mask", "capture_hidden_mode")),
     Has(f"{FORWARD_BATCH}:ForwardBatch", ("forward_mode", "input_embeds", "spec_algorithm", "spec_info", "seq_lens_cpu")),
     Has(f"{DFLASH_UTILS}:apply_dflash_verify_logits_adjustments", ("next_token_logits", "sampling_info", "draft_token_num")),
+    Has(f"{DFLASH_UTILS}:parse_dflash_draft_config", ("draft_hf_config",)),
     Has("sglang.srt.speculative.spec_info:SpeculativeAlgorithm.DFLASH"),
 )
 
@@ -75,6 +76,15 @@ class DFlashFamily(SglangAdapter):
     # ---- worker checks ---------------------------------------------------------------------------------------
     def gamma(self, worker) -> int:
         return int(worker.block_size) - 1
+
+    def draft_block_size(self, worker) -> int | None:
+        """The tokens the draft checkpoint was trained to propose: DFLASH's `block_size` counts the anchor, so one
+        fewer (a 9-token block drafts 8; a deeper tree would grow into positions the draft never learnt)."""
+        hf_config = draft_hf_config(worker)
+        if hf_config is None:
+            return None
+        block = resolve(f"{DFLASH_UTILS}:parse_dflash_draft_config")(draft_hf_config=hf_config).block_size
+        return None if block is None else int(block) - 1
 
     def simulate_acc_len(self, worker) -> float:
         return float(getattr(resolve(DFLASH_MODULE), "SIMULATE_ACC_LEN", -1.0))
