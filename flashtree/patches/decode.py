@@ -63,7 +63,7 @@ from .draft_rows import DraftRows, drafting
 from .grammar_masks import TreeGrammar
 from .host_copy import HostCopy
 from .host_profile import HostProfile
-from .stage_times import NoTimer, StageTimer
+from .stage_times import NO_TIMER, StageTimer
 from .tp_sync import TpSync
 from .state import TreePlan, TreeRun
 from .toggles import TreeToggles, load_for_toggle
@@ -150,10 +150,11 @@ def make_forward_decode(original, adapter, toggles: TreeToggles):
             )
         if run.host_profile is not None:
             run.host_profile.on_decode_step()
-        reason = skip_reason(run.plan, batch, args, kwargs)
+        per_node = keeps_tree(run.plan, batch)
+        reason = skip_reason(run.plan, batch, args, kwargs, per_node)
         barrier = args[0] if args else kwargs.get("grammar_barrier")
-        if reason is None and run.planner is not None and not keeps_tree(run.plan, batch):  # TREE_N=auto
-            bs = len(batch.seq_lens)
+        if reason is None and run.planner is not None and not per_node:  # TREE_N=auto
+            bs = batch.seq_lens.shape[0]
             shape = run.planner.choose(bs)
             with run.planner.timing(shape, bs):
                 if not shape.is_chain:
@@ -174,7 +175,7 @@ def dspark_step(run: TreeRun, original, worker, batch, on_publish, reason: str, 
     if reason in CHAIN_VERIFY_FALLBACKS:
         stage_chain_mask(run, worker, batch)
     seq_lens = getattr(batch, "seq_lens", None)
-    with graph_draws.dspark_proposes_eagerly(worker, 0 if seq_lens is None else len(seq_lens)):
+    with graph_draws.dspark_proposes_eagerly(worker, 0 if seq_lens is None else seq_lens.shape[0]):
         return original(worker, batch, on_publish, *args, **kwargs)
 
 
@@ -192,7 +193,7 @@ def stage_chain_mask(run: TreeRun, worker, batch) -> None:
     buf = plan.adapter.verify_mask_buffer(worker)
     if buf is None:
         return
-    bs, w = len(batch.seq_lens), plan.width
+    bs, w = batch.seq_lens.shape[0], plan.width
     total = mask_prefix_bound(plan, worker, batch)
     if total * w + bs * w * w > buf.numel():
         return  # larger than any captured graph's buffer: the verify runs eagerly, causal without a mask
@@ -208,7 +209,7 @@ def mask_prefix_bound(plan: TreePlan, worker, batch) -> int:
     """The host int that sizes a step's verify mask: >= the sum of the batch's seq_lens. DSPARK's reserved lengths
     give one without a host sync (summing the device seq_lens was the one sync of a tree step live, where DSPARK's
     chain step has none); the exact sum only where no bound is on the host."""
-    bound = plan.adapter.prefix_sum_bound(worker, len(batch.seq_lens), batch.spec_info, plan.width)
+    bound = plan.adapter.prefix_sum_bound(worker, batch.seq_lens.shape[0], batch.spec_info, plan.width)
     if bound is not None:
         return bound
     if isinstance(batch.seq_lens_sum, int):
@@ -222,14 +223,16 @@ def keeps_tree(plan: TreePlan, batch) -> bool:
     return node_logits.batch_needs_tree(batch) or logprobs.needs_tree(plan.adapter, batch)
 
 
-def skip_reason(plan: TreePlan, batch, args, kwargs) -> str | None:
+def skip_reason(plan: TreePlan, batch, args, kwargs, per_node: bool | None = None) -> str | None:
+    """Why DSPARK's own decode takes the batch (None: the tree step does); `per_node`: keeps_tree's answer, if known."""
     if batch.forward_mode.is_idle():
         return "idle"
     if kwargs.get("coordination_plan") is not None or (len(args) > 1 and args[1] is not None):
         return "dp-attention"
-    per_node = keeps_tree(plan, batch)
+    if per_node is None:
+        per_node = keeps_tree(plan, batch)
     limit = plan.toggles.tree_max_bs
-    if limit and len(batch.seq_lens) > limit and not per_node:
+    if limit and batch.seq_lens.shape[0] > limit and not per_node:
         # FLASHTREE_TREE_MAX_BS: DSPARK's chain step is cheaper here. Both steps leave req_to_token (accepted slots
         # first), the KV and the next draft input (bonus, new seq_lens) in the same sequential layout, so requests
         # move between them from one step to the next.
@@ -320,13 +323,13 @@ def tree_step(run: TreeRun, worker, batch, on_publish, shape=None, grammar_barri
     plan = run.plan
     adapter = plan.adapter
     draft_input = batch.spec_info
-    bs = len(batch.seq_lens)
+    bs = batch.seq_lens.shape[0]
     if shape is None:
         tree_w, w = run.widths_for(bs)  # w: verify tokens per request (DSPARK's window, or a narrower verify graph's)
     else:
         tree_w, w = plan.fit_width(shape.width, run.verify_runners)
     prefix = batch.seq_lens
-    timer = run.timer or NoTimer()
+    timer = run.timer or NO_TIMER
 
     timer.start()
     window = adapter.alloc_window(worker, batch, bs, draft_input)

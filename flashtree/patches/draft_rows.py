@@ -80,13 +80,21 @@ def tail_hook(sampler, rows: int):
     return hook
 
 
-@contextlib.contextmanager
+_DSPARK_PROPOSER = contextlib.nullcontext()  # yields None: DSPARK's own proposer (reusable, no per-step object)
+
+
 def drafting(run, worker):
     """The proposer a tree step's draft forward runs: DSPARK's, or the D-row copy with its graph runner swapped in."""
     path = run.draft_rows
-    if path is None or path.runner is None:  # eager: the gamma-row graphs refuse a D-row batch (width check)
-        yield None if path is None else path.proposer
-        return
+    if path is None:
+        return _DSPARK_PROPOSER
+    if path.runner is None:  # eager: the gamma-row graphs refuse a D-row batch (width check)
+        return contextlib.nullcontext(path.proposer)
+    return _with_rows_runner(path, worker)
+
+
+@contextlib.contextmanager
+def _with_rows_runner(path, worker):
     dmr = worker.draft_model_runner
     main = dmr.decode_cuda_graph_runner
     dmr.decode_cuda_graph_runner = path.runner

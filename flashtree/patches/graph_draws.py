@@ -159,6 +159,10 @@ class GraphDraws:
         self.skips = 0  # tail runs above max_bs with a limit: DSPARK's tail only, no draws
         self.drawn_sizes: dict[int, int] = {}  # batch sizes the tail drew for -> the candidates it drew per request
         self.skipped_sizes: set[int] = set()  # batch sizes the tail ran for without the draws
+        # what a step over bs requests reads (views of the persistent buffers), per bs: `drawn` until the sizes above
+        # change, `read_tree` for good
+        self._drawn: dict[int, torch.Tensor | None] = {}
+        self._trees: dict[int, VoteTree] = {}
 
     # ---- the step sampler ---------------------------------------------------------------------------------------
     def step_sampler(self, n: int) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -182,12 +186,16 @@ class GraphDraws:
         bs, model_hidden, draft_hidden, anchor = self.adapter.tail_inputs(sampler, hidden_states, input_ids)
         if bs > self.max_bs:
             if self.limit:  # only chain steps (bs > FLASHTREE_TREE_MAX_BS) replay this graph: DSPARK's tail only
-                self.skipped_sizes.add(bs)
+                if bs not in self.skipped_sizes:
+                    self.skipped_sizes.add(bs)
+                    self._drawn.clear()
                 self.skips += 1
                 return
             raise RuntimeError(f"flashtree: the draft tail ran for {bs} requests, above its {self.max_bs}-row buffer")
         n = self.n_for(bs)
-        self.drawn_sizes[bs] = n
+        if self.drawn_sizes.get(bs) != n:
+            self.drawn_sizes[bs] = n
+            self._drawn.clear()
         if base_logits is None:  # DSPARK's tail computed none (lean tail, 0.5.23's megakernel step): the K kept rows
             kept = model_hidden.view(bs, int(sampler.gamma), -1)[:, : self.k].reshape(bs * self.k, -1)
             base_logits, _ = sampler.model.compute_base_logits(kept)
@@ -246,13 +254,19 @@ class GraphDraws:
     def drawn(self, bs: int) -> torch.Tensor | None:
         """What a tree step over bs requests reads after a graph replay: the candidates, or None where the graph its
         batch replays was captured without the draws (above FLASHTREE_TREE_MAX_BS)."""
-        return self.read(bs) if self.covers(bs) else None
+        if bs not in self._drawn:
+            self._drawn[bs] = self.read(bs) if self.covers(bs) else None
+        return self._drawn[bs]
 
     def read_tree(self, bs: int) -> VoteTree:
         """best-first: the (bs, tree width - 1) tree the last graph replay grew, as views."""
-        t = self.tree
-        return VoteTree(tokens=t.tokens[:bs], parents=t.parents[:bs], depth=t.depth[:bs], votes=t.votes[:bs],
-                        valid=t.valid[:bs], first_candidate=t.first_candidate[:bs], k=t.k)
+        tree = self._trees.get(bs)
+        if tree is None:
+            t = self.tree
+            tree = self._trees[bs] = VoteTree(tokens=t.tokens[:bs], parents=t.parents[:bs], depth=t.depth[:bs],
+                                              votes=t.votes[:bs], valid=t.valid[:bs],
+                                              first_candidate=t.first_candidate[:bs], k=t.k)
+        return tree
 
     def read(self, bs: int) -> torch.Tensor:
         """The (bs, n, K) candidates the last graph replay drew, as a view: the tree step's build and verify inputs

@@ -132,6 +132,9 @@ def from_plan(plan, simulate, device) -> "ServerPlanner":
     return planner
 
 
+_UNTIMED = contextlib.nullcontext()  # reusable: an untimed step makes no object
+
+
 class _Credits(HostCopy):
     """(shapes, credits (S, bs)) copied to host memory without a wait (applied once `ready()`)."""
 
@@ -141,10 +144,11 @@ class _Credits(HostCopy):
 
 
 class _StepTime:
-    """One step's time: CUDA events around it (read once `ready()`, never waited for), or the wall clock."""
+    """One step's time: CUDA events around it (read once `ready()`, never waited for), or the wall clock; as a context,
+    stopped and queued into `done` when the step returns."""
 
-    def __init__(self, key: tuple[Shape, int], cuda: bool):
-        self.key, self.cuda = key, cuda
+    def __init__(self, key: tuple[Shape, int], cuda: bool, done: list | None = None):
+        self.key, self.cuda, self.done = key, cuda, done
         if cuda:
             self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             self.start.record()
@@ -159,6 +163,14 @@ class _StepTime:
 
     def ready(self) -> bool:
         return not self.cuda or self.end.query()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        if exc_type is None:
+            self.stop()
+            self.done.append(self)
 
     def seconds(self) -> float:
         return self.start.elapsed_time(self.end) / 1e3 if self.cuda else self.end
@@ -179,7 +191,7 @@ class ServerPlanner:
         self.credited = 0  # steps whose credits were applied
         self._steps = {"tree": 0, "chain": 0}
         self._pending: list[_Credits] = []
-        self._best: dict[int, Shape] = {}  # bs -> the choice under the current estimates
+        self._best: dict[int, tuple] = {}  # bs -> (the choice under the current estimates, its `chosen` key)
         self.retime_after, self.cuda = retime_after, cuda
         self._times: list[_StepTime] = []  # timed steps not yet read
         self._timed: dict[tuple[Shape, int], list] = {}  # (shape, size) -> [seconds, steps] of the timed steps
@@ -206,17 +218,17 @@ class ServerPlanner:
     def choose(self, bs: int) -> Shape:
         """The shape for a batch of bs requests: recomputed only after new credits (the step stays cheap on the host)."""
         self._apply_ready()
-        shape = self._best.get(bs)
-        if shape is None:
-            shape = self._best[bs] = self.planner.choose(bs).shape
+        best = self._best.get(bs)
+        if best is None:
+            shape = self.planner.choose(bs).shape
+            best = self._best[bs] = shape, (bs, shape.label())
         else:
-            self.planner.chosen[(bs, shape.label())] += 1
+            self.planner.chosen[best[1]] += 1
         self.decisions += 1
         if self.log_every and self.decisions % self.log_every == 0:
             self.log_summary()
-        return shape
+        return best[0]
 
-    @contextlib.contextmanager
     def timing(self, shape: Shape, bs: int):
         """Around a planned step: whether it is credited (`after_tree_step` / `after_chain_step`), and, every
         `time_every`-th decision unless credited, its time (the whole decode step: what the start-up table leaves out
@@ -227,12 +239,8 @@ class ServerPlanner:
         self._credit_now = self._steps[kind] % self.credit_every[kind] == 0
         size = self.planner.costs.size_for(shape, bs)
         if self._credit_now or not self.retime_after or self.decisions % self.time_every or size is None:
-            yield
-            return
-        timed = _StepTime((shape, size), self.cuda)
-        yield
-        timed.stop()
-        self._times.append(timed)
+            return _UNTIMED
+        return _StepTime((shape, size), self.cuda, self._times)
 
     # ---- the feeds -------------------------------------------------------------------------------------------
     def after_tree_step(self, shape: Shape, candidates: torch.Tensor, tokens: torch.Tensor,

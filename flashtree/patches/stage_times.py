@@ -35,6 +35,9 @@ class NoTimer:
         pass
 
 
+NO_TIMER = NoTimer()
+
+
 class StageTimer:
     def __init__(self, every: int, device: torch.device):
         self.every = every

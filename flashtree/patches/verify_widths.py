@@ -77,12 +77,16 @@ def asked(toggles) -> dict[str, int]:
     return {k: v for k, v in values.items() if v}
 
 
-@contextlib.contextmanager
+_AS_IS = contextlib.nullcontext()  # reusable: no per-step object when there is nothing to swap
+
+
 def verifying_with(worker, runner):
     """The target's decode graph runner is `runner` inside the block (None: leave it as it is)."""
-    if runner is None:
-        yield
-        return
+    return _AS_IS if runner is None else _swapped(worker, runner)
+
+
+@contextlib.contextmanager
+def _swapped(worker, runner):
     model_runner = worker.model_runner
     main = model_runner.decode_cuda_graph_runner
     model_runner.decode_cuda_graph_runner = runner

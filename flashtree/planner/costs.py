@@ -21,14 +21,19 @@ class CostTable:
     seconds: dict[tuple[Shape, int], float] = field(default_factory=dict)
     served: dict[tuple[Shape, int], float] = field(default_factory=dict)
     _excess: dict[tuple[bool | None, int], float] = field(default_factory=dict)  # (is_chain or None: all, size)
+    _sizes: dict[Shape, list[int]] = field(default_factory=dict, repr=False, compare=False)  # `sizes` until `add`
 
     def add(self, shape: Shape, bs: int, seconds: float) -> None:
         if not seconds > 0:
             raise ValueError(f"step time of {shape.label()} at bs {bs} must be > 0 s, got {seconds}")
         self.seconds[(shape, int(bs))] = float(seconds)
+        self._sizes.clear()
 
     def sizes(self, shape: Shape) -> list[int]:
-        return sorted(bs for s, bs in self.seconds if s == shape)
+        sizes = self._sizes.get(shape)
+        if sizes is None:
+            sizes = self._sizes[shape] = sorted(bs for s, bs in self.seconds if s == shape)
+        return sizes
 
     def size_for(self, shape: Shape, bs: int) -> int | None:
         """The measured size whose time a batch of bs takes (None: the shape has none)."""

@@ -14,7 +14,7 @@ import torch
 
 from ..step_types import DraftOut, Verified, Window
 from ..toggles import ToggleError
-from .probe import Has, Lacks, Sig, resolve, resolve_once
+from .probe import Has, Lacks, Sig, resolve, resolve_attr, resolve_once
 
 WORKER = "sglang.srt.speculative.dspark_components.dspark_worker_v2:DSparkWorkerV2"
 PLANNER = "sglang.srt.speculative.dspark_components.dspark_planner"
@@ -165,7 +165,7 @@ class SglangAdapter:
         return {}
 
     def alloc_window(self, worker, batch, bs: int, draft_input) -> Window:
-        alloc = resolve(f"{PLANNER}:alloc_verify_window")
+        alloc = resolve_attr(f"{PLANNER}:alloc_verify_window")
         native = alloc(
             batch=batch,
             bs=bs,
@@ -348,7 +348,7 @@ class SglangAdapter:
         return worker, worker._proposer
 
     def verify_input_cls(self):
-        return resolve("sglang.srt.speculative.dflash_info:DFlashVerifyInput")
+        return resolve_attr("sglang.srt.speculative.dflash_info:DFlashVerifyInput")
 
     def verify_input(self, batch, ids_2d, positions_2d, custom_mask, **extra):
         """The release's verify input over the W tree tokens of each request (FULL_MASK layout, flat bool mask);
@@ -494,7 +494,7 @@ class SglangAdapter:
             runner.shared_read_done_event = event
 
     def make_next_draft_input(self, bonus, new_seq_lens):
-        return resolve(f"{DRAFT}:make_next_draft_input")(bonus_tokens=bonus, new_seq_lens=new_seq_lens)
+        return resolve_attr(f"{DRAFT}:make_next_draft_input")(bonus_tokens=bonus, new_seq_lens=new_seq_lens)
 
     def batch_result(self, **kwargs):
         return resolve_once("sglang.srt.managers.scheduler:GenerationBatchResult")(**kwargs)

@@ -22,7 +22,7 @@ import torch
 
 from ..step_types import DraftOut, Verified, Window
 from .base import DFLASH_UTILS, SglangAdapter, draft_hf_config
-from .probe import Has, Sig, resolve, resolve_once
+from .probe import Has, Sig, resolve, resolve_attr, resolve_once
 
 DFLASH_MODULE = "sglang.srt.speculative.dflash_worker_v2"
 DFLASH_WORKER = f"{DFLASH_MODULE}:DFlashWorkerV2"
@@ -128,7 +128,7 @@ class DFlashFamily(SglangAdapter):
         anchor = draft_input.bonus_tokens.view(-1)
         if getattr(worker, "_use_triton_prepare_block", False):
             try:
-                resolve(f"{DFLASH_MODULE}:_prepare_dflash_draft_block_unchecked")(
+                resolve_attr(f"{DFLASH_MODULE}:_prepare_dflash_draft_block_unchecked")(
                     bonus_tokens=anchor, prefix_lens=batch.seq_lens.view(-1),
                     req_pool_indices=batch.req_pool_indices.view(-1), req_to_token=table, block_ids_out=ids,
                     positions_out=positions, cache_loc_out=loc, mask_token_id=int(worker._mask_token_id))
@@ -295,7 +295,7 @@ class DFlashFamily(SglangAdapter):
                                                  skip_attn_backend_init=True)
         out = result.logits_output
         if batch.sampling_info is not None:
-            adjust = resolve(f"{DFLASH_UTILS}:apply_dflash_verify_logits_adjustments")
+            adjust = resolve_attr(f"{DFLASH_UTILS}:apply_dflash_verify_logits_adjustments")
             adjust(next_token_logits=out.next_token_logits, sampling_info=batch.sampling_info, draft_token_num=w)
         return Verified(out, out.next_token_logits, out.hidden_states, bool(result.can_run_cuda_graph))
 
@@ -309,7 +309,7 @@ class DFlashFamily(SglangAdapter):
         )
 
     def make_next_draft_input(self, bonus, new_seq_lens):
-        make = resolve("sglang.srt.speculative.draft_worker_common:make_draft_input_v2")
+        make = resolve_attr("sglang.srt.speculative.draft_worker_common:make_draft_input_v2")
         return make(bonus_tokens=bonus, new_seq_lens=new_seq_lens)
 
 
@@ -340,7 +340,7 @@ class DFlashFamilyV20(DFlashFamily):
         return embeds * scale if scale != 1.0 else embeds
 
     def draft_batch_extra(self, batch, bs: int, block: int, device) -> dict:
-        padded = resolve(f"{FORWARD_BATCH}:enable_num_token_non_padded")()
+        padded = resolve_attr(f"{FORWARD_BATCH}:enable_num_token_non_padded")()
         return {
             "num_token_non_padded": torch.tensor(bs * block, dtype=torch.int32, device=device) if padded else None,
             "global_num_token_non_padded_cpu": bs * block,

@@ -40,6 +40,22 @@ def resolve_once(path: str) -> Any:
     return resolve(path)
 
 
+@functools.cache
+def _module_and_attrs(path: str) -> tuple[str, tuple[str, ...]]:
+    module_name, _, attr_path = path.partition(":")
+    return module_name, tuple(filter(None, attr_path.split(".")))
+
+
+def resolve_attr(path: str) -> Any:
+    """`resolve` for the tree step's hot path: the module once (`resolve_once`), its attributes afresh per call (a
+    patched function is seen) without an import lookup per step. The probes checked the path at worker start."""
+    module_name, attrs = _module_and_attrs(path)
+    obj = resolve_once(module_name)
+    for attr in attrs:
+        obj = getattr(obj, attr)
+    return obj
+
+
 def param_names(fn: Any) -> list[str]:
     return list(inspect.signature(fn).parameters)
 

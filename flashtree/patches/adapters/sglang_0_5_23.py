@@ -16,7 +16,7 @@ import torch
 from ..step_types import Window
 from .base import COMMON_PROBES, DRAFT, LIVE_LENS_PROBES, PLANNER, TRITON, WORKER, SglangAdapter
 from .dflash import DFLASH_MODULE, DFLASH_PROBES, DFLASH_V20_PROBES, DFLASH_WORKER, FORWARD_BATCH, Both, DFlashFamilyV20
-from .probe import Has, Sig, resolve
+from .probe import Has, Sig, resolve_attr
 
 TRANSLATOR = "sglang.srt.mem_cache.kv_index_translator:KVIndexTranslator"
 
@@ -141,4 +141,4 @@ class DFlash(DFlashFamilyV20, Adapter):
             out[i] = req.kv.kv_allocated_len
 
     def draft_context(self, worker):
-        return Both(torch.inference_mode(), resolve(f"{DFLASH_MODULE}:draft_tp_context")(worker.draft_parallel_layout))
+        return Both(torch.inference_mode(), resolve_attr(f"{DFLASH_MODULE}:draft_tp_context")(worker.draft_parallel_layout))

@@ -92,6 +92,8 @@ def first_nodes(tree: VoteTree, width: int) -> VoteTree:
     after its m - 1 better siblings, and a tie goes to the earlier frontier entry at any width). So one step's widest
     tree holds every narrower one (the planner credits them from it: flashtree.planner.acceptance)."""
     m = width - 1
+    if m == tree.tokens.shape[1]:
+        return tree
     return VoteTree(tokens=tree.tokens[:, :m], parents=tree.parents[:, :m], depth=tree.depth[:, :m],
                     votes=tree.votes[:, :m], valid=tree.valid[:, :m], first_candidate=tree.first_candidate[:, :m],
                     k=tree.k)
