@@ -6,6 +6,9 @@ flashtree (or sglang) function on the Python stack; the harness's own ops and wh
 stages that are one Triton launch on CUDA (`KERNELS`) run their torch references on CPU, sglang's Triton kernels
 (`SGLANG_KERNELS`) the Triton interpreter; each call counts as one op (and no allocation: the Triton wrappers'
 allocations are counted in tests/kernels/test_workspace.py).
+`calls` counts the step's Python-level host work by call events (sys.setprofile, deterministic, not timed):
+"python", the calls of flashtree functions, and "builtin", the builtins and tensor methods flashtree code calls
+(getattr, len, .view, ...), neither under a stand-in nor inside a `KERNELS` reference.
 Host syncs are the reads of tensor data on the host (`.item()`, `int(t)`, `bool(t)`, `.tolist()`, `.cpu()`, and ops
 whose output size depends on the data: nonzero, masked_select, unique, boolean-mask indexing).
 """
@@ -52,6 +55,19 @@ SGLANG_KERNELS = (
 STAND_INS = {"StandInProposer._run_forward", "StandInDraftGraphRunner.replay_tail", "StandInAdapter.target_verify",
              "StandInAdapter.alloc_window", "StandInAdapter.inject_committed", "standin_base_logits", "draft_forward",
              "target_forward", "DraftPool.set_kv_buffer_prefix_valid", "StandIns.move_kv_cache", "ChainStep.__call__"}
+
+
+def _under_stand_in(frame) -> bool:
+    """Whether `frame` runs under a stand-in (`STAND_INS`) of the counted step."""
+    while frame is not None:
+        code = frame.f_code
+        if TESTS in code.co_filename:
+            if code.co_name == "counted":
+                return False
+            if code.co_qualname in STAND_INS:
+                return True
+        frame = frame.f_back
+    return False
 
 
 def _owner() -> str | None:
@@ -118,6 +134,7 @@ class StepOps:
 
     def __init__(self):
         self.ops, self.launches, self.allocs, self.syncs = Counter(), Counter(), Counter(), Counter()
+        self.calls = Counter()
         self.steps = 0
         self._paused = 0
         self._active = False
@@ -144,6 +161,12 @@ class StepOps:
         if owner not in (None, "harness"):
             self.syncs[f"{owner} ({name})"] += 1
 
+    def _call_event(self, frame, event, arg):
+        if self._paused or event not in ("call", "c_call") or FLASHTREE not in frame.f_code.co_filename:
+            return  # a "call" event's frame is the callee's, a "c_call" event's the calling code's
+        if not _under_stand_in(frame):
+            self.calls["python" if event == "call" else "builtin"] += 1
+
     @contextlib.contextmanager
     def one_launch(self, name):
         """A call that is one kernel launch on CUDA: one op, its CPU reference's ops not counted (nor the call, under
@@ -160,9 +183,14 @@ class StepOps:
     @contextlib.contextmanager
     def counting(self):
         self._active = True
+        previous = sys.getprofile()
         try:
             with _Function(self), _Dispatch(self):
-                yield
+                sys.setprofile(self._call_event)
+                try:
+                    yield
+                finally:
+                    sys.setprofile(previous)
         finally:
             self._active = False
         self.steps += 1
@@ -173,7 +201,8 @@ class StepOps:
     def table(self, top: int = 25) -> str:
         lines = [f"per step over {self.steps} steps: ops {self.per_step(self.ops):.1f}, launches "
                  f"{self.per_step(self.launches):.1f}, allocations {self.per_step(self.allocs):.1f}, host syncs "
-                 f"{self.per_step(self.syncs):.1f}"]
+                 f"{self.per_step(self.syncs):.1f}, flashtree calls "
+                 f"{ {k: v / max(self.steps, 1) for k, v in self.calls.items()} }"]
         for owner, n in self.launches.most_common(top):
             lines.append(f"  {n / self.steps:7.1f} launches {self.ops[owner] / self.steps:7.1f} ops "
                          f"{self.allocs[owner] / self.steps:7.1f} allocs  {owner}")

@@ -65,6 +65,14 @@ MAX_DFLASH_LAUNCHES = 13
 MAX_DFLASH_ALLOCS = 6  # the embedding, the argmax, the hidden states and 3 host-length tensors; 10 before
 
 
+# Python-level host work per step (StepOps.calls): flashtree functions entered and builtins / tensor methods called,
+# the most of the three releases (DFLASH 0.5.17 / 0.5.20 / 0.5.23: 61 / 67 / 70 and 39 / 48 / 49; 0.5.17 had 67 and 45
+# before the hot path's len(tensor), per-step resolve imports, contextmanagers and repeated views were cut; DSPARK
+# vote: 53-54 and 30-33, 59 and 35 before)
+MAX_DFLASH_PYTHON_CALLS, MAX_DFLASH_BUILTIN_CALLS = 70, 49
+MAX_PYTHON_CALLS, MAX_BUILTIN_CALLS = 54, 33
+
+
 def dflash_step_counts(family, bs: int, monkeypatch) -> step_ops.StepOps:
     prompts = [[(3 * b + j) % 29 + 1 for j in range(3 + b % 5)] for b in range(bs)]
     counter = step_ops.StepOps()
@@ -89,3 +97,23 @@ def test_dflash_tree_step_host_work_is_small_flat_in_the_batch_and_sync_free(mon
     assert one.launches["kernel:_prepare_dflash_draft_block_unchecked"] == one.steps, one.table()
     syncs = [s for s in one.syncs + four.syncs if not s.startswith(HOST_LENS + (CPU_ONLY,))]
     assert syncs == [], four.table()
+
+
+def test_dflash_tree_step_python_calls(monkeypatch):
+    """flashtree's Python-level host work per DFLASH best-first graph-draw step, by call events (step_ops.StepOps.calls):
+    the functions it enters and the builtins and tensor methods it calls stay at the pinned counts (a CPU stand-in of
+    its host time: Python, not the device, bounds a small model's tree step) and do not grow with the batch."""
+    family = dflash_harness.stand_in_family()
+    one = dflash_step_counts(family, 1, monkeypatch)
+    four = dflash_step_counts(family, max(dflash_harness.GRAPH_BS), monkeypatch)
+    assert one.calls == four.calls, (one.table(), four.table())
+    assert one.calls["python"] / one.steps <= MAX_DFLASH_PYTHON_CALLS, one.table()
+    assert one.calls["builtin"] / one.steps <= MAX_DFLASH_BUILTIN_CALLS, one.table()
+
+
+def test_tree_step_python_calls():
+    """The same for DSPARK's vote step (N = 8, eager draws)."""
+    one, eight = step_counts(1, n=8), step_counts(8, n=8)
+    assert one.calls == eight.calls, (one.table(), eight.table())
+    assert one.calls["python"] / one.steps <= MAX_PYTHON_CALLS, one.table()
+    assert one.calls["builtin"] / one.steps <= MAX_BUILTIN_CALLS, one.table()
