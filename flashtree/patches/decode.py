@@ -223,14 +223,12 @@ def keeps_tree(plan: TreePlan, batch) -> bool:
     return node_logits.batch_needs_tree(batch) or logprobs.needs_tree(plan.adapter, batch)
 
 
-def skip_reason(plan: TreePlan, batch, args, kwargs, per_node: bool | None = None) -> str | None:
-    """Why DSPARK's own decode takes the batch (None: the tree step does); `per_node`: keeps_tree's answer, if known."""
+def skip_reason(plan: TreePlan, batch, args, kwargs, per_node: bool) -> str | None:
+    """Why DSPARK's own decode takes the batch (None: the tree step does); `per_node`: keeps_tree's answer."""
     if batch.forward_mode.is_idle():
         return "idle"
     if kwargs.get("coordination_plan") is not None or (len(args) > 1 and args[1] is not None):
         return "dp-attention"
-    if per_node is None:
-        per_node = keeps_tree(plan, batch)
     limit = plan.toggles.tree_max_bs
     if limit and batch.seq_lens.shape[0] > limit and not per_node:
         # FLASHTREE_TREE_MAX_BS: DSPARK's chain step is cheaper here. Both steps leave req_to_token (accepted slots

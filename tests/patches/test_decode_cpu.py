@@ -49,6 +49,13 @@ def reference(prompt: list[int], n: int) -> list[int]:
     return seq
 
 
+def skip_reason(plan, batch):
+    """decode.skip_reason as the decode hook asks it, keeps_tree's answer first."""
+    from flashtree.patches import decode
+
+    return decode.skip_reason(plan, batch, (), {}, decode.keeps_tree(plan, batch))
+
+
 class StandIns:
     """Target KV pool, draft KV pool and the two model forwards, over a real req_to_token table.
 
@@ -898,9 +905,9 @@ def test_n1_sampled_batches_keep_dspark_chain_sampling():
 
     assert fwd(worker, batch(False), None) == "dspark-result" and calls == ["dspark"]
     assert worker._flashtree.fallbacks == {"sampled-n1": 1}
-    assert decode.skip_reason(worker._flashtree.plan, batch(True), (), {}) is None
+    assert skip_reason(worker._flashtree.plan, batch(True)) is None
     plan = dataclasses.replace(worker._flashtree.plan, toggles=TreeToggles(tree_n=4))
-    assert decode.skip_reason(plan, batch(False), (), {}) is None
+    assert skip_reason(plan, batch(False)) is None
 
 
 def test_stage_times_cover_every_stage_of_each_step(caplog):
@@ -1101,10 +1108,10 @@ def test_max_bs_skip_reason():
         return types.SimpleNamespace(forward_mode=mode, seq_lens=torch.zeros(bs, dtype=torch.int64), sampling_info=None,
                                      has_grammar=False, return_logprob=False)
 
-    assert [decode.skip_reason(state.plan, batch(bs), (), {}) for bs in (1, 2, 3, 64)] == [None, None, "batch-size", "batch-size"]
-    assert decode.skip_reason(state.plan, batch(5, ForwardMode.IDLE), (), {}) == "idle"  # idle keeps its own reason
+    assert [skip_reason(state.plan, batch(bs)) for bs in (1, 2, 3, 64)] == [None, None, "batch-size", "batch-size"]
+    assert skip_reason(state.plan, batch(5, ForwardMode.IDLE)) == "idle"  # idle keeps its own reason
     plan = dataclasses.replace(state.plan, toggles=TreeToggles(tree_n=4))  # 0 = no limit
-    assert decode.skip_reason(plan, batch(4096), (), {}) is None
+    assert skip_reason(plan, batch(4096)) is None
 
 
 @pytest.mark.parametrize("graph_max_bs", [None, 8], ids=["eager-draws", "graph-draws"])

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import sglang_cpu
-from test_decode_cpu import MAX_LEN, V, W, chi2_critical_001, reference, run, target_logits
+from test_decode_cpu import MAX_LEN, V, W, chi2_critical_001, reference, run, skip_reason, target_logits
 
 from flashtree.patches import node_logits
 
@@ -168,7 +168,6 @@ def test_overlap_scheduled_servers_count_penalties_as_their_decode_does(monkeypa
 
 
 def test_penalized_and_logprob_batches_keep_the_tree_step_above_max_bs():
-    from flashtree.patches.decode import skip_reason
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     from flashtree.patches import adapters
@@ -185,7 +184,7 @@ def test_penalized_and_logprob_batches_keep_the_tree_step_above_max_bs():
         batch = types.SimpleNamespace(forward_mode=ForwardMode.DECODE, seq_lens=torch.zeros(4, dtype=torch.long),
                                       sampling_info=info.copy_for_forward(), has_grammar=False, reqs=reqs,
                                       return_logprob=logprob)
-        assert skip_reason(plan, batch, (), {}) == want
+        assert skip_reason(plan, batch) == want
 
 
 def test_logprobs_of_the_committed_path():
