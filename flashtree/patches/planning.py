@@ -45,6 +45,7 @@ import torch
 
 from flashtree.planner import AcceptanceModel, CostTable, Planner, Shape, counterfactual_commits, default_shapes
 from flashtree.planner.acceptance import prior_tau
+from flashtree.tree.policies.best_first import first_nodes
 from flashtree.tree.types import VoteTree
 
 from . import policy_draws
@@ -56,9 +57,14 @@ logger = logging.getLogger("flashtree.patches")
 # Tree / chain steps per credited step: a tree step's credit builds every menu shape's tree (about 70 launches each,
 # ~1 ms of host time for a wide menu), so it runs rarely; a chain step's is one copy.
 CREDIT_EVERY = {"tree": 64, "chain": 8}
+# Decisions per exploring step: the menu's widest tree the batch draws, credited. A step's commit says what a tree
+# it does not contain would have committed only up to that commit's end (a lower bound), so credits from narrower
+# trees alone would pin the wider shapes' estimates below their rate and the planner would stay narrow (live run 40,
+# SmolLM2 DFLASH at 32 requests); the widest tree's commit is exact for every best-first width (and the chain).
+EXPLORE_EVERY = 32
 TIME_EVERY = 8  # decisions per timed step (never a credited one: its credit would be in its time)
 RETIME_AFTER = 4  # timed steps of a (shape, batch size) whose mean replaces the start-up estimate
-LOG_EVERY = 2000  # decisions per summary line
+LOG_EVERY = 500  # decisions per summary line
 REPEATS = 5  # timed runs per (shape, batch size) at start, after an untimed one; the fastest counts
 # A planned tree step draws one N for every shape of the menu, and a draw costs in proportion to the vocabulary (each
 # candidate row samples all of it at every depth): at Qwen3-8B shapes (151936 tokens) the start-up table priced a
@@ -182,11 +188,14 @@ class ServerPlanner:
     def __init__(self, shapes: list[Shape], *, prior: Callable[[Shape], float] = prior_tau, simulated: bool = False,
                  policy: str = "vote", credit_every: dict | None = None, time_every: int = TIME_EVERY,
                  log_every: int = LOG_EVERY, retime_after: int = RETIME_AFTER, cuda: bool = False,
-                 max_n: Callable[[int], int] | None = None):
+                 max_n: Callable[[int], int] | None = None, explore_every: int | None = None):
         self.planner = Planner(CostTable(), AcceptanceModel(shapes, prior=prior), max_n=max_n)
         self.simulated, self.policy, self.log_every = simulated, policy, log_every
         self.credit_every, self.time_every = dict(credit_every or CREDIT_EVERY), time_every
         self._credit_now = False  # whether the step in `timing` is a credited one
+        self._exploring = False  # whether the step just chosen is an exploring one (the widest tree, credited)
+        self.explore_every = 0 if simulated else EXPLORE_EVERY if explore_every is None else explore_every
+        self.explored = 0
         self.decisions = 0
         self.credited = 0  # steps whose credits were applied
         self._steps = {"tree": 0, "chain": 0}
@@ -218,22 +227,37 @@ class ServerPlanner:
     def choose(self, bs: int) -> Shape:
         """The shape for a batch of bs requests: recomputed only after new credits (the step stays cheap on the host)."""
         self._apply_ready()
+        self.decisions += 1
+        if self.log_every and self.decisions % self.log_every == 0:
+            self.log_summary()
+        self._exploring = bool(self.explore_every) and self.decisions % self.explore_every == 0
+        if self._exploring:
+            widest = self._widest_tree(bs)
+            if widest is not None:
+                self.explored += 1
+                return widest
+            self._exploring = False
         best = self._best.get(bs)
         if best is None:
             shape = self.planner.choose(bs).shape
             best = self._best[bs] = shape, (bs, shape.label())
         else:
             self.planner.chosen[best[1]] += 1
-        self.decisions += 1
-        if self.log_every and self.decisions % self.log_every == 0:
-            self.log_summary()
         return best[0]
+
+    def _widest_tree(self, bs: int) -> Shape | None:
+        """The menu's widest tree (then the most candidates) a batch of bs draws and the table prices."""
+        trees = [s for s in self.trees if self.planner.drawable(s, bs) and self.planner.costs.size_for(s, bs)]
+        return max(trees, key=lambda s: (s.width, s.n), default=None)
 
     def timing(self, shape: Shape, bs: int):
         """Around a planned step: whether it is credited (`after_tree_step` / `after_chain_step`), and, every
         `time_every`-th decision unless credited, its time (the whole decode step: what the start-up table leaves out
         is in it); once `retime_after` steps of a (shape, table size) are timed, their mean replaces the table's
         entry and shifts the others at that size (CostTable.serve; 0: never)."""
+        if self._exploring:
+            self._credit_now = True
+            return _UNTIMED
         kind = "chain" if shape.is_chain else "tree"
         self._steps[kind] += 1
         self._credit_now = self._steps[kind] % self.credit_every[kind] == 0
@@ -253,7 +277,9 @@ class ServerPlanner:
         if self.simulated:  # drawn lengths say nothing of other shapes
             self._defer({shape: commit_len})
             return
-        if grown is not None:  # the best-first widths the step's tree holds
+        if grown is not None:  # the best-first widths the verified tree holds: exact credits (EXPLORE_EVERY)
+            if shape.width - 1 < grown.tokens.shape[1]:
+                grown = first_nodes(grown, shape.width)
             shapes = [s for s in self.shapes if s.is_chain or s.width <= grown.tokens.shape[1] + 1]
         else:  # the shapes of no more candidates than this step drew
             shapes = [s for s in self.shapes if s.is_chain or s.n <= candidates.shape[1]]
@@ -314,8 +340,9 @@ class ServerPlanner:
         taus = ", ".join(f"{s.label()} {self.planner.acceptance.tau(s):.2f}" for s in self.shapes)
         timed = ", ".join(f"{s.label()} at bs {size} {acc[0] / acc[1] * 1e3:.3f}"
                           for (s, size), acc in sorted(self._timed.items()) if acc[1] >= self.retime_after)
-        logger.info("flashtree planner: %d decode batches (%d credited steps); chosen: %s; tokens per step now: %s; "
-                    "ms per step as served: %s", self.decisions, self.credited, chosen, taus, timed or "none yet")
+        logger.info("flashtree planner: %d decode batches (%d credited steps, %d exploring); chosen: %s; tokens per "
+                    "step now: %s; ms per step as served: %s", self.decisions, self.credited, self.explored, chosen,
+                    taus, timed or "none yet")
 
 
 # ---- timing at server start --------------------------------------------------------------------------------------

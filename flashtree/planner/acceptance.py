@@ -61,6 +61,7 @@ def counterfactual_commits(candidates: torch.Tensor, committed: torch.Tensor, sh
     valid = committed >= 0
     length = valid.sum(dim=1)
     out = {}
+    grown_path = None  # the committed tokens' node indices in the step's best-first tree, for every width at once
     for shape in shapes:
         if shape.is_chain:
             chain = candidates[:, 0, :]
@@ -71,35 +72,43 @@ def counterfactual_commits(candidates: torch.Tensor, committed: torch.Tensor, sh
         if shape.grown:
             if grown is None or shape.width > grown.tokens.shape[1] + 1:
                 raise ValueError(f"{shape.label()} needs the step's best-first tree of at least its width")
-            tree = first_nodes(grown, shape.width)
-        else:
-            tree = build_tree(candidates[:, : min(shape.n, n)], shape.width, policy)
-        out[shape] = _matched_path(tree, committed, length) + 1
+            # the tree of W is the first W - 1 nodes (first_nodes) and a child comes after its parent, so its path
+            # is the leading nodes of the widest tree's path numbered below W: one walk credits every width
+            if grown_path is None:
+                grown_path = _matched_nodes(grown, committed, length)
+            inside = (grown_path > 0) & (grown_path < shape.width)
+            out[shape] = inside.long().cumprod(dim=1).sum(dim=1) + 1
+            continue
+        tree = build_tree(candidates[:, : min(shape.n, n)], shape.width, policy)
+        out[shape] = (_matched_nodes(tree, committed, length) > 0).long().sum(dim=1) + 1
     return out
 
 
-def _matched_path(tree, committed: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
-    """(bs,) how many leading committed tokens form a root path of `tree`."""
+def _matched_nodes(tree, committed: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
+    """(bs, D) the node numbers (1 = the tree's first node) of the longest root path of `tree` spelling the leading
+    committed tokens, 0 past its end."""
     bs, m = tree.tokens.shape
+    d_max = min(tree.k, committed.shape[1])
     cur = torch.zeros(bs, dtype=torch.long, device=tree.tokens.device)
-    depth = torch.zeros(bs, dtype=torch.long, device=tree.tokens.device)
     alive = torch.ones(bs, dtype=torch.bool, device=tree.tokens.device)
     index = torch.arange(1, m + 1, device=tree.tokens.device).expand(bs, m)
-    for d in range(min(tree.k, committed.shape[1])):
+    nodes = torch.zeros(bs, max(d_max, 0), dtype=torch.long, device=tree.tokens.device)
+    for d in range(d_max):
         want = committed[:, d].view(bs, 1)
         child = tree.valid & (tree.parents == cur.view(bs, 1)) & (tree.tokens == want)
         ok = child.any(dim=1) & alive & (d < length)
-        cur = torch.where(ok, torch.where(child, index, m + 1).min(dim=1).values, cur)
-        depth = depth + ok.long()
+        cur = torch.where(ok, torch.where(child, index, m + 1).min(dim=1).values, 0)
+        nodes[:, d] = cur
         alive = ok
-    return depth
+    return nodes
 
 
 class AcceptanceModel:
     """Mean committed tokens per step for each shape: the prior counts as `prior_weight` steps, then every credited
-    step counts once, so estimates follow the workload and settle as steps accumulate."""
+    step counts once, so estimates follow the workload and settle as steps accumulate. The prior is light: it comes
+    from another drafter (PRIOR_TAU), and a server credits one step in tens, one request each at one request."""
 
-    def __init__(self, shapes: list[Shape], prior_weight: float = 32.0, prior: Callable[[Shape], float] = prior_tau):
+    def __init__(self, shapes: list[Shape], prior_weight: float = 8.0, prior: Callable[[Shape], float] = prior_tau):
         self.shapes = list(shapes)
         self.prior_weight = float(prior_weight)
         self.total = {s: prior(s) * prior_weight for s in self.shapes}

@@ -98,7 +98,7 @@ def test_planned_best_first_equals_the_targets_greedy_output_and_its_replay(scor
                         policy="best-first", planner=direct)
     assert torch.equal(res.sequences[0], ref)
     assert {s.plan_width for s in res.steps} == {5, 16}
-    assert all(direct.acceptance.count[s] == 32 + len(res.steps) for s in shapes)  # every width, every step
+    assert all(direct.acceptance.count[s] == direct.acceptance.prior_weight + len(res.steps) for s in shapes)  # every width, every step
     replayed = planner()
     steps = replay_planned(record(model, drafter, prompt, n_max=1, max_new_tokens=24, grown_width=16), replayed,
                            "best-first")

@@ -906,7 +906,26 @@ def test_dflash_planned_best_first_commits_the_sequential_greedy_decode(family, 
         assert counts[planner.chain] > counts[planner.trees[0]] == counts[planner.trees[1]]  # the chain alone
     else:
         assert state.steps == 6 and state.draw_paths == {"graph" if graph else "eager": 6} and not state.fallbacks
-        assert len(set(counts.values())) == 1, counts  # every width credited, W = 6 too
+        # a W = 4 step verifies the widest tree's first 3 nodes: exact credits for W = 4 and the chain, none for the
+        # W = 6 tree it does not hold (its commit would be only a lower bound there)
+        prior = planner.planner.acceptance.prior_weight
+        assert counts[planner.chain] == counts[planner.trees[0]] > counts[planner.trees[1]] == prior, counts
+
+
+def test_dflash_planner_explores_the_widest_tree_and_credits_every_width(family, monkeypatch):
+    """Every EXPLORE_EVERY-th decision runs the menu's widest tree (best-first W = 6) instead of the choice (W = 4), and
+    its credit reaches every width; the commits stay the sequential greedy decode (run checks them)."""
+    from flashtree.patches import planning
+
+    monkeypatch.setattr(planning, "EXPLORE_EVERY", 2)
+    accepts, state, _gen = planned_best_first(family, monkeypatch, "best-first,W=4", steps=6)
+    planner = state.planner
+    assert planner.explored == 3 and planner.planner.summary() == [{"bs": 3, "shape": "best-first,W=4", "steps": 3}]
+    assert sum(accepts.values()) == 6 * 3 and state.steps == 6
+    counts, prior = planner.planner.acceptance.count, planner.planner.acceptance.prior_weight
+    # the last step's credit is applied at the next decision: two of the three exploring steps' credits have landed
+    assert counts[planner.trees[1]] == prior + 2 * 3, counts
+    assert counts[planner.chain] == counts[planner.trees[0]] == prior + 5 * 3, counts
 
 
 def test_dflash_best_first_credits_are_what_each_width_commits(family, monkeypatch):
