@@ -105,7 +105,7 @@ def resolve_toggles(adapter, toggles: TreeToggles, worker, gamma: int) -> TreeTo
     n = max(s.n for s in _trees(toggles.tree_width or gamma + 1, depth, 0))
     logger.info("flashtree: FLASHTREE_TREE_N=auto: tree depth %d (%s), draft rows %d of gamma %d, %s per tree step",
                 depth, "FLASHTREE_TREE_DEPTH" if toggles.tree_depth else
-                f"the draft checkpoint's block size {block}" if block else "no block size in the draft config: gamma",
+                f"the draft proposes {block} tokens a block" if block else "no block size in the draft config: gamma",
                 rows or gamma, gamma, "no draws (best-first)" if policy_draws.grows(toggles.tree_policy) else
                 f"{n} draws")
     return replace(toggles, tree_n=n, tree_depth=depth, draft_rows=rows)
