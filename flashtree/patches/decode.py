@@ -407,8 +407,9 @@ def tree_step(run: TreeRun, worker, batch, on_publish, shape=None, grammar_barri
     logits_output.hidden_states = None
     if getattr(batch, "return_logprob", False):
         logprobs.write(adapter, logits_output, batch, logits.view(bs, w, -1), result.path, result.tokens)
-    # the step's constant columns join the rows on the host: no device op for them
-    stats = DeferredRows(inputs.stats, tail=(w, int(run.simulate is not None)),
+    # the step's constant columns join the rows on the host: no device op for them; the planner's shape 0, 0 when fixed
+    planned = (0, 0) if shape is None else (shape.n, shape.width)
+    stats = DeferredRows(inputs.stats, tail=(w, int(run.simulate is not None), *planned),
                          drawn=not policy_draws.grows(plan.policy))
     info = dict(getattr(logits_output, "customized_info", None) or {})
     info[STATS_KEY] = stats

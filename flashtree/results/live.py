@@ -1,7 +1,7 @@
 """Live sglang runs in the sweep's tables: per-request tree statistics -> steps.parquet, prompts.parquet, summary.
 
 A tree server (flashtree's sglang plugin) returns with every request one statistics row per verify step,
-`[candidates, distinct candidates, tree size, accepted depth]` (LIVE_ROW), under the key `flashtree` of
+`[candidates, distinct candidates, tree size, accepted depth, ...]` (LIVE_ROW), under the key `flashtree` of
 `meta_info["customized_info"]` (or of `meta_info` itself, where the release flattens customized_info into it), padded
 with None entries up to the request's token count; sglang adds `completion_tokens`, `prompt_tokens` and
 `spec_verify_ct` (its verify steps, the tree's and any chain fallback's).
@@ -40,8 +40,9 @@ from flashtree.results import store
 from flashtree.tree import DEFAULT_POLICY
 
 # one statistics row of the server; rows of older servers stop after accept_len
-LIVE_ROW = ("candidates", "distinct_candidates", "tree_size", "accept_len", "verify_width", "simulated")
-STEP_FIELDS = LIVE_ROW[:4]  # those the steps table keeps
+LIVE_ROW = ("candidates", "distinct_candidates", "tree_size", "accept_len", "verify_width", "simulated", "plan_n",
+            "plan_width")
+STEP_FIELDS = LIVE_ROW[:4]  # those the steps table keeps, with the planner's shape (0, 0 in the row: a fixed one)
 
 
 def _stats_rows(request: dict) -> list[list[int]]:
@@ -70,7 +71,9 @@ def live_steps(requests: list[dict], config) -> pd.DataFrame:
         position = math.nan if prompt_tokens is None else int(prompt_tokens) + 1
         for step, values in enumerate(_stats_rows(request)):
             row = dict(zip(STEP_FIELDS, values))
+            plan_n, plan_width = values[6:8] if len(values) >= 8 and values[6] else (math.nan, math.nan)
             out.append({"prompt": i, "request": i, "step": step, "position": position, "policy": policy, **row,
+                        "plan_n": plan_n, "plan_width": plan_width,
                         "committed": row["accept_len"] + 1, "oracle_len": math.nan, "accepted_path": None,
                         "accepted_depth_votes": None, **unknown_times})
             position += row["accept_len"] + 1

@@ -94,3 +94,11 @@ def test_config_may_be_the_live_apps_dataclass(tmp_path):
     assert {k: summary["params"][k] for k in ("tree.n", "tree.width", "tree.policy", "concurrency")} == {
         "tree.n": 8, "tree.width": 16, "tree.policy": "vote", "concurrency": 8}
     assert summary["config"] == {"tree": {"n": 8, "width": 16, "policy": "vote"}, "concurrency": 8}
+
+
+def test_an_auto_servers_rows_carry_the_planners_shape_and_a_fixed_servers_leave_it_unknown():
+    auto = response([[0, 0, 15, 3, 16, 0, 1, 16], [8, 6, 7, 2, 8, 0, 8, 8]], completion=7)
+    fixed = response([[8, 6, 15, 2, 16, 0, 0, 0], [8, 4, 14, 2]], completion=6)  # a pre-planner row too
+    steps = live_steps([auto, fixed], {**CONFIG, "tree": {"n": "auto"}})
+    assert steps["plan_n"].tolist()[:2] == [1, 8] and steps["plan_width"].tolist()[:2] == [16, 8]
+    assert steps["plan_n"][2:].isna().all() and steps["plan_width"][2:].isna().all()

@@ -429,7 +429,7 @@ def run(n: int, steps: int, prompts=None, sampling_info=None, page_size: int = 1
             assert [s[0] for s in stats] == [drawn] * bs
             assert all(1 <= s[1] <= drawn and 1 <= s[2] <= W - 1 for s in stats)
         assert [s[3] for s in stats] == (commit - 1).tolist()
-        assert [s[4:] for s in stats] == [[state.widths_for(bs)[1], int(simulated)]] * bs
+        assert [s[4:] for s in stats] == [[state.widths_for(bs)[1], int(simulated), 0, 0]] * bs  # 0, 0: no planner
         if on_step is not None:
             on_step(res)
         seq_lens = res.new_seq_lens

@@ -151,7 +151,7 @@ def test_auto_serves_trees_or_the_chain_per_batch_size_and_commits_the_greedy_de
     n_chain = want.count(Shape(0, W).label())
     assert state.fallbacks == {"planned-chain": n_chain} and chain.calls == [3] * n_chain
     assert state.steps == 24 - n_chain
-    assert all(r[0] == 4 and r[4] == 4 for step in rows for r in step)
+    assert all(r[0] == 4 and r[4] == 4 and r[6:] == [best.n, best.width] for step in rows for r in step)
     assert sum(int((c > 2).sum()) for c in commits["tree"]) > 0  # trees accepted deep
     credited = planner.planner.acceptance
     assert planner.credited == 23  # every step but the last: applied at the next decision
