@@ -1,6 +1,6 @@
 """Figures of a live run: tokens/s per server and concurrency, and where a tree step's time goes.
 
-usage: python benchmarks/live/plot_live.py RESULTS_DIR [--out DIR]
+usage: python benchmarks/live/plot_live.py RESULTS_DIR [--out DIR] [--gpu NAME] [--sglang RELEASE]
 RESULTS_DIR holds speed_results.json and stage_times.txt (experiments/live.py's live.out_dir, or a recorded run of
 the earlier scripts under benchmarks/data/live/results-*); figures, each as .pdf and .png (flashtree.results.plots's
 save_figure): speed (bars: the mean over rounds; dots: each round, since rounds of one server can differ by more than
@@ -58,6 +58,9 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("results", type=Path)
     ap.add_argument("--out", type=Path, default=None)
+    # for results that do not record them (before 2026-12-05)
+    ap.add_argument("--gpu", default=None, help="the GPU the run measured")
+    ap.add_argument("--sglang", default=None, help="the servers' sglang release")
     args = ap.parse_args(argv)
     out = args.out or args.results
 
@@ -77,7 +80,9 @@ def main(argv=None) -> None:
         ax.set_ylabel("output tokens / s")
         ax.ticklabel_format(axis="y", style="plain", useOffset=False)  # 1200000, not 1.2 under a 1e6 label
     label = f" ({result['label']})" if result.get("label") else ""
-    fig.suptitle(f"{result.get('model', 'smollm2-135m')} on sglang 0.5.17, H200, bf16{label}")
+    release, gpu = args.sglang or result.get("sglang"), args.gpu or result.get("gpu")
+    where = ", ".join(x for x in (release and f"sglang {release}", gpu) if x)
+    fig.suptitle(f"{result.get('model', 'smollm2-135m')}{' on ' + where if where else ''}, bf16{label}")
     fig.tight_layout()
     written = save_figure(fig, out, "speed")
 

@@ -7,6 +7,7 @@ last phase that uses it, write the phase results, the tables and the servers' st
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -77,6 +78,22 @@ def prepare_models(cfg: LiveConfig, out: Path) -> None:
     (out / "draft_config.json").write_text((Path(m.draft) / "config.json").read_text())
 
 
+def machine(cfg: LiveConfig) -> dict:
+    """The GPU and the servers' sglang release, for the results and their figures (None where not found)."""
+    try:
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30).stdout.splitlines()[0].strip() or None
+    except (OSError, IndexError, subprocess.SubprocessError):
+        gpu = None
+    python = cfg.live.python or sys.executable
+    try:
+        release = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('sglang'))"],
+                                 capture_output=True, text=True, timeout=60).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        release = None
+    return {"gpu": gpu, "sglang": release}
+
+
 def save(out: Path, phase: str, result: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{phase}_results.json").write_text(json.dumps(result, indent=1, default=str))
@@ -129,7 +146,7 @@ class Run:
         names = [i.name for i in instances]
         runs = {n: {c: [] for c in p.concurrencies} for n in names}
         result = {"model": self.cfg.model.name, "max_new_tokens": p.max_new_tokens, "rounds": p.rounds,
-                  "client": p.backend, "label": self.cfg.model.label, "servers": {}}
+                  "client": p.backend, "label": self.cfg.model.label, **machine(self.cfg), "servers": {}}
         bar = tqdm(total=p.rounds * len(names) * len(p.concurrencies), desc=phase, file=sys.stdout)
         for rnd in range(p.rounds):
             # every other round in reverse order, so drift over the run falls on every server alike

@@ -289,7 +289,7 @@ def test_the_app_with_stand_in_servers(tmp_path, monkeypatch):
     ident = json.loads((tmp_path / "identity_results.json").read_text())["servers"]
     assert ident["fp32-tree8"]["status"] == "pass" and ident["fp32-chain"]["status"] == "fail"
     res = json.loads((tmp_path / "speed_results.json").read_text())
-    assert res["rounds"] == 2 and list(res["servers"]) == ["bf16-chain", "bf16-tree8"]
+    assert res["rounds"] == 2 and list(res["servers"]) == ["bf16-chain", "bf16-tree8"] and {"gpu", "sglang"} <= set(res)
     for rows in res["servers"].values():
         assert [r["concurrency"] for r in rows] == [1, 2] and [r["requests"] for r in rows] == [8, 16]
         assert all(len(r["tokens_per_s_rounds"]) == 2 for r in rows)
@@ -312,6 +312,23 @@ def test_the_app_with_stand_in_servers(tmp_path, monkeypatch):
         sys.path.remove(str(ROOT / "benchmarks" / "live"))
     plot_live.main([str(tmp_path), "--out", str(tmp_path / "fig")])  # the figures read the app's results too
     assert (tmp_path / "fig" / "speed.png").stat().st_size > 10_000
+
+
+def test_speed_results_name_the_gpu_and_the_servers_sglang(tmp_path, monkeypatch):
+    """`machine`: nvidia-smi's first GPU and the release the server interpreter imports; None where either is missing."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi, python = bin_dir / "nvidia-smi", tmp_path / "server-python"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3'\necho 'NVIDIA H100 80GB HBM3'\n")
+    python.write_text("#!/bin/sh\necho 0.5.17\n")
+    for f in (smi, python):
+        f.chmod(0o755)
+    cfg = to_live_config(compose(f"live.python={python}"))
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    assert app.machine(cfg) == {"gpu": "NVIDIA H100 80GB HBM3", "sglang": "0.5.17"}
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    cfg = to_live_config(compose(f"live.python={tmp_path / 'missing-python'}"))
+    assert app.machine(cfg) == {"gpu": None, "sglang": None}
 
 
 def test_an_interrupted_app_keeps_what_ran(tmp_path, monkeypatch):

@@ -68,3 +68,18 @@ def test_live_figures_are_pdf_and_200_dpi_png_with_plain_ticks(tmp_path, monkeyp
     for ax in fig.axes:
         assert ax.yaxis.get_offset_text().get_text() == ""
         assert "1000000" in [t.get_text() for t in ax.get_yticklabels()]
+
+
+def test_the_speed_figure_names_the_gpu_and_release_the_run_recorded_or_the_flags_give(tmp_path, monkeypatch):
+    rows = [{"concurrency": 1, "tokens_per_s": 500.0, "tokens_per_s_rounds": [500.0]}]
+    titles = []
+    monkeypatch.setattr(plot_live, "save_figure", lambda fig, *a: titles.append(fig._suptitle.get_text()) or [])
+    for name, extra in (("recorded", {"gpu": "NVIDIA H100 80GB HBM3", "sglang": "0.5.17"}), ("old", {})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "speed_results.json").write_text(
+            json.dumps({"model": "smollm2-135m", **extra, "servers": {"bf16-plain": rows}}))
+    plot_live.main([str(tmp_path / "recorded")])
+    plot_live.main([str(tmp_path / "old")])
+    plot_live.main([str(tmp_path / "old"), "--gpu", "NVIDIA H200", "--sglang", "0.5.20"])
+    assert titles == ["smollm2-135m on sglang 0.5.17, NVIDIA H100 80GB HBM3, bf16", "smollm2-135m, bf16",
+                      "smollm2-135m on sglang 0.5.20, NVIDIA H200, bf16"]
