@@ -26,7 +26,8 @@
 # Afterwards, on the dev machine: bash scripts/train_drafter_h200.sh unpack DIR  (DIR = the run's files folder).
 # A live run without retraining (saves the ~10 device minutes of `train`): `pack-draft` on the dev machine, then on the
 # device, back to back: `stage-a` (carry .cache/dspark-carry/a), `convert` (carry .cache/dspark-carry/b: GGUF join and
-# conversion only), `stage-draft` (carry .cache/dspark-carry/draft), then scripts/live_smollm2_h200.sh (carry .h200).
+# conversion only), `stage-draft` (carry .cache/dspark-carry/draft; with FORMAT=dflash .cache/dspark-carry/dflash-draft),
+# then scripts/live_smollm2_h200.sh (carry .h200).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-train}
@@ -34,7 +35,8 @@ CARRY=.cache/dspark-carry
 FORMAT=${FORMAT:-dspark}  # dspark | dflash
 OUT_DIR=results/$FORMAT-smollm2
 STAGED=/tmp/ft-draft
-[ "$FORMAT" = dflash ] && STAGED=/tmp/ft-dflash-draft
+DRAFT_CARRY=$CARRY/draft  # each format's trained draft as a carry folder of its own
+[ "$FORMAT" = dflash ] && STAGED=/tmp/ft-dflash-draft && DRAFT_CARRY=$CARRY/dflash-draft
 default_device=cuda
 [ "$mode" = unpack ] && default_device=cpu  # the dev machine has no GPU
 REPLAY_ARGS=(name=$FORMAT "target.device=${DEVICE:-$default_device}" drafter.name=$FORMAT "+drafter.options.path=$OUT_DIR/draft"
@@ -70,10 +72,10 @@ stage-a)
   ;;
 pack-draft)
   # dev machine: the trained draft as a carry folder of its own (bf16, ~31 MB)
-  rm -rf "$CARRY/draft" && cp -r "$OUT_DIR/draft" "$CARRY/draft" && du -sh "$CARRY/draft"
+  rm -rf "$DRAFT_CARRY" && cp -r "$OUT_DIR/draft" "$DRAFT_CARRY" && du -sh "$DRAFT_CARRY"
   ;;
 stage-draft)
-  rm -rf "$STAGED" && cp -r "$CARRY/draft" "$STAGED" && ls "$STAGED"
+  rm -rf "$STAGED" && cp -r "$DRAFT_CARRY" "$STAGED" && ls "$STAGED"
   ;;
 convert | train)
   T0=$SECONDS
