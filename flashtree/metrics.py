@@ -96,6 +96,13 @@ def steps_frame(rows: list[dict]) -> pd.DataFrame:
     return df.astype({c: "int64" for c in INT_COLUMNS if df[c].notna().all()})
 
 
+def plan_choices(steps: pd.DataFrame, label) -> dict[str, int]:
+    """Steps (request-steps) per shape the planner chose, `label(n, width)` naming each; {} when no row was planned."""
+    planned = steps.dropna(subset=["plan_n", "plan_width"])
+    counts = planned.groupby(["plan_n", "plan_width"]).size() if len(planned) else {}
+    return {label(int(n), int(w)): int(c) for (n, w), c in dict(counts).items()}
+
+
 def write_steps(df: pd.DataFrame, path) -> None:
     """Parquet with the schema version in its metadata."""
     import pyarrow as pa

@@ -15,6 +15,7 @@ from typing import Callable
 
 import torch
 
+from .. import metrics
 from ..planner import AcceptanceModel, CostTable, Planner, Shape, default_shapes
 from ..tree.policies.best_first import first_nodes
 from ..tree.types import VoteTree
@@ -102,10 +103,9 @@ def draws(planner: Planner) -> int:
 def report(planner: Planner, steps) -> dict:
     """What summary.json says of a planned run: steps per chosen shape (from the steps table, so a warm-up is left
     out), the cost table (ms per step) and the final estimates of committed tokens per step, per shape."""
-    chosen = steps.groupby(["plan_n", "plan_width"]).size() if len(steps) else {}
     shapes = {(s.n, s.width): s for s in planner.acceptance.shapes}
     return {
-        "plan_choices": {shapes[(int(n), int(w))].label(): int(c) for (n, w), c in dict(chosen).items()},
+        "plan_choices": metrics.plan_choices(steps, lambda n, w: shapes[(n, w)].label()),
         "plan_costs_ms": {r["shape"]: r["ms"] for r in planner.costs.rows()},
         "plan_tau": {s.label(): round(planner.acceptance.tau(s), 4) for s in planner.acceptance.shapes},
     }

@@ -36,6 +36,7 @@ import pandas as pd
 
 from flashtree import metrics
 from flashtree.patches.decode import STATS_KEY
+from flashtree.planner.shapes import Shape
 from flashtree.results import store
 from flashtree.tree import DEFAULT_POLICY
 
@@ -96,6 +97,7 @@ def live_tables(requests: list[dict], config, *, k: int) -> tuple[pd.DataFrame, 
     """(steps, prompts, summary) of a live run; `k`: the deepest a tree can accept (the draft block the trees are
     built from), the length of the per-depth lists."""
     steps, prompts = live_steps(requests, config), live_prompts(requests)
+    policy = _params(config)["tree.policy"]
     verify = sum(int(r["meta_info"].get("spec_verify_ct") or 0) for r in requests)
     summary = {
         "mode": "live",
@@ -104,6 +106,8 @@ def live_tables(requests: list[dict], config, *, k: int) -> tuple[pd.DataFrame, 
         "tau_server": float(prompts["new_tokens"].sum()) / verify if verify else math.nan,
         # steps whose accepted length was drawn (FLASHTREE_SIMULATE_ACC / SGLANG_SIMULATE_ACC_LEN), not verified
         "simulated_steps": sum(int(row[5]) for r in requests for row in _stats_rows(r) if len(row) > 5),
+        # FLASHTREE_TREE_N=auto: request-steps per shape it chose for tree steps ({} on a fixed server)
+        "plan_choices": metrics.plan_choices(steps, lambda n, w: Shape(n, w, policy=policy).label()),
     }
     return steps, prompts, summary
 

@@ -11,7 +11,7 @@ import pytest
 from flashtree import metrics
 from flashtree.results import store
 from flashtree.results.collect import collect, load_results
-from flashtree.results.live import live_steps, write_live_run
+from flashtree.results.live import live_steps, live_tables, write_live_run
 
 CONFIG = {"dataset": {"name": "gsm8k"}, "target": {"name": "smollm2-135m"}, "drafter": {"name": "dspark"},
           "tree": {"n": 8, "width": 16}, "concurrency": 8}
@@ -96,9 +96,14 @@ def test_config_may_be_the_live_apps_dataclass(tmp_path):
     assert summary["config"] == {"tree": {"n": 8, "width": 16, "policy": "vote"}, "concurrency": 8}
 
 
-def test_an_auto_servers_rows_carry_the_planners_shape_and_a_fixed_servers_leave_it_unknown():
+def test_an_auto_servers_rows_carry_the_planners_shape_and_a_fixed_servers_leave_it_unknown(tmp_path):
     auto = response([[0, 0, 15, 3, 16, 0, 1, 16], [8, 6, 7, 2, 8, 0, 8, 8]], completion=7)
     fixed = response([[8, 6, 15, 2, 16, 0, 0, 0], [8, 4, 14, 2]], completion=6)  # a pre-planner row too
     steps = live_steps([auto, fixed], {**CONFIG, "tree": {"n": "auto"}})
     assert steps["plan_n"].tolist()[:2] == [1, 8] and steps["plan_width"].tolist()[:2] == [16, 8]
     assert steps["plan_n"][2:].isna().all() and steps["plan_width"][2:].isna().all()
+    summary = write_live_run(tmp_path / "auto", [auto, auto, fixed], {**CONFIG, "tree": {"n": "auto"}}, k=8, label="a")
+    assert summary["plan_choices"] == {"N=1,W=16": 2, "N=8,W=8": 2}
+    grown = {**CONFIG, "tree": {"n": "auto", "policy": "best-first"}}
+    assert live_tables([auto], grown, k=8)[2]["plan_choices"] == {"best-first,W=16": 1, "best-first,W=8": 1}
+    assert write_live_run(tmp_path / "fixed", [fixed], CONFIG, k=8, label="f")["plan_choices"] == {}
