@@ -83,3 +83,33 @@ def test_the_speed_figure_names_the_gpu_and_release_the_run_recorded_or_the_flag
     plot_live.main([str(tmp_path / "old"), "--gpu", "NVIDIA H200", "--sglang", "0.5.20"])
     assert titles == ["smollm2-135m on sglang 0.5.17, NVIDIA H100 80GB HBM3, bf16", "smollm2-135m, bf16",
                       "smollm2-135m on sglang 0.5.20, NVIDIA H200, bf16"]
+
+
+def test_the_planner_figure_shows_each_auto_servers_choices_per_concurrency(tmp_path, monkeypatch):
+    """From the app's tables: shares per shape from each level's summary (plan_choices), or its steps table where the
+    summary predates them; servers that planned nothing get no panel, and a run without tables no figure."""
+    from flashtree.results.live import write_live_run
+
+    def rows(*shapes):  # one request whose steps chose these (n, width)
+        return {"meta_info": {"customized_info": {"flashtree": [[0, 0, w - 1, 1, w, 0, n, w] for n, w in shapes]},
+                              "completion_tokens": 2 * len(shapes), "prompt_tokens": 8, "spec_verify_ct": len(shapes)},
+                "wall_time_s": 0.1}
+
+    grown = {"tree": {"n": "auto", "policy": "best-first"}}
+    write_live_run(tmp_path / "runs" / "speed-bf16-auto-c1", [rows((1, 32), (1, 32), (1, 9))], grown, k=8, label="a")
+    old = tmp_path / "runs" / "speed-bf16-auto-c8"
+    write_live_run(old, [rows((1, 16), (1, 9))], grown, k=8, label="b")
+    summary = json.loads((old / "summary.json").read_text())
+    del summary["plan_choices"]  # a run from before 2026-12-05: read from its steps table
+    (old / "summary.json").write_text(json.dumps(summary))
+    write_live_run(tmp_path / "runs" / "speed-bf16-chain-c1", [rows()], {"tree": {"n": 0}}, k=8, label="c")
+    assert plot_live.plan_shares(tmp_path) == {
+        "bf16-auto": {1: {"best-first,W=32": 2, "best-first,W=9": 1}, 8: {"best-first,W=16": 1, "best-first,W=9": 1}}}
+    speed = [{"concurrency": c, "tokens_per_s": 100.0, "tokens_per_s_rounds": [100.0]} for c in (1, 8)]
+    (tmp_path / "speed_results.json").write_text(json.dumps({"model": "m", "servers": {"bf16-auto": speed}}))
+    plot_live.main([str(tmp_path), "--out", str(tmp_path / "fig")])
+    assert (tmp_path / "fig" / "planner.png").stat().st_size > 10_000
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "speed_results.json").write_text((tmp_path / "speed_results.json").read_text())
+    plot_live.main([str(tmp_path / "plain")])
+    assert not (tmp_path / "plain" / "planner.png").exists()
