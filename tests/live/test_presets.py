@@ -282,7 +282,10 @@ def test_the_auto_presets_put_the_planner_beside_the_chain_and_the_fixed_trees()
                                "--speculative-draft-attention-backend", "triton", "--speculative-dspark-block-size",
                                "63", "--host", "127.0.0.1", "--port", "1"]
     plan = phase_instances(cfg)
-    assert [i.server for i in plan["speed"]] == ["plain", "chain", "tree8-w16", "tree64-w64-budget512-rows8", "auto"]
+    assert [i.server for i in plan["speed"]] == ["plain", "chain", "tree8-w16", "tree64-w64-budget512-rows8", "auto",
+                                                 "auto-w16"]
+    narrow = instance(cfg, "auto-w16", "bf16", "speed", {})
+    assert narrow.env == {"FLASHTREE_TREE_N": "auto"} and "--speculative-num-draft-tokens 16" in " ".join(narrow.command(1))
     assert [i.server for i in plan["identity"]] == ["plain", "chain-exact", "auto-exact"]
     assert cfg.phases.speed.concurrencies == [1, 8, 32]
     big = to_live_config(compose("+preset=auto-qwen3-8b-simtab"))
