@@ -4,8 +4,8 @@ usage: python benchmarks/live/plot_live.py RESULTS_DIR [--out DIR] [--gpu NAME] 
 RESULTS_DIR holds speed_results.json and stage_times.txt (experiments/live.py's live.out_dir, or a recorded run of
 the earlier scripts under benchmarks/data/live/results-*); figures, each as .pdf and .png (flashtree.results.plots's
 save_figure): speed (bars: the mean over rounds; dots: each round, since rounds of one server can differ by more than
-servers do), planner (per FLASHTREE_TREE_N=auto server, the share of its tree steps each shape took at each
-concurrency; only when RESULTS_DIR holds the app's tables, runs/), stages (mean ms per tree step per stage per
+servers do), planner (per FLASHTREE_TREE_N=auto server, the share of its request-steps each shape took at each
+concurrency, its chain's included; only when RESULTS_DIR holds the app's tables, runs/), stages (mean ms per tree step per stage per
 stage-timed tree server, at batch size 1 and, where the stage phase ran at concurrency 32, at 28-32 requests; only when
 a server ran with FLASHTREE_STAGE_TIMES).
 """
@@ -55,23 +55,28 @@ RUN_DIR = re.compile(r"^speed-(.+)-c(\d+)$")  # the app's tables: runs/speed-SER
 
 
 def plan_shares(results: Path) -> dict[str, dict[int, dict[str, int]]]:
-    """Planner servers -> concurrency -> request-steps per shape it chose (`plan_choices`), from the app's tables in
-    RESULTS_DIR/runs (each level's summary.json, or its steps.parquet where the summary predates plan_choices)."""
+    """Planner servers -> concurrency -> request-steps per shape it chose, its chain's included (`plan_choices`), from
+    the app's tables in RESULTS_DIR/runs (each level's summary.json, or its steps.parquet where the summary predates
+    plan_choices; the chain's steps, where a summary predates them, from its verify and tree step counts)."""
     import pandas as pd
 
     from flashtree import metrics
     from flashtree.planner.shapes import Shape
+    from flashtree.results.live import planner_choices
 
     shares: dict[str, dict[int, dict[str, int]]] = {}
     for run in sorted((results / "runs").glob("speed-*")):
         m = RUN_DIR.match(run.name)
         if not m:
             continue
-        choices = json.loads((run / "summary.json").read_text()).get("plan_choices")
+        summary = json.loads((run / "summary.json").read_text())
+        choices = summary.get("plan_choices")
         if choices is None and (run / "steps.parquet").exists():
             steps = pd.read_parquet(run / "steps.parquet")
             policy = steps["policy"].iloc[0] if len(steps) else ""
             choices = metrics.plan_choices(steps, lambda n, w: Shape(n, w, policy=policy).label())
+        if choices is not None and "verify_steps" in summary:
+            choices = planner_choices(choices, summary.get("params", {}), summary["verify_steps"], summary["steps"])
         if choices:
             shares.setdefault(m.group(1), {})[int(m.group(2))] = choices
     return shares
@@ -98,20 +103,25 @@ def speed_figure(plt, result: dict, title: str):
 
 
 def planner_figure(plt, shares: dict[str, dict[int, dict[str, int]]], title: str):
-    """Per planner server, the share of its tree request-steps at each concurrency that each shape took (stacked)."""
+    """Per planner server, the share of its request-steps at each concurrency that each shape (its chain among them)
+    took (stacked)."""
     fig, axes = plt.subplots(1, len(shares), figsize=(4.2 * len(shares), 3.4), squeeze=False)
+    # one colour per shape across the panels; the chain first, in grey
+    every = sorted({label for by_conc in shares.values() for choices in by_conc.values() for label in choices},
+                   key=lambda x: (not x.startswith("chain"),
+                                  [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", x)]))  # W=9 before W=16
+    trees = [label for label in every if not label.startswith("chain")]
+    colour = {label: "0.6" if label.startswith("chain") else f"C{trees.index(label) % 10}" for label in every}
     for ax, (server, by_conc) in zip(axes[0], shares.items()):
         concs = sorted(by_conc)
-        labels = sorted({label for choices in by_conc.values() for label in choices},
-                        key=lambda x: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", x)])  # W=9 before W=16
         bottom = [0.0] * len(concs)
-        for label in labels:
+        for label in [x for x in every if any(x in choices for choices in by_conc.values())]:
             vals = [by_conc[c].get(label, 0) / sum(by_conc[c].values()) for c in concs]
-            ax.bar([str(c) for c in concs], vals, bottom=bottom, label=label)
+            ax.bar([str(c) for c in concs], vals, bottom=bottom, label=label, color=colour[label])
             bottom = [a + b for a, b in zip(bottom, vals)]
         ax.set_title(short(server))
         ax.set_xlabel("concurrency")
-        ax.set_ylabel("share of tree request-steps")
+        ax.set_ylabel("share of request-steps")
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.suptitle(title)
     fig.tight_layout()

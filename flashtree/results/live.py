@@ -36,7 +36,7 @@ import pandas as pd
 
 from flashtree import metrics
 from flashtree.patches.decode import STATS_KEY
-from flashtree.planner.shapes import Shape
+from flashtree.planner.shapes import AUTO, CHAIN, Shape
 from flashtree.results import store
 from flashtree.tree import DEFAULT_POLICY
 
@@ -93,6 +93,17 @@ def live_prompts(requests: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(metrics.PROMPT_COLUMNS))
 
 
+def planner_choices(tree_choices: dict[str, int], params: dict, verify_steps: int, tree_steps: int) -> dict[str, int]:
+    """A planner server's request-steps per shape, its chain among them: every verify step sglang counted
+    (spec_verify_ct) that left no tree statistics row was the chain's step. A fixed server's: `tree_choices` ({})."""
+    if params.get("tree.n") != AUTO:
+        return dict(tree_choices)
+    chain = max(0, int(verify_steps) - int(tree_steps))
+    width = params.get("tree.width")
+    label = Shape(0, int(width)).label() if width else CHAIN
+    return {**({label: chain} if chain else {}), **tree_choices}
+
+
 def live_tables(requests: list[dict], config, *, k: int) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """(steps, prompts, summary) of a live run; `k`: the deepest a tree can accept (the draft block the trees are
     built from), the length of the per-depth lists."""
@@ -106,8 +117,9 @@ def live_tables(requests: list[dict], config, *, k: int) -> tuple[pd.DataFrame, 
         "tau_server": float(prompts["new_tokens"].sum()) / verify if verify else math.nan,
         # steps whose accepted length was drawn (FLASHTREE_SIMULATE_ACC / SGLANG_SIMULATE_ACC_LEN), not verified
         "simulated_steps": sum(int(row[5]) for r in requests for row in _stats_rows(r) if len(row) > 5),
-        # FLASHTREE_TREE_N=auto: request-steps per shape it chose for tree steps ({} on a fixed server)
-        "plan_choices": metrics.plan_choices(steps, lambda n, w: Shape(n, w, policy=policy).label()),
+        # FLASHTREE_TREE_N=auto: request-steps per shape it chose, its chain's included ({} on a fixed server)
+        "plan_choices": planner_choices(metrics.plan_choices(steps, lambda n, w: Shape(n, w, policy=policy).label()),
+                                        _params(config), verify, len(steps)),
     }
     return steps, prompts, summary
 

@@ -97,6 +97,8 @@ def test_config_may_be_the_live_apps_dataclass(tmp_path):
 
 
 def test_an_auto_servers_rows_carry_the_planners_shape_and_a_fixed_servers_leave_it_unknown(tmp_path):
+    """plan_choices: a planner's request-steps per shape, its chain's (sglang's verify steps without a tree row)
+    among them; {} for a fixed server, whatever its fallbacks."""
     auto = response([[0, 0, 15, 3, 16, 0, 1, 16], [8, 6, 7, 2, 8, 0, 8, 8]], completion=7)
     fixed = response([[8, 6, 15, 2, 16, 0, 0, 0], [8, 4, 14, 2]], completion=6)  # a pre-planner row too
     steps = live_steps([auto, fixed], {**CONFIG, "tree": {"n": "auto"}})
@@ -106,4 +108,11 @@ def test_an_auto_servers_rows_carry_the_planners_shape_and_a_fixed_servers_leave
     assert summary["plan_choices"] == {"N=1,W=16": 2, "N=8,W=8": 2}
     grown = {**CONFIG, "tree": {"n": "auto", "policy": "best-first"}}
     assert live_tables([auto], grown, k=8)[2]["plan_choices"] == {"best-first,W=16": 1, "best-first,W=8": 1}
+    # two more verify steps than tree rows: the chain's, named by the server's window
+    chained = response([[8, 6, 7, 2, 8, 0, 8, 8]], completion=9, verify=3)
+    planned = {**CONFIG, "tree": {"n": "auto", "width": 16}}
+    assert live_tables([chained], planned, k=8)[2]["plan_choices"] == {"chain(W=16)": 2, "N=8,W=8": 1}
+    assert live_tables([response([], completion=4, verify=2)], planned, k=8)[2]["plan_choices"] == {"chain(W=16)": 2}
     assert write_live_run(tmp_path / "fixed", [fixed], CONFIG, k=8, label="f")["plan_choices"] == {}
+    fallback = response([[8, 6, 15, 2, 16, 0, 0, 0]], completion=5, verify=3)  # a fixed server's chain fallbacks
+    assert live_tables([fallback], CONFIG, k=8)[2]["plan_choices"] == {}

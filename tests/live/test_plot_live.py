@@ -90,22 +90,25 @@ def test_the_planner_figure_shows_each_auto_servers_choices_per_concurrency(tmp_
     summary predates them; servers that planned nothing get no panel, and a run without tables no figure."""
     from flashtree.results.live import write_live_run
 
-    def rows(*shapes):  # one request whose steps chose these (n, width)
+    def rows(*shapes, chain=0):  # one request whose tree steps chose these (n, width), and `chain` chain steps
         return {"meta_info": {"customized_info": {"flashtree": [[0, 0, w - 1, 1, w, 0, n, w] for n, w in shapes]},
-                              "completion_tokens": 2 * len(shapes), "prompt_tokens": 8, "spec_verify_ct": len(shapes)},
+                              "completion_tokens": 2 * len(shapes) + chain, "prompt_tokens": 8,
+                              "spec_verify_ct": len(shapes) + chain},
                 "wall_time_s": 0.1}
 
-    grown = {"tree": {"n": "auto", "policy": "best-first"}}
+    grown = {"tree": {"n": "auto", "policy": "best-first", "width": 32}}
     write_live_run(tmp_path / "runs" / "speed-bf16-auto-c1", [rows((1, 32), (1, 32), (1, 9))], grown, k=8, label="a")
     old = tmp_path / "runs" / "speed-bf16-auto-c8"
-    write_live_run(old, [rows((1, 16), (1, 9))], grown, k=8, label="b")
+    write_live_run(old, [rows((1, 16), (1, 9), chain=3)], grown, k=8, label="b")
     summary = json.loads((old / "summary.json").read_text())
-    del summary["plan_choices"]  # a run from before 2026-12-05: read from its steps table
+    del summary["plan_choices"]  # a run from before 2026-12-05: read from its steps table (the chain from its counts)
     (old / "summary.json").write_text(json.dumps(summary))
+    write_live_run(tmp_path / "runs" / "speed-bf16-auto-c32", [rows(chain=4)], grown, k=8, label="d")  # chain only
     write_live_run(tmp_path / "runs" / "speed-bf16-chain-c1", [rows()], {"tree": {"n": 0}}, k=8, label="c")
     assert plot_live.plan_shares(tmp_path) == {
-        "bf16-auto": {1: {"best-first,W=32": 2, "best-first,W=9": 1}, 8: {"best-first,W=16": 1, "best-first,W=9": 1}}}
-    speed = [{"concurrency": c, "tokens_per_s": 100.0, "tokens_per_s_rounds": [100.0]} for c in (1, 8)]
+        "bf16-auto": {1: {"best-first,W=32": 2, "best-first,W=9": 1},
+                      8: {"chain(W=32)": 3, "best-first,W=16": 1, "best-first,W=9": 1}, 32: {"chain(W=32)": 4}}}
+    speed = [{"concurrency": c, "tokens_per_s": 100.0, "tokens_per_s_rounds": [100.0]} for c in (1, 8, 32)]
     (tmp_path / "speed_results.json").write_text(json.dumps({"model": "m", "servers": {"bf16-auto": speed}}))
     plot_live.main([str(tmp_path), "--out", str(tmp_path / "fig")])
     assert (tmp_path / "fig" / "planner.png").stat().st_size > 10_000
