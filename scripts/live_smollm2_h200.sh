@@ -4,8 +4,8 @@
 #
 # Dev machine, once: `bash scripts/live_smollm2_h200.sh pack-site` (hydra for the app -> .cache/live-site).
 # Device, right after `scripts/train_drafter_h200.sh train` (or its `stage-a`, `stage-c`, `convert`, `stage-draft`
-# modes) on the same warm machine, which leave the converted target in $FLASHTREE_CACHE/models/smollm2-135m and the draft in
-# /tmp/ft-draft:
+# modes) on the same warm machine, which leave the converted target in $FLASHTREE_CACHE/models/smollm2-135m and the
+# draft in /tmp/ft-draft:
 #     run(command="bash scripts/live_smollm2_h200.sh +preset=best", carry=[".h200", ".cache/live-site"])
 # Arguments are the app's Hydra overrides (e.g. `run=[speed] phases.speed.servers=[chain,tree8-w16]`;
 # `live.dry_run=true` prints the servers' commands). CHECK=1 first runs benchmarks/decode_order_check.py.

@@ -2,7 +2,7 @@
 # Retrain flashtree's DSPARK drafter for SmolLM2-135M (Q4_1 GGUF, dequantized) on one H200, seed 0, and record the
 # held-out GSM8K replay. The draft lands in results/dspark-smollm2/draft (sglang's DSPARK checkpoint layout).
 #
-#   bash scripts/train_drafter_h200.sh prepare     # dev machine (has the packages): stages .cache/dspark-carry/{a,b}
+#   bash scripts/train_drafter_h200.sh prepare     # dev machine (has the packages): stages .cache/dspark-carry/{a,b,c}
 #   bash scripts/train_drafter_h200.sh train       # GPU machine: the whole run (one command)
 #
 # The lent H200 takes at most 64 MiB per call, the tracked files included, and SmolLM2's GGUF is 98 MB, so there it
@@ -27,8 +27,8 @@
 # Afterwards, on the dev machine: bash scripts/train_drafter_h200.sh unpack DIR  (DIR = the run's files folder).
 # A live run without retraining (saves the ~10 device minutes of `train`): `pack-draft` on the dev machine, then on the
 # device, back to back: `stage-a`, `stage-c` (carry .cache/dspark-carry/a, then c), `convert` (carry
-# .cache/dspark-carry/b: GGUF join and conversion only), `stage-draft` (carry .cache/dspark-carry/draft; with FORMAT=dflash .cache/dspark-carry/dflash-draft),
-# then scripts/live_smollm2_h200.sh (carry .h200).
+# .cache/dspark-carry/b: GGUF join and conversion only), `stage-draft` (carry .cache/dspark-carry/draft; with
+# FORMAT=dflash .cache/dspark-carry/dflash-draft), then scripts/live_smollm2_h200.sh (carry .h200).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-train}
@@ -65,7 +65,7 @@ prepare)
     cp -r "$site"/$p /tmp/ft-site/
   done
   find /tmp/ft-site -name __pycache__ -prune -exec rm -rf {} +
-  # compressed: chunk B plus the tracked files only just fit a call's 64 MiB
+  # compressed: carry b (the last chunk, the prompts, these packages) stays small beside the tracked files
   tar cJf "$CARRY/b/site.tar.xz" -C /tmp/ft-site .
   du -sh "$CARRY"/a "$CARRY"/b "$CARRY"/c
   ;;

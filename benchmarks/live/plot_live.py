@@ -5,9 +5,9 @@ RESULTS_DIR holds speed_results.json and stage_times.txt (experiments/live.py's 
 the earlier scripts under benchmarks/data/live/results-*); figures, each as .pdf and .png (flashtree.results.plots's
 save_figure): speed (bars: the mean over rounds; dots: each round, since rounds of one server can differ by more than
 servers do), planner (per FLASHTREE_TREE_N=auto server, the share of its request-steps each shape took at each
-concurrency, its chain's included; only when RESULTS_DIR holds the app's tables, runs/), stages (mean ms per tree step per stage per
-stage-timed tree server, at batch size 1 and, where the stage phase ran at concurrency 32, at 28-32 requests; only when
-a server ran with FLASHTREE_STAGE_TIMES).
+concurrency, its chain's included; only when RESULTS_DIR holds the app's tables, runs/), stages (mean ms per tree step
+per stage per stage-timed tree server, at batch size 1 and, where the stage phase ran at concurrency 32, at 28-32
+requests; only when a server ran with FLASHTREE_STAGE_TIMES).
 """
 
 from __future__ import annotations
