@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 
 from ..tree import POLICIES, build_tree, get_policy
+from ..tree.build import trie
 from ..tree.policies.best_first import NAME as GROWN, first_nodes
 from ..tree.types import VoteTree
 from .shapes import Shape
@@ -56,7 +57,23 @@ def counterfactual_commits(candidates: torch.Tensor, committed: torch.Tensor, sh
                            policy: str = "vote", grown: VoteTree | None = None) -> dict[Shape, torch.Tensor]:
     """(bs,) committed tokens each shape's tree would have given on this step. `committed` (bs, L): the step's
     committed tokens (accepted drafts then the bonus), -1 past each row's end. `grown`: the step's best-first tree,
-    at least as wide as every best-first shape asked for (candidate 0: the draft's greedy block, for the chain)."""
+    at least as wide as every best-first shape asked for (candidate 0: the draft's greedy block, for the chain).
+    Trie-vote shapes are credited all at once from the candidates' one trie (`_vote_commits`: a fixed number of
+    launches whatever the menu); other policies rebuild each shape's tree (`rebuilt_commits`)."""
+    if policy != "vote" or grown is not None:
+        return rebuilt_commits(candidates, committed, shapes, policy, grown)
+    trees = [s for s in shapes if not s.is_chain]
+    out = {s: _chain_commits(candidates, committed) for s in shapes if s.is_chain}
+    if trees:
+        out.update(_vote_commits(candidates, committed, trees))
+    return out
+
+
+def rebuilt_commits(candidates: torch.Tensor, committed: torch.Tensor, shapes: list[Shape], policy: str = "vote",
+                    grown: VoteTree | None = None) -> dict[Shape, torch.Tensor]:
+    """`counterfactual_commits` by building every shape's tree and walking the committed tokens down it (about 70
+    launches a shape on CUDA): any policy that reads the candidates alone, and the reference `_vote_commits` is
+    tested against."""
     bs, n, k = candidates.shape
     valid = committed >= 0
     length = valid.sum(dim=1)
@@ -64,10 +81,7 @@ def counterfactual_commits(candidates: torch.Tensor, committed: torch.Tensor, sh
     grown_path = None  # the committed tokens' node indices in the step's best-first tree, for every width at once
     for shape in shapes:
         if shape.is_chain:
-            chain = candidates[:, 0, :]
-            m = min(k, committed.shape[1])
-            match = (chain[:, :m] == committed[:, :m]) & valid[:, :m]
-            out[shape] = match.long().cumprod(dim=1).sum(dim=1) + 1
+            out[shape] = _chain_commits(candidates, committed)
             continue
         if shape.grown:
             if grown is None or shape.width > grown.tokens.shape[1] + 1:
@@ -82,6 +96,71 @@ def counterfactual_commits(candidates: torch.Tensor, committed: torch.Tensor, sh
         tree = build_tree(candidates[:, : min(shape.n, n)], shape.width, policy)
         out[shape] = (_matched_nodes(tree, committed, length) > 0).long().sum(dim=1) + 1
     return out
+
+
+def _chain_commits(candidates: torch.Tensor, committed: torch.Tensor) -> torch.Tensor:
+    """DSPARK's chain: candidate 0 (the draft's greedy block) over its whole depth."""
+    m = min(candidates.shape[2], committed.shape[1])
+    match = (candidates[:, 0, :m] == committed[:, :m]) & (committed[:, :m] >= 0)
+    return match.long().cumprod(dim=1).sum(dim=1) + 1
+
+
+def _vote_commits(candidates: torch.Tensor, committed: torch.Tensor, shapes: list[Shape]) -> dict[Shape, torch.Tensor]:
+    """Every trie-vote shape's credit from one pass over the candidates' trie, without building its tree.
+
+    The tree of (N, W) keeps the W - 1 best nodes of the first N candidates' trie, ranked as `build.build_vote_tree`
+    ranks them (votes desc, depth asc, first candidate asc), and that set is prefix-closed. Its committed path ends at
+    the deepest committed prefix that is one of those nodes: the prefix of length d is a node of the first N iff its
+    first candidate is below N, and kept iff fewer than W - 1 nodes of the first N rank above it. So every shape of N
+    candidates reads one rank per committed prefix: the vote counts for each N on the menu are the cumulative counts
+    of the candidates' first-candidate ids, the ranks one comparison of rank keys against every node's."""
+    bs, n, k = candidates.shape
+    m = min(k, committed.shape[1])
+    menu = _Menu.of(tuple(shapes), n, k, candidates.device)
+    u = menu.first_n.numel()
+    rep, is_node, _ = trie(candidates)  # rep[b, i, d]: the first candidate sharing i's length-(d + 1) prefix
+    # votes[b, u, d, j]: how many of the first first_n[u] candidates pass through node (d + 1, j)
+    votes = (rep.unsqueeze(-1) == menu.ids).to(torch.int32).cumsum(dim=1).index_select(1, menu.first_n - 1)
+    nodes = is_node.transpose(1, 2).unsqueeze(1) & menu.among  # (bs, U, K, N): nodes of the first N
+    # the committed prefixes: which candidates spell them (cumulative over depth), and their first such candidate
+    spells = ((candidates[:, :, :m] == committed[:, None, :m]) & (committed[:, None, :m] >= 0)).to(torch.int32)
+    spells = spells.cumprod(dim=2).bool()  # (bs, N, m)
+    first = spells.to(torch.int8).argmax(dim=1)  # (bs, m); 0 where none spells it (masked by `present`)
+    present = spells.any(dim=1).unsqueeze(1) & (first.unsqueeze(1) < menu.first_n.view(1, -1, 1))  # (bs, U, m)
+    # each node's rank key as the builder forms it (fewer votes, then depth, then first candidate: larger), the
+    # nodes outside the first N last; a prefix's rank is the number of nodes whose key is below its own
+    slots = n * k
+    key = torch.where(nodes, (n - votes) * slots + menu.order, (n + 1) * slots).reshape(bs, u, slots)
+    own = key.gather(2, (menu.depths[:m] * n + first).unsqueeze(1).expand(bs, u, m))
+    rank = (key.unsqueeze(2) < own.unsqueeze(-1)).sum(dim=-1)  # (bs, U, m)
+    kept = present[:, menu.count_of] & (rank[:, menu.count_of] < menu.keep.view(1, -1, 1))  # (bs, S, m)
+    credits = kept.to(torch.int64).cumprod(dim=2).sum(dim=2) + 1  # (bs, S)
+    return {shape: credits[:, i] for i, shape in enumerate(shapes)}
+
+
+class _Menu:
+    """The device constants `_vote_commits` indexes with, made once per (menu, N, K, device): a tensor made from a
+    Python list is a host-to-device copy, which would wait for the stream on every credited server step."""
+
+    _made: dict = {}
+
+    def __init__(self, shapes: tuple[Shape, ...], n: int, k: int, device):
+        counts = sorted({min(s.n, n) for s in shapes})
+        self.ids = torch.arange(n, device=device)  # candidate ids
+        self.depths = torch.arange(k, device=device)
+        self.first_n = torch.tensor(counts, device=device)  # the distinct candidate counts, ascending
+        self.among = self.ids < self.first_n.view(-1, 1, 1)  # (U, 1, N)
+        self.order = torch.arange(n * k, device=device).view(1, 1, k, n)  # depth * N + first candidate
+        self.count_of = torch.tensor([counts.index(min(s.n, n)) for s in shapes], device=device)  # (S,)
+        self.keep = torch.tensor([s.width - 1 for s in shapes], device=device)  # (S,)
+
+    @classmethod
+    def of(cls, shapes: tuple[Shape, ...], n: int, k: int, device) -> "_Menu":
+        key = (shapes, n, k, str(device))
+        menu = cls._made.get(key)
+        if menu is None:
+            menu = cls._made[key] = cls(shapes, n, k, device)
+        return menu
 
 
 def _matched_nodes(tree, committed: torch.Tensor, length: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,7 @@ def build_vote_tree(candidates: torch.Tensor, width: int) -> VoteTree:
     device = candidates.device
     keep = width - 1
     slots = n * k
-    rep, is_node, votes = _trie(candidates)
+    rep, is_node, votes = trie(candidates)
     cand_idx = torch.arange(n, device=device).view(1, n, 1)
 
     depth0 = torch.arange(k, device=device).view(1, 1, k).expand(bs, n, k)
@@ -52,7 +52,7 @@ def build_vote_tree(candidates: torch.Tensor, width: int) -> VoteTree:
     return _assemble(candidates, rep, valid, slot, node_votes, keep)
 
 
-def _trie(candidates: torch.Tensor):
+def trie(candidates: torch.Tensor):
     """rep (bs, N, K): the first candidate sharing candidate i's length-(d+1) prefix; is_node: (d+1, m) is a trie node
     with m its first candidate; votes [m, d]: candidates sharing m's prefix (valid where is_node)."""
     n = candidates.shape[1]
@@ -104,7 +104,7 @@ def build_scored_tree(candidates: torch.Tensor, width: int, node_scores: torch.T
     bs, n, k = candidates.shape
     keep = width - 1
     slots = n * k
-    rep, is_node, votes = _trie(candidates)
+    rep, is_node, votes = trie(candidates)
     node = is_node.permute(0, 2, 1).reshape(bs, slots)  # slots [depth, candidate]: slot order is (depth, first cand)
     score = node_scores.float().permute(0, 2, 1).reshape(bs, slots)
     score = torch.where(score.isnan(), float("-inf"), score)  # NaN as -inf (nan_to_num would also clamp the infinities)

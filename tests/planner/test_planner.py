@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from flashtree.planner import CostTable, Planner, Shape, counterfactual_commits, default_shapes
-from flashtree.planner.acceptance import AcceptanceModel, prior_tau
+from flashtree.planner.acceptance import AcceptanceModel, prior_tau, rebuilt_commits
 from flashtree.planner.shapes import GROWN
 from flashtree.sampler import row_topk_logprobs
 from flashtree.tree import build_tree, verify_greedy
@@ -38,6 +38,52 @@ def test_credit_is_what_every_other_shape_would_commit(seed):
         _, real = greedy_commit(tree, table)
         # exact where the other tree stops inside the committed tokens; a lower bound (all of them + 1) otherwise
         assert torch.equal(credit[shape], torch.minimum(real, ran_len + 1))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_one_pass_credits_equal_every_tree_rebuilt(seed):
+    """Trie-vote credits from the one trie (`counterfactual_commits`) equal each shape's tree built and walked
+    (`rebuilt_commits`), on small vocabularies (shared prefixes, vote ties), short commits and widths past the trie."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = [Shape(0, 7)] + [Shape(n, w) for n in (1, 2, 3, 5, 8, 16) for w in (2, 3, 5, 9, 17, 40)]
+    for _ in range(25):
+        bs, n, k = (int(torch.randint(1, hi, (), generator=g)) for hi in (5, 18, 7))
+        vocab = int(torch.randint(2, 4, (), generator=g))
+        cands = torch.randint(0, vocab, (bs, n, k), generator=g)
+        committed = torch.randint(0, vocab, (bs, int(torch.randint(1, k + 3, (), generator=g))), generator=g)
+        for b in range(bs):  # most rows follow one candidate for a while, then end (-1)
+            i, d = int(torch.randint(0, n, (), generator=g)), int(torch.randint(0, k + 1, (), generator=g))
+            committed[b, : min(d, committed.shape[1])] = cands[b, i, : min(d, committed.shape[1])]
+            committed[b, int(torch.randint(1, committed.shape[1] + 1, (), generator=g)):] = -1
+        fast, slow = counterfactual_commits(cands, committed, shapes), rebuilt_commits(cands, committed, shapes)
+        for shape in shapes:
+            assert torch.equal(fast[shape], slow[shape]), shape
+
+
+def test_a_credit_costs_the_same_ops_whatever_the_menu():
+    """A served step's credit is a fixed number of ops (rebuilding and walking every tree of SmolLM2's 15-shape menu
+    took over 2,000); each shape more adds one view."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    cands = torch.randint(0, 3, (2, 64, 8))
+    committed = torch.cat([cands[:, 0], cands[:, 0, :1]], dim=1)
+    ops = {}
+    for window in (9, 64):
+        shapes = default_shapes(window, 8)
+        counterfactual_commits(cands, committed, shapes)  # the menu's constants, once
+        Count.ops = 0
+        with Count():
+            counterfactual_commits(cands, committed, shapes)
+        ops[len(shapes)] = Count.ops
+    (few, small), (many, large) = sorted(ops.items())
+    assert many - few >= 10 and large - small <= many - few
 
 
 def test_estimates_move_from_the_prior_to_the_observed_rate():
