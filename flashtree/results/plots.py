@@ -210,9 +210,22 @@ def save_figure(fig, out_dir, name: str) -> list[Path]:
     for fmt in FORMATS:
         path = out_dir / f"{name}.{fmt}"
         fig.savefig(path, dpi=PNG_DPI, bbox_inches="tight")
+        if fmt == "png":
+            _to_palette(path)
         written.append(path)
     plt.close(fig)
     return written
+
+
+def _to_palette(path: Path) -> None:
+    """Rewrite a PNG with 256 colours (a plot has a few, plus their antialiasing): about a third of the bytes, since
+    every tracked figure travels with every GPU call."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        palette = im.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+        dpi = im.info.get("dpi", (PNG_DPI, PNG_DPI))
+    palette.save(path, optimize=True, dpi=dpi)
 
 
 def save_all(df: pd.DataFrame, out_dir) -> list[Path]:

@@ -45,6 +45,10 @@ def test_every_figure_is_written_as_pdf_and_png(table, tmp_path):
         assert {f"{figure}.pdf", f"{figure}.png"} <= names
     assert all(p.stat().st_size > 1000 for p in written)
     assert (tmp_path / "tau_lines.pdf").read_bytes()[:4] == b"%PDF"
+    from PIL import Image
+
+    with Image.open(tmp_path / "tau_lines.png") as png:  # 256 colours: the tracked figures stay light
+        assert png.mode == "P"
 
 
 @pytest.mark.parametrize("make, values", [(plots.tau_lines, WIDTHS), (plots.gain_over_chain, NS),
