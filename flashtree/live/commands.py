@@ -25,8 +25,10 @@ class Instance:
     env: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
     label: str = ""
 
-    def command(self, port: int) -> list[str]:
-        return [*self.argv, "--host", HOST, "--port", str(port)]
+    def command(self, port: int, nccl_port: int | None = None) -> list[str]:
+        """The launch command on `port`; with `nccl_port`, sglang's torch.distributed rendezvous port too."""
+        rendezvous = ["--nccl-port", str(nccl_port)] if nccl_port is not None else []
+        return [*self.argv, "--host", HOST, "--port", str(port), *rendezvous]
 
 
 def toggles(server: ServerConfig) -> dict[str, str]:

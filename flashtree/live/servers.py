@@ -35,10 +35,16 @@ def launch_environ(inst: Instance) -> dict[str, str]:
     return env
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+def free_port(taken: set[int] | None = None) -> int:
+    """A loopback port free now and not in `taken` (then added to it)."""
+    while True:
+        with socket.socket() as s:
+            s.bind((HOST, 0))
+            port = s.getsockname()[1]
+        if taken is None or port not in taken:
+            if taken is not None:
+                taken.add(port)
+            return port
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -56,6 +62,7 @@ class Running:
     process: subprocess.Popen
     log: Path
     started: float
+    nccl_port: int | None = None
 
 
 class ServerManager:
@@ -67,6 +74,9 @@ class ServerManager:
         self.work_dir = Path(work_dir) if work_dir else self.log_dir
         self.stagger_s, self.stop_timeout_s, self.poll_s = stagger_s, stop_timeout_s, poll_s
         self.running: dict[str, Running] = {}
+        # every port handed to a server of this run: sglang otherwise picks its rendezvous port itself, free when
+        # probed but bound seconds later, by when a server started beside it may hold it (EADDRINUSE, live run 45)
+        self.ports: set[int] = set()
         self._old_sigterm = None
 
     def __enter__(self) -> "ServerManager":
@@ -94,12 +104,13 @@ class ServerManager:
         if self.running and self.stagger_s:
             time.sleep(self.stagger_s)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        port, log = free_port(), self.log_dir / f"server_{inst.name}.log"
+        port, nccl_port = free_port(self.ports), free_port(self.ports)
+        log = self.log_dir / f"server_{inst.name}.log"
         with open(log, "ab") as out:
             # own process group: stopping it reaches sglang's scheduler and detokenizer children too
-            proc = subprocess.Popen(inst.command(port), env=self.environment(inst), stdout=out,
+            proc = subprocess.Popen(inst.command(port, nccl_port), env=self.environment(inst), stdout=out,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        self.running[inst.name] = Running(inst, port, proc, log, time.monotonic())
+        self.running[inst.name] = Running(inst, port, proc, log, time.monotonic(), nccl_port)
         print(f"[live] started {inst.name} (pid {proc.pid}, port {port}, log {log})", flush=True)
         return self.running[inst.name]
 
@@ -145,7 +156,7 @@ class ServerManager:
 
     @staticmethod
     def _why(r: Running, what: str) -> str:
-        return (f"server {r.instance.name} {what}; command: {' '.join(r.instance.command(r.port))}\n"
+        return (f"server {r.instance.name} {what}; command: {' '.join(r.instance.command(r.port, r.nccl_port))}\n"
                 f"--- last lines of {r.log}:\n{log_tail(r.log)}")
 
     def port(self, name: str) -> int:

@@ -1,6 +1,6 @@
 """A stand-in for sglang's HTTP server, to check flashtree.live without a GPU.
 
-usage: python fake_server.py MODE [--start-delay S] [--stop-delay S] [--host H] --port PORT
+usage: python fake_server.py MODE [--start-delay S] [--stop-delay S] [--host H] --port PORT [--nccl-port P]
 MODE: plain | tree | broken (greedy outputs differ at token 4) | die (prints a line and exits 3 at once)
 Greedy output = a function of the prompt (regex requests too); sampled output = draws from a fixed per-position
 distribution; `tree` adds flashtree statistics to meta_info.
@@ -17,6 +17,7 @@ import argparse
 import json
 import random
 import signal
+import socket
 import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -27,12 +28,15 @@ ap.add_argument("--start-delay", type=float, default=0.0)
 ap.add_argument("--stop-delay", type=float, default=0.0)
 ap.add_argument("--host", default="127.0.0.1")
 ap.add_argument("--port", type=int, required=True)
+ap.add_argument("--nccl-port", type=int)
 args = ap.parse_args()
 MODE, PORT = args.mode, args.port
 print(f"fake sglang server {MODE} on {args.host}:{PORT}", flush=True)
 if MODE == "die":
     print("RuntimeError: the stand-in was told to die while starting", flush=True)
     sys.exit(3)
+if args.nccl_port is not None:  # held while serving, as sglang's rendezvous store holds it (EADDRINUSE if taken)
+    RENDEZVOUS = socket.create_server((args.host, args.nccl_port))
 T0 = time.monotonic()
 
 

@@ -33,6 +33,18 @@ def test_start_health_and_stop_everything(tmp_path):
     assert "fake sglang server tree" in (tmp_path / "logs" / "server_beta.log").read_text()
 
 
+def test_servers_get_their_own_rendezvous_ports(tmp_path):
+    """Each server is handed its HTTP port and sglang's rendezvous port (--nccl-port), none shared with another
+    server of the run: sglang's own pick raced a neighbour's start (EADDRINUSE, live run 45). The stand-ins hold
+    their rendezvous port while serving, so a shared one would fail a start."""
+    with ServerManager(tmp_path, stagger_s=0) as m:
+        runs = [m.start(fake(f"s{i}", "plain")) for i in range(4)]
+        m.wait_healthy(30)
+        ports = [p for r in runs for p in (r.port, r.nccl_port)]
+        assert len(set(ports)) == 8 and set(ports) <= m.ports
+        assert all(f"--nccl-port {r.nccl_port}" in " ".join(r.process.args) for r in runs)
+
+
 def test_timeout_names_the_server_and_quotes_its_log(tmp_path):
     with pytest.raises(ServerStartError) as err:
         with ServerManager(tmp_path, poll_s=0.2) as m:
