@@ -241,6 +241,9 @@ class RunOptions:
     out_dir: str = "outputs/live"  # results: tables, phase JSON, server logs
     work_dir: str = "/tmp/flashtree_live"  # written model configs, prompts, per-server JIT caches
     dry_run: bool = False  # print the servers and commands, start nothing
+    # GPU memory the dry run's check of dummy-weight servers counts, GiB free as sglang reports it on an idle card
+    # (H200 139; an H100 80GB 79)
+    gpu_gib: float = 139.0
     python: Optional[str] = None  # interpreter of `-m sglang.launch_server` / `-m sglang.bench_serving` (default: this one)
     start_timeout_s: float = 300.0  # every server up within this, or the run stops naming the one that is not
     stagger_s: float = 6.0  # between server starts (concurrent starts race sglang's memory check)

@@ -20,8 +20,12 @@ if TYPE_CHECKING:  # the sizes alone import without omegaconf (the sglang test e
 
 GiB = 1 << 30
 BF16 = 2
-H200_FREE_GIB = 139.0  # free memory of an idle H200 as sglang reports it (GiB)
-OVERHEAD_GIB = 4.0  # per server besides weights and KV: CUDA context, CUDA graphs, activations (an allowance)
+# per server besides weights and KV: CUDA context, CUDA graphs, activations (an allowance). It understates servers
+# whose verify graphs hold many tokens: the graphs keep vocabulary-wide logits per token, and a planner captures one
+# verify runner per width of its menu (live run 47, Llama shapes on an H100, CUDA graphs to bs 64: the chain held
+# 2.3 GiB beyond weights and KV, an N = 32 / W = 32 tree with a budget 6.8, and auto over a 64-token window ran out
+# of memory at 13.6 while capturing its third width, where this check passed the three at 79 GiB)
+OVERHEAD_GIB = 4.0
 
 
 def layer_params(s: DummyShapes) -> int:
@@ -65,7 +69,7 @@ class ServerMemory:
         return self.weights + self.kv + int(OVERHEAD_GIB * GiB)
 
 
-def min_fraction(servers: list[ServerMemory], free_gib: float = H200_FREE_GIB) -> float:
+def min_fraction(servers: list[ServerMemory], free_gib: float) -> float:
     """The smallest --mem-fraction-static giving every server its KV pool even when each measures its free memory
     before loading while the earlier servers hold nothing yet, and sizes its pool after they hold everything (the
     worst overlap of staggered starts; servers started strictly one after another need less)."""
@@ -76,7 +80,7 @@ def min_fraction(servers: list[ServerMemory], free_gib: float = H200_FREE_GIB) -
     return need
 
 
-def fits(servers: list[ServerMemory], fraction: float, free_gib: float = H200_FREE_GIB) -> bool:
+def fits(servers: list[ServerMemory], fraction: float, free_gib: float) -> bool:
     """Every pool holds what its requests need, all servers fit the GPU, and `fraction` gives each its pool."""
     return (all(s.slots >= s.need for s in servers) and sum(s.total for s in servers) <= free_gib * GiB
             and fraction >= min_fraction(servers, free_gib))
@@ -96,14 +100,17 @@ def server_memory(cfg: LiveConfig, inst: Instance) -> ServerMemory:
 
 
 def describe(cfg: LiveConfig, instances: list[Instance]) -> list[str]:
-    """The dry run's memory lines for the servers of a dummy-weight model, and a warning where they do not fit."""
+    """The dry run's memory lines for the servers of a dummy-weight model on a GPU of `live.gpu_gib`, and a warning
+    where they do not fit."""
     servers = [server_memory(cfg, i) for i in instances]
-    lines = ["memory (bf16, sglang 0.5.17's accounting, the servers at once on one H200):"]
+    gib = cfg.live.gpu_gib
+    lines = [f"memory (bf16, sglang 0.5.17's accounting, the servers at once on one GPU of {gib:g} GiB free, "
+             "live.gpu_gib):"]
     lines += [f"  {m.name}: weights {m.weights / GiB:.1f} GiB + KV {m.slots} slots {m.kv / GiB:.1f} GiB "
               f"(needs {m.need})" for m in servers]
-    lines.append(f"  all: {sum(m.total for m in servers) / GiB:.1f} GiB of {H200_FREE_GIB:.0f} with "
+    lines.append(f"  all: {sum(m.total for m in servers) / GiB:.1f} GiB of {gib:g} with "
                  f"{OVERHEAD_GIB:.0f} GiB each for graphs and activations; --mem-fraction-static "
-                 f"{cfg.model.mem_fraction_static} (needs >= {min_fraction(servers):.3f})")
-    if not fits(servers, cfg.model.mem_fraction_static):
-        lines.append("  WARNING: these servers do not fit one H200 as configured")
+                 f"{cfg.model.mem_fraction_static} (needs >= {min_fraction(servers, gib):.3f})")
+    if not fits(servers, cfg.model.mem_fraction_static, gib):
+        lines.append(f"  WARNING: these servers do not fit a GPU of {gib:g} GiB as configured")
     return lines
