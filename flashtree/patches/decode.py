@@ -124,7 +124,7 @@ def create_state(adapter, toggles: TreeToggles, worker) -> TreeRun:
         grown=grown,
     )
     if planned:
-        run.planner = planning.from_plan(plan, run.simulate, device)
+        run.planner = planning.from_plan(plan, run.simulate, device, toggles.seed)
     logger.info("flashtree tree path on (sglang %s): %s, W=%d, gamma=%d, depth=%d", adapter.release, toggles.describe(),
                 window, gamma, plan.depth)
     return run

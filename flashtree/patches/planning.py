@@ -27,8 +27,9 @@ server, choosing per decode batch between trees and DSPARK's own chain step.
   table, so serving a shape never makes the ones not yet served look cheaper (else the planner walks the menu,
   serving each shape until its own steps are timed).
 - Every `credit_every["tree"]`-th tree step the credits of every shape (each shape's committed tokens on the step's
-  candidates; under simulated acceptance only the step's own shape: its drawn lengths) and every
-  `credit_every["chain"]`-th chain step its committed lengths are copied to the host without a wait; a later decision applies them once the copy is done (an
+  candidates; under simulated acceptance the step's own drawn lengths and, for every other shape, lengths drawn from
+  its own table row) and every `credit_every["chain"]`-th chain step its committed lengths (simulated: with every
+  tree's drawn ones) are copied to the host without a wait; a later decision applies them once the copy is done (an
   event query, never a synchronisation).
 - Every `log_every` decisions a summary: steps per batch size and shape, and the current estimates.
 """
@@ -121,9 +122,11 @@ def menu(plan) -> list[Shape]:
     return [Shape(0, plan.width)] + _trees(plan.tree_width, plan.depth, rows, plan.policy)
 
 
-def from_plan(plan, simulate, device) -> "ServerPlanner":
+def from_plan(plan, simulate, device, seed: int = 0) -> "ServerPlanner":
     """The worker's planner; with FLASHTREE_SIMULATE_ACC its prior is the table's τ per shape (what the steps will
-    draw: a best-first tree's from the table's tree row of its width), else flashtree.planner's PRIOR_TAU."""
+    draw: a best-first tree's from the table's tree row of its width), else flashtree.planner's PRIOR_TAU. Under
+    simulated acceptance a credited step credits every other shape with lengths drawn for it (its own generator,
+    seeded from `seed`, so the steps' own draws are those of a fixed server)."""
     table = getattr(simulate, "table", None)
     prior = prior_tau
     if table is not None:
@@ -131,7 +134,14 @@ def from_plan(plan, simulate, device) -> "ServerPlanner":
             if shape.is_chain:
                 return table.tau(1, table.chain_width(shape.width))
             return table.tau(shape.n, shape.width, shape.grown)
-    planner = ServerPlanner(menu(plan), prior=prior, simulated=simulate is not None, policy=plan.policy,
+    drawn = None
+    if simulate is not None:
+        generator = torch.Generator(device=device)
+        generator.manual_seed(seed + 1)
+
+        def drawn(shape: Shape, bs: int) -> torch.Tensor:
+            return simulate.commits(shape, bs, generator, plan.depth)
+    planner = ServerPlanner(menu(plan), prior=prior, simulated=drawn, policy=plan.policy,
                             cuda=torch.device(device).type == "cuda", max_n=plan.draws_for)
     logger.info("flashtree: FLASHTREE_TREE_N=auto: menu %s; prior tokens per step %s", planner.labels(),
                 {s.label(): round(prior(s), 3) for s in planner.shapes})
@@ -185,7 +195,8 @@ class _StepTime:
 class ServerPlanner:
     """flashtree.planner's Planner with the server's feeds: the cost table filled at start, credits from the steps."""
 
-    def __init__(self, shapes: list[Shape], *, prior: Callable[[Shape], float] = prior_tau, simulated: bool = False,
+    def __init__(self, shapes: list[Shape], *, prior: Callable[[Shape], float] = prior_tau,
+                 simulated: Callable[[Shape, int], torch.Tensor] | None = None,
                  policy: str = "vote", credit_every: dict | None = None, time_every: int = TIME_EVERY,
                  log_every: int = LOG_EVERY, retime_after: int = RETIME_AFTER, cuda: bool = False,
                  max_n: Callable[[int], int] | None = None, explore_every: int | None = None):
@@ -194,6 +205,7 @@ class ServerPlanner:
         self.credit_every, self.time_every = dict(credit_every or CREDIT_EVERY), time_every
         self._credit_now = False  # whether the step in `timing` is a credited one
         self._exploring = False  # whether the step just chosen is an exploring one (the widest tree, credited)
+        # simulated (acceptance drawn, not verified): (shape, bs) -> a step's committed lengths drawn for that shape
         self.explore_every = 0 if simulated else EXPLORE_EVERY if explore_every is None else explore_every
         self.explored = 0
         self.decisions = 0
@@ -274,8 +286,8 @@ class ServerPlanner:
         block)."""
         if not self._credit_now:
             return
-        if self.simulated:  # drawn lengths say nothing of other shapes
-            self._defer({shape: commit_len})
+        if self.simulated:
+            self._defer(self._drawn(shape, commit_len))
             return
         if grown is not None:  # the best-first widths the verified tree holds: exact credits (EXPLORE_EVERY)
             if shape.width - 1 < grown.tokens.shape[1]:
@@ -288,7 +300,14 @@ class ServerPlanner:
     def after_chain_step(self, commit_lens: torch.Tensor) -> None:
         """DSPARK's chain step committed `commit_lens` (bs,) tokens per request (its accept_lens)."""
         if self._credit_now:
-            self._defer({self.chain: commit_lens})
+            self._defer(self._drawn(self.chain, commit_lens) if self.simulated else {self.chain: commit_lens})
+
+    def _drawn(self, ran: Shape, commits: torch.Tensor) -> dict[Shape, torch.Tensor]:
+        """A simulated step's credits: its own drawn lengths, and lengths drawn for every other shape. A drawn length
+        says nothing of another shape, so the table speaks for it, as a verified step's candidates do (crediting only
+        the shape that ran left a shape behind after a few unlucky draws: live run 49's N = 8 in W = 8 at 2.56
+        against its table's 2.79)."""
+        return {s: commits if s == ran else self.simulated(s, commits.numel()) for s in self.shapes}
 
     def _defer(self, credits: dict[Shape, torch.Tensor]) -> None:
         shapes = list(credits)

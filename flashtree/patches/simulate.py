@@ -25,6 +25,7 @@ import logging
 import torch
 
 from flashtree.planner import accept_table
+from flashtree.planner.shapes import Shape
 
 from .toggles import ToggleError
 
@@ -41,6 +42,12 @@ class SglangLength:
     def draw(self, bs: int, n: int, width: int, generator, grown: bool = False) -> torch.Tensor:
         self.buf.fill_(self.adapter.simulated_correct_len(self.length, self.gamma))  # host int: no device read
         return self.buf.expand(bs)
+
+    def commits(self, shape: Shape, bs: int, generator, depth: int) -> torch.Tensor:
+        """What a step of `shape` would commit per request (the planner's credits of the shapes a step did not run):
+        DSPARK's length over the chain's window, a tree's capped by its depth, plus the bonus."""
+        cap = shape.width - 1 if shape.is_chain else depth
+        return self.draw(bs, shape.n, shape.width, generator).clamp(max=cap) + 1
 
     def describe(self) -> str:
         return f"SGLANG_SIMULATE_ACC_LEN={self.length:g} (as DSPARK's verify draws it on sglang {self.adapter.release})"
@@ -63,6 +70,14 @@ class RecordedLength:
             logger.info("flashtree: simulated tree steps of %s, W=%d draw from the table's N=%d, W=%d (tau %.3f)",
                         "best-first" if grown else f"N={n}", width, *shape, self.table.tau(n, width, grown))
         return torch.multinomial(probs, bs, replacement=True, generator=generator)
+
+    def commits(self, shape: Shape, bs: int, generator, depth: int) -> torch.Tensor:
+        """What a step of `shape` would commit per request (the planner's credits of the shapes a step did not run):
+        a draw from the shape's own row (the chain's: the recorded chain nearest its window, as DSPARK's simulated
+        steps draw), capped by the tree's depth, plus the bonus."""
+        if shape.is_chain:
+            return self.draw(bs, 1, self.table.chain_width(shape.width), generator).clamp(max=shape.width - 1) + 1
+        return self.draw(bs, shape.n, shape.width, generator, shape.grown).clamp(max=depth) + 1
 
     def describe(self) -> str:
         return f"FLASHTREE_SIMULATE_ACC={self.path} ({self.table.source}; shapes {sorted(self.table.counts)})"

@@ -275,7 +275,8 @@ def test_credited_steps_are_never_timed():
 
 def test_simulated_acceptance_credits_each_step_its_drawn_lengths(tmp_path):
     """FLASHTREE_SIMULATE_ACC: the planner's prior is the table's τ per shape and its estimates take the lengths the
-    steps drew (what a user profiling sees), only for the shape that ran (drawn lengths say nothing of the others)."""
+    steps drew (what a user profiling sees) for the shape that ran, and for every other shape lengths drawn from its
+    own table row (a drawn length says nothing of the others; a verified step credits them all)."""
     from flashtree.planner.accept_table import AcceptTable
 
     path = tmp_path / "accept.json"
@@ -291,10 +292,32 @@ def test_simulated_acceptance_credits_each_step_its_drawn_lengths(tmp_path):
     labels, commits, _rows, _chain = decode(world, adapter, worker, state, [[0, 1, 2]], 12, greedy=False)
     ran = Shape(4, W, rows)
     assert set(labels) == {ran.label()}
-    assert acceptance.count[ran] == before[ran] + 3 * 11
-    assert all(acceptance.count[s] == before[s] for s in planner.shapes if s != ran)
+    assert all(acceptance.count[s] == before[s] + 3 * 11 for s in planner.shapes)
     drawn = torch.cat(commits["tree"][:11])
     assert set(drawn.tolist()) <= {1, 2, 3}  # the table's N = 4, W = 6 lengths (accepted 0-2, + 1)
+    # N = 4 in W = 4 drew 3 accepted every time (capped by nothing: depth 3); the chain over W from its own row
+    assert acceptance.total[Shape(4, 4, rows)] == pytest.approx(before[Shape(4, 4, rows)] * 4.0 + 3 * 11 * 4)
+    chain = acceptance.total[Shape(0, W)] - 2.5 * before[Shape(0, W)]
+    assert 3 * 11 <= chain <= 3 * 11 * 4 and chain != 3 * 11 * 4
+
+
+def test_simulated_credits_of_the_shapes_a_step_did_not_run():
+    """`commits`: a tree's drawn lengths capped by the tree's depth, the chain's from the recorded chain nearest its
+    window capped by that window, plus the bonus; SGLANG_SIMULATE_ACC_LEN's one length for every shape alike."""
+    from flashtree.patches import simulate
+    from flashtree.planner.accept_table import AcceptTable
+
+    table = AcceptTable({(1, 8): (0, 0, 0, 0, 0, 0, 1), (8, 8): (0, 0, 0, 0, 0, 0, 0, 1)})
+    recorded = simulate.RecordedLength(table, "t.json", torch.device("cpu"))
+    g = torch.Generator().manual_seed(0)
+    assert recorded.commits(Shape(8, 8), 5, g, depth=4).tolist() == [5] * 5  # 7 accepted, capped at depth 4
+    assert recorded.commits(Shape(8, 8), 3, g, depth=7).tolist() == [8] * 3
+    assert recorded.commits(Shape(0, 64), 2, g, depth=4).tolist() == [7] * 2  # the W = 8 chain's 6, not the depth
+    assert recorded.commits(Shape(0, 5), 2, g, depth=4).tolist() == [5] * 2  # capped by a 5-token window
+    constant = simulate.SglangLength(types.SimpleNamespace(simulated_correct_len=lambda length, gamma: 3), 4.0, 7,
+                                     torch.device("cpu"))
+    assert constant.commits(Shape(8, 16), 2, None, depth=2).tolist() == [3, 3]
+    assert constant.commits(Shape(0, 16), 2, None, depth=2).tolist() == [4, 4]
 
 
 def test_auto_toggle_values():
