@@ -928,6 +928,8 @@ def part_attention_tune(bw, budget_s=120.0):
 # attention-small: the small-batch launch grid. Every point is timed as one graph replay (as every other figure of
 # this file) and the best of them, with the default, also per call inside one graph of LAYERS calls over LAYERS
 # distinct KV caches: what a captured forward of LAYERS layers pays a layer, without the replay's own launch cost.
+# Twice: each layer's keys at slots of its own (`in_graph_us`: no layer's slot list is in L2 either), and every layer
+# at the same slots (`in_graph_shared_us`), as a server's forward has it: one kv_indices for all its layers' pools.
 # Kernel runs 12 and 13 swept prefetch depth, warps, stages, the fused merge, PDL and 4 split counts a shape
 # (benchmarks/HISTORY.md section 13); this grid is what they left open: rows per program against key tile.
 SMALL_SHAPES = {(1, 4096, 16): (8, 16), (1, 32768, 16): (8, 16)}
@@ -1016,13 +1018,14 @@ def part_attention_small(bw, budget_s=240.0, device="cuda"):
             launch = r["launch"]
             tune = {k: v for k, v in r["tune"].items() if k != "splits"}
             o = torch.empty_like(c.q)
-            r["in_graph_us"] = round(in_graph_us(
-                lambda i: tree_attention_triton(c.q, c.k, c.v, bufs[i][0], bufs[i][1], c.kv_indptr, bufs[i][2],
-                                                c.qlen, c.L, out=o, num_splits=r["tune"].get("splits"), tune=tune),
-                len(bufs)), 2)
+            for key, slots in (("in_graph_us", lambda i: bufs[i][2]), ("in_graph_shared_us", lambda i: c.kv_indices)):
+                r[key] = round(in_graph_us(
+                    lambda i: tree_attention_triton(c.q, c.k, c.v, bufs[i][0], bufs[i][1], c.kv_indptr, slots(i),
+                                                    c.qlen, c.L, out=o, num_splits=r["tune"].get("splits"),
+                                                    tune=tune), len(bufs)), 2)
             log(kind="verify_attn_small_in_graph", bs=c.bs, prefix=c.prefix, L=c.L, stage=r["stage"], tune=r["tune"],
                 launch=launch, floor_us=c.floor_us, graph_us=r["graph_us"], in_graph_us=r["in_graph_us"],
-                layers=LAYERS)
+                in_graph_shared_us=r["in_graph_shared_us"], layers=LAYERS)
         timed = [r for r in seen.values() if "in_graph_us" in r]
         b1 = ok[0] if ok else None
         bg = min(timed, key=lambda r: r["in_graph_us"]) if timed else None

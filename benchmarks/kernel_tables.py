@@ -118,9 +118,10 @@ TABLES = {
                    speedup(d.get("graph_us"), d.get("floor_us")), speedup(d["default_us"], d.get("graph_us")),
                    launch_cell(d["launch"]) if "launch" in d else "–", f"{d['points']} ({d['failed']})"]),
     "verify_attn_small_in_graph": (
-        ["bs", "prefix", "L", "floor", "one replay", "per call, in a graph of 36", "vs floor (in graph)", "launch"],
+        ["bs", "prefix", "L", "floor", "one replay", "per call, in a graph of 36", "vs floor (in graph)",
+         "in a graph, the layers' slots shared", "launch"],
         lambda d: [d["bs"], d["prefix"], d["L"], num(d["floor_us"]), num(d["graph_us"]), num(d["in_graph_us"]),
-                   speedup(d["in_graph_us"], d["floor_us"]),
+                   speedup(d["in_graph_us"], d["floor_us"]), num(d.get("in_graph_shared_us")),
                    ("default: " if d["stage"] == "default" else "") + launch_cell(d["launch"])]),
     "verify_attn_small_best": (
         ["bs", "prefix", "L", "floor", "default: one replay / in graph", "fastest replay", "its launch",

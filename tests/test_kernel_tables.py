@@ -42,3 +42,20 @@ def test_policy_rows_show_the_feeding_topk_where_timed(tmp_path):
                          capture_output=True, text=True, check=True).stdout
     assert "| best-first (marginal) | 64 | 0 | 15 | 32 | 151936 | 7.5 (20.0) | 400.0 (900.0) | 50.0 (60.0) | yes |" in out
     assert "| prob (fused_auto) | 64 | 32 | 15 | 32 | – | 9.6 (60.0) | – (–) | – | yes |" in out
+
+
+def test_in_graph_rows_show_both_slot_layouts(tmp_path):
+    """An in-graph attention row shows the per-call time with each layer's own slot list and with the one list a
+    server's layers share; rows of runs before the second measurement show a dash there."""
+    import json
+
+    launch = dict(block_m=64, block_n=64, warps=4, stages=3, splits=16, parts=17, partials="bf16", prefetch=True,
+                  pdl=True, fused=False, merge_rows=2, merge_unroll=4)
+    row = dict(kind="verify_attn_small_in_graph", bs=1, prefix=4096, L=16, stage="default", tune={}, launch=launch,
+               floor_us=4.0, graph_us=18.3, in_graph_us=13.06, layers=36)
+    path = tmp_path / "k.jsonl"
+    path.write_text(json.dumps({**row, "in_graph_shared_us": 12.44}) + "\n" + json.dumps(row) + "\n")
+    out = subprocess.run([sys.executable, str(BENCH / "kernel_tables.py"), str(path)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "| 1 | 4096 | 16 | 4.0 | 18.3 | 13.1 | 3.27x | 12.4 | default: " in out
+    assert "| 1 | 4096 | 16 | 4.0 | 18.3 | 13.1 | 3.27x | – | default: " in out

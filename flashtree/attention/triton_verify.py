@@ -248,9 +248,11 @@ def _merge_kernel(
     acc = tl.zeros([MR, BDV], tl.float32)
     for s in tl.static_range(S):  # unrolled: every part's load in flight at once
         ws = tl.sum(tl.where(sp[None, :] == s, w, 0.0), axis=1)
+        # not masked by the weight, so the loads need not wait for the log-sum-exps; an empty split's partial was
+        # never written (NaN, say) and weighs 0: the `where` keeps it out
         po = tl.load(po_ptr + (base + s).to(tl.int64) * (BM * BDV) + r[:, None] * BDV + dv[None, :],
-                     mask=(r[:, None] < BM) & (ws[:, None] > 0), other=0.0).to(tl.float32)
-        acc += ws[:, None] * po
+                     mask=r[:, None] < BM, other=0.0).to(tl.float32)
+        acc += ws[:, None] * tl.where(ws[:, None] > 0, po, 0.0)
     out = acc / tl.where(den > 0, den, 1.0)[:, None]
     tl.store(o_ptr + (b * L + t).to(tl.int64)[:, None] * s_ot + hq[:, None] * s_oh + dv[None, :],
              out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (dv[None, :] < DV))
