@@ -12,6 +12,17 @@ from __future__ import annotations
 import torch
 
 
+def _mask_or_chain(custom_mask, causal, L, bs, device):
+    """The QLEN mask to apply: `custom_mask`, or with `causal` and no mask a chain's (each block lower-triangular)."""
+    if causal and custom_mask is not None:
+        raise ValueError("causal=True is a chain verify: pass no custom_mask with it")
+    if custom_mask is None and not causal:
+        raise ValueError("tree verify attention needs the tree mask (custom_mask), or causal=True for a chain")
+    if custom_mask is None:
+        return torch.ones(L, L, dtype=torch.bool, device=device).tril().repeat(max(bs, 0), 1).flatten()
+    return custom_mask
+
+
 def _tree_block(mask, mask_indptr, b, L, prefix):
     if mask_indptr is None:
         return mask[b * L * L : (b + 1) * L * L].view(L, L).bool()
@@ -21,8 +32,10 @@ def _tree_block(mask, mask_indptr, b, L, prefix):
 
 
 def tree_attention_reference(q, k, v, k_buffer, v_buffer, kv_indptr, kv_indices, custom_mask, L, sm_scale=None,
-                             mask_indptr=None):
-    """(bs*L, Hq, D) output in q's dtype, computed in fp32."""
+                             mask_indptr=None, causal=False):
+    """(bs*L, Hq, D) output in q's dtype, computed in fp32. `causal` with no mask: a chain (token i sees 0..i)."""
+    custom_mask = _mask_or_chain(custom_mask, causal, L, kv_indptr.shape[0] - 1, q.device)
+    mask_indptr = None if causal else mask_indptr
     tokens, hq, d = q.shape
     hkv = k.shape[1]
     bs = tokens // L

@@ -23,7 +23,7 @@ streams.
 
 Layouts: sglang's (`k_buffer`/`v_buffer (slots, Hkv, D)`, `kv_indptr`, `kv_indices`) and paged (`k_cache`/`v_cache
 (pages, page_size, Hkv, D)`, `page_table (bs, max_pages)`, `prefix_lens (bs,)`). Masks: QLEN (each request's L x L
-block) or sglang's FULL layout (`mask_indptr` given; prefix columns skipped).
+block) or sglang's FULL layout (`mask_indptr` given; prefix columns skipped); or none, for a chain (`causal`).
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def _verify_kernel(
     HKV: tl.constexpr, G: tl.constexpr, L: tl.constexpr, LP: tl.constexpr,
     D: tl.constexpr, BD: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr,
     BM: tl.constexpr, RB: tl.constexpr, BN: tl.constexpr,
-    PAGED: tl.constexpr, PAGE: tl.constexpr, MASK_FULL: tl.constexpr, DIRECT: tl.constexpr,
+    PAGED: tl.constexpr, PAGE: tl.constexpr, MASK_FULL: tl.constexpr, CAUSAL: tl.constexpr, DIRECT: tl.constexpr,
     FUSED: tl.constexpr, MU: tl.constexpr, PREFETCH: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr,
 ):
     if PDL:  # launched early (programmatic dependent launch): everything read below comes from the kernels before
@@ -178,11 +178,14 @@ def _verify_kernel(
             kk = kk.to(tl.float32)
         sc = tl.dot(q, tl.trans(kk)) * qk_scale
         mm = row_ok[:, None] & jm[None, :]
-        if MASK_FULL:
-            moff = tl.load(mask_indptr + b) + t[:, None].to(tl.int64) * (prefix + L) + prefix + j[None, :]
+        if CAUSAL:  # a chain: token t sees tokens 0..t, no mask to read
+            allowed = mm & (j[None, :] <= t[:, None])
         else:
-            moff = b.to(tl.int64) * (L * L) + t[:, None] * L + j[None, :]
-        allowed = tl.load(mask_ptr + moff, mask=mm, other=0) != 0
+            if MASK_FULL:
+                moff = tl.load(mask_indptr + b) + t[:, None].to(tl.int64) * (prefix + L) + prefix + j[None, :]
+            else:
+                moff = b.to(tl.int64) * (L * L) + t[:, None] * L + j[None, :]
+            allowed = tl.load(mask_ptr + moff, mask=mm, other=0) != 0
         sc = tl.where(allowed, sc, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(sc, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -393,7 +396,7 @@ def launch_choice(bs: int, hq: int, hkv: int, d: int, dv: int, L: int, max_prefi
 
 
 def _run(q, k, v, kb, vb, kv_indptr, kv_indices, page_table, prefix_lens, page, custom_mask, L, sm_scale,
-         mask_indptr, out, num_splits, max_prefix, tune):
+         mask_indptr, out, num_splits, max_prefix, tune, causal):
     tokens, hq, d = q.shape
     hkv = k.shape[1]
     dv = v.shape[2]
@@ -401,8 +404,10 @@ def _run(q, k, v, kb, vb, kv_indptr, kv_indices, page_table, prefix_lens, page, 
         raise ValueError(f"query heads ({hq}) must be a multiple of KV heads ({hkv})")
     if tokens % L:
         raise ValueError(f"q has {tokens} tokens, not a multiple of L = {L}")
-    if custom_mask is None:
-        raise ValueError("tree verify attention needs the tree mask (custom_mask)")
+    if causal and custom_mask is not None:
+        raise ValueError("causal=True is a chain verify: pass no custom_mask with it")
+    if custom_mask is None and not causal:
+        raise ValueError("tree verify attention needs the tree mask (custom_mask), or causal=True for a chain")
     g = hq // hkv
     bs = tokens // L
     if out is None:
@@ -420,8 +425,8 @@ def _run(q, k, v, kb, vb, kv_indptr, kv_indices, page_table, prefix_lens, page, 
         po = torch.empty(bs * hkv * rb * s * bm * bdv, dtype=PARTIALS[c.partials], device=q.device)
         plse = torch.empty(bs * hkv * rb * s * bm, dtype=torch.float32, device=q.device)
     paged = page_table is not None
-    mask = custom_mask if custom_mask.dtype != torch.bool else custom_mask.view(torch.uint8)
     dummy = kv_indptr if not paged else prefix_lens
+    mask = dummy if causal else custom_mask if custom_mask.dtype != torch.bool else custom_mask.view(torch.uint8)
     counters = zeroed_counters("verify-merge", bs * hkv * rb, q.device) if c.fused else dummy
     _verify_kernel[(bs, hkv * rb, s)](
         q, k, v, kb, vb,
@@ -432,7 +437,7 @@ def _run(q, k, v, kb, vb, kv_indptr, kv_indices, page_table, prefix_lens, page, 
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         kb.stride(0), kb.stride(1), vb.stride(0), vb.stride(1), out.stride(0), out.stride(1),
         HKV=hkv, G=g, L=L, LP=_np2(L), D=d, BD=_np2(d), DV=dv, BDV=bdv, BM=bm, RB=rb, BN=c.block_n,
-        PAGED=paged, PAGE=page, MASK_FULL=mask_indptr is not None, DIRECT=direct, FUSED=c.fused, MU=c.merge_unroll,
+        PAGED=paged, PAGE=page, MASK_FULL=mask_indptr is not None, CAUSAL=causal, DIRECT=direct, FUSED=c.fused, MU=c.merge_unroll,
         PREFETCH=c.prefetch, PDL=c.pdl,
         DOT_F32=q.device.type != "cuda", num_warps=c.warps, num_stages=c.stages, **_pdl(c.pdl),
     )
@@ -458,14 +463,15 @@ def _check_inner(x, name):
 
 
 def tree_attention_triton(q, k, v, k_buffer, v_buffer, kv_indptr, kv_indices, custom_mask, L, sm_scale=None,
-                          mask_indptr=None, out=None, num_splits=None, tune=None):
+                          mask_indptr=None, out=None, num_splits=None, tune=None, causal=False):
     """Same signature and result as `tree_attention_reference` (sglang's layout); returns (bs*L, Hq, DV).
-    `num_splits` and `tune` override the launch (see `launch_choice`)."""
+    `num_splits` and `tune` override the launch (see `launch_choice`). `causal` with no mask: a chain verify, its
+    mask computed in the kernel (no mask tensor built per call, none read)."""
     for x, n in [(q, "q"), (k, "k"), (v, "v"), (k_buffer, "k_buffer"), (v_buffer, "v_buffer")]:
         _check_inner(x, n)
     bs = max(1, kv_indptr.shape[0] - 1)
     return _run(q, k, v, k_buffer, v_buffer, kv_indptr, kv_indices, None, None, 1, custom_mask, L, sm_scale,
-                mask_indptr, out, num_splits, triton.cdiv(kv_indices.shape[0], bs), tune)
+                mask_indptr, out, num_splits, triton.cdiv(kv_indices.shape[0], bs), tune, causal)
 
 
 def tree_attention_paged_triton(q, k, v, k_cache, v_cache, page_table, prefix_lens, page_size, custom_mask, L,
@@ -477,4 +483,4 @@ def tree_attention_paged_triton(q, k, v, k_cache, v_cache, page_table, prefix_le
     for x, n in [(q, "q"), (k, "k"), (v, "v"), (kb, "k_cache"), (vb, "v_cache")]:
         _check_inner(x, n)
     return _run(q, k, v, kb, vb, None, None, page_table, prefix_lens, page_size, custom_mask, L, sm_scale,
-                mask_indptr, out, num_splits, page_table.shape[1] * page_size, tune)
+                mask_indptr, out, num_splits, page_table.shape[1] * page_size, tune, False)

@@ -13,7 +13,7 @@ topk == 1; flashtree's Triton init patch sets it per target-backend instance (pl
 every case flashtree's kernel does not cover, and otherwise hands the call to flashtree's kernel in sglang's own layout:
 
     flashtree.attention.triton_verify.tree_attention_triton(q, k, v, k_buffer, v_buffer, kv_indptr, kv_indices, custom_mask, L,
-                                              sm_scale=None, mask_indptr=None, out=None)
+                                              sm_scale=None, mask_indptr=None, out=None, causal=False)
 
     q (bs*L, Hq, D), k (bs*L, Hkv, D), v (bs*L, Hkv, Dv): the L = W verify tokens of each request, request-major;
     k_buffer (slots, Hkv, D), v_buffer (slots, Hkv, Dv): the layer's KV pool, indexed by token slot;
@@ -22,8 +22,9 @@ every case flashtree's kernel does not cover, and otherwise hands the call to fl
     mask_indptr[b]; the kernel reads only each request's L x L block), or the QLEN layout (bs*L*L) without it;
     out (bs*L, Hq, Dv) written in place.
 
-A chain verify (DSPARK's own: custom_mask None, causal) takes the same kernel with a causal QLEN mask built on the
-device. Only shapes are read on the host (no synchronisation), so the path is CUDA-graph capturable.
+A chain verify (DSPARK's own: custom_mask None, causal) takes the same kernel with `causal=True`: the kernel computes
+the chain's mask, so a captured chain verify builds no mask tensor per layer. Only shapes are read on the host (no
+synchronisation), so the path is CUDA-graph capturable.
 """
 
 from __future__ import annotations
@@ -44,11 +45,6 @@ def load_kernel(path: str = KERNEL) -> Callable:
     """flashtree's tree-verify attention kernel (or DECODE_ORDER_KERNEL), or a ToggleError (SystemExit) naming what is
     missing."""
     return load_for_toggle(path, "FLASHTREE_SPLITKV_VERIFY", "sglang's own verify attention")
-
-
-def causal_qlen_mask(bs: int, w: int, device) -> torch.Tensor:
-    """QLEN layout of a causal chain: each request's W x W lower-triangular block, flattened."""
-    return torch.ones(w, w, dtype=torch.bool, device=device).tril().repeat(bs, 1).flatten()
 
 
 def decline_reason(q, k, v, o, k_buffer, qo_indptr, custom_mask, causal, max_extend_len, k_descale, v_descale,
@@ -93,12 +89,9 @@ def make_verify_fwd(kernel: Callable, declined: dict | None = None) -> Callable:
             return False
         bs = qo_indptr.shape[0] - 1
         w = max_extend_len
-        if custom_mask is None:  # chain verify: causal within each request's block
-            mask, indptr = causal_qlen_mask(bs, w, q.device), None
-        else:
-            mask, indptr = custom_mask, mask_indptr[: bs + 1]
-        kernel(q, k, v, k_buffer, v_buffer, kv_indptr[: bs + 1], kv_indices, mask, w, sm_scale=sm_scale,
-               mask_indptr=indptr, out=o)
+        chain = custom_mask is None  # a chain verify: causal within each request's block, computed in the kernel
+        kernel(q, k, v, k_buffer, v_buffer, kv_indptr[: bs + 1], kv_indices, custom_mask, w, sm_scale=sm_scale,
+               mask_indptr=None if chain else mask_indptr[: bs + 1], out=o, causal=chain)
         return True
 
     verify_splitkv_fwd.declined = declined

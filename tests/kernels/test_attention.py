@@ -254,3 +254,23 @@ def test_tune_overrides_the_launch():
 def test_bad_overrides_raise(tune):
     with pytest.raises(ValueError, match="tune"):
         launch_choice(2, 8, 2, 64, 64, 4, 50, torch.device("cpu"), 3, tune)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_a_causal_chain_needs_no_mask(splits):
+    """causal=True (a chain verify, its mask computed in the kernel) gives exactly what the explicit lower-triangular
+    QLEN mask gives, and the reference's causal output; a mask with causal=True, or neither, is refused."""
+    g = torch.Generator().manual_seed(40 + splits)
+    bs, hq, hkv, d, L = 2, 8, 2, 64, 5
+    q, k, v, kb, vb, indptr, idx, _, _ = make(bs, hq, hkv, d, L, torch.tensor([70, 9]), torch.bfloat16, g)
+    args = [x.to(DEV) for x in (q, k, v, kb, vb, indptr, idx)]
+    tril = torch.ones(L, L, dtype=torch.uint8).tril().repeat(bs, 1).flatten().to(DEV)
+    chain = tree_attention_triton(*args, None, L, num_splits=splits, causal=True)
+    assert torch.equal(chain, tree_attention_triton(*args, tril, L, num_splits=splits))
+    ref = tree_attention_reference(*[x.float() for x in args[:5]], *args[5:], None, L, causal=True)
+    assert rel_err(chain, ref) <= 1e-2
+    assert torch.equal(ref, tree_attention_reference(*[x.float() for x in args[:5]], *args[5:], tril, L))
+    with pytest.raises(ValueError, match="causal=True"):
+        tree_attention_triton(*args, tril, L, causal=True)
+    with pytest.raises(ValueError, match="needs the tree mask"):
+        tree_attention_triton(*args, None, L)

@@ -29,14 +29,17 @@ def contract_kernel(calls):
     signature; see flashtree/patches/splitkv.py). Records each call's per-request W x W blocks."""
 
     def tree_attention(q, k, v, k_buffer, v_buffer, kv_indptr, kv_indices, custom_mask, L, sm_scale=None,
-                       mask_indptr=None, out=None):
+                       mask_indptr=None, out=None, causal=False):
         bs = kv_indptr.shape[0] - 1
         group = q.shape[1] // k.shape[1]
         blocks = []
+        assert (custom_mask is None) == causal, "a chain is causal=True without a mask; a tree has its mask"
         for b in range(bs):
             lo, hi = int(kv_indptr[b]), int(kv_indptr[b + 1])
             slots = kv_indices[lo:hi]
-            if mask_indptr is None:
+            if causal:
+                block = torch.ones(L, L, dtype=torch.bool).tril()
+            elif mask_indptr is None:
                 block = custom_mask[b * L * L : (b + 1) * L * L].view(L, L).bool()
             else:
                 start = int(mask_indptr[b])
@@ -166,11 +169,12 @@ def _real_kernel_factory(calls):
     model = contract_kernel(calls)
 
     def counted(q, k, v, k_buffer, v_buffer, kv_indptr, kv_indices, custom_mask, L, sm_scale=None, mask_indptr=None,
-                out=None):
+                out=None, causal=False):
         # Record the blocks the adapter handed over (the model's output is discarded), then run the real kernel.
-        model(q, k, v, k_buffer, v_buffer, kv_indptr, kv_indices, custom_mask, L, sm_scale, mask_indptr, out.clone())
+        model(q, k, v, k_buffer, v_buffer, kv_indptr, kv_indices, custom_mask, L, sm_scale, mask_indptr, out.clone(),
+              causal)
         return kernel(q, k, v, k_buffer, v_buffer, kv_indptr, kv_indices, custom_mask, L, sm_scale=sm_scale,
-                      mask_indptr=mask_indptr, out=out)
+                      mask_indptr=mask_indptr, out=out, causal=causal)
 
     return counted
 
