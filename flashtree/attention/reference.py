@@ -12,12 +12,17 @@ from __future__ import annotations
 import torch
 
 
-def _mask_or_chain(custom_mask, causal, L, bs, device):
-    """The QLEN mask to apply: `custom_mask`, or with `causal` and no mask a chain's (each block lower-triangular)."""
+def check_mask_args(custom_mask, causal: bool) -> None:
+    """A tree verify has its mask; a chain verify (`causal`) has none."""
     if causal and custom_mask is not None:
         raise ValueError("causal=True is a chain verify: pass no custom_mask with it")
     if custom_mask is None and not causal:
         raise ValueError("tree verify attention needs the tree mask (custom_mask), or causal=True for a chain")
+
+
+def _mask_or_chain(custom_mask, causal, L, bs, device):
+    """The QLEN mask to apply: `custom_mask`, or with `causal` and no mask a chain's (each block lower-triangular)."""
+    check_mask_args(custom_mask, causal)
     if custom_mask is None:
         return torch.ones(L, L, dtype=torch.bool, device=device).tril().repeat(max(bs, 0), 1).flatten()
     return custom_mask

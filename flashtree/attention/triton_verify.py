@@ -40,6 +40,7 @@ except ImportError:
     gdc_launch_dependents = gdc_wait = None
 
 from ..gpu import has_pdl, sm_count, zeroed_counters
+from .reference import check_mask_args
 
 
 @triton.jit
@@ -404,10 +405,7 @@ def _run(q, k, v, kb, vb, kv_indptr, kv_indices, page_table, prefix_lens, page, 
         raise ValueError(f"query heads ({hq}) must be a multiple of KV heads ({hkv})")
     if tokens % L:
         raise ValueError(f"q has {tokens} tokens, not a multiple of L = {L}")
-    if causal and custom_mask is not None:
-        raise ValueError("causal=True is a chain verify: pass no custom_mask with it")
-    if custom_mask is None and not causal:
-        raise ValueError("tree verify attention needs the tree mask (custom_mask), or causal=True for a chain")
+    check_mask_args(custom_mask, causal)
     g = hq // hkv
     bs = tokens // L
     if out is None:
@@ -437,8 +435,8 @@ def _run(q, k, v, kb, vb, kv_indptr, kv_indices, page_table, prefix_lens, page, 
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         kb.stride(0), kb.stride(1), vb.stride(0), vb.stride(1), out.stride(0), out.stride(1),
         HKV=hkv, G=g, L=L, LP=_np2(L), D=d, BD=_np2(d), DV=dv, BDV=bdv, BM=bm, RB=rb, BN=c.block_n,
-        PAGED=paged, PAGE=page, MASK_FULL=mask_indptr is not None, CAUSAL=causal, DIRECT=direct, FUSED=c.fused, MU=c.merge_unroll,
-        PREFETCH=c.prefetch, PDL=c.pdl,
+        PAGED=paged, PAGE=page, MASK_FULL=mask_indptr is not None, CAUSAL=causal, DIRECT=direct, FUSED=c.fused,
+        MU=c.merge_unroll, PREFETCH=c.prefetch, PDL=c.pdl,
         DOT_F32=q.device.type != "cuda", num_warps=c.warps, num_stages=c.stages, **_pdl(c.pdl),
     )
     if not direct and not c.fused:
