@@ -57,7 +57,7 @@ from flashtree.tree.policies.best_first import first_nodes
 from flashtree.tree.simulate import simulated_walk_and_commit
 from flashtree.tree.types import VoteTree
 
-from . import checks, graph_draws, logprobs, node_logits, planning, policy_draws, simulate
+from . import checks, graph_draws, host_funcs, logprobs, node_logits, planning, policy_draws, simulate
 from .block_draws import draw_candidates
 from .draft_rows import DraftRows, drafting
 from .grammar_masks import TreeGrammar
@@ -365,7 +365,7 @@ def tree_step(run: TreeRun, worker, batch, on_publish, shape=None, grammar_barri
                                          inputs.mask)
     logits, penalties = node_logits.adjust(run, worker, batch, tree, inputs.ids.view(bs, w), verified.logits)
     if grammar is not None:  # the bonus row too: the walk commits grammar-valid tokens only
-        grammar.apply(logits, run.grammar_rows, batch.sampling_info, grammar_barrier)
+        grammar.apply(logits, run.grammar_rows, batch.sampling_info, grammar_barrier, grammar_side(run, logits))
     timer.mark("verify")
 
     # Page size 1: the walk also permutes the window in req_to_token so the accepted path's slots come first (no KV
@@ -432,6 +432,16 @@ def tree_step(run: TreeRun, worker, batch, on_publish, shape=None, grammar_barri
         speculative_num_draft_tokens=plan.width,
         new_seq_lens=new_seq_lens,
     )
+
+
+def grammar_side(run: TreeRun, logits: torch.Tensor):
+    """The host functions the grammar walk runs in (FLASHTREE_GRAMMAR_OVERLAP, on a GPU), made at the first grammar
+    step; None: the scheduler thread walks."""
+    if not run.plan.toggles.grammar_overlap or not logits.is_cuda:
+        return None
+    if run.grammar_side is None:
+        run.grammar_side = host_funcs.side_work(logits.device) or False  # False: no driver to run them, don't retry
+    return run.grammar_side or None
 
 
 def make_collect_stats(original):

@@ -16,6 +16,12 @@ A row the walk leaves unfilled (a node its parent's row forbids, a node below on
 termination) is all-allowed, as in sglang: the walk never accepts a node whose token its parent's row masks, and a
 request whose grammar terminated finishes at its stop token.
 
+On a GPU, where every constrained request's grammar is xgrammar's (whose matchers fork), the walk does not stop the
+scheduler thread: it walks forks of the grammars (taken after the barrier, so nothing the scheduler does to the
+requests' own grammars meanwhile can see a half-walked state) in a CUDA host function queued after the nodes' copy
+(host_funcs.py) while the target verifies; the masks' copy and the walk wait for it on the device. Elsewhere (CPU, other
+grammar backends) the thread waits for the nodes' copy and walks the grammars themselves.
+
 The buffer is written only after this step's tree copy is done, which the stream orders after the previous step's
 mask copy from it: one buffer is enough.
 """
@@ -72,21 +78,31 @@ class TreeGrammar:
         nodes = torch.stack([parents, ids_2d.to(parents.dtype)]).index_select(1, index)
         return cls(constrained, [reqs[b].grammar for b in constrained], HostCopy(nodes), index, ids_2d.shape[1])
 
-    def fill(self, buffer: MaskBuffer, vocab_size: int, barrier=None) -> torch.Tensor:
+    def fill(self, buffer: MaskBuffer, vocab_size: int, barrier=None, side=None) -> torch.Tensor:
         """The constrained requests' (len(constrained) * W, words) host rows; `barrier` first advances every
-        request's grammar over the previous step's committed tokens (the walk starts from that state)."""
+        request's grammar over the previous step's committed tokens (the walk starts from that state). With `side`
+        (host_funcs.SideWork) and forkable grammars a host function fills them, which the current stream waits for;
+        otherwise they are filled when this returns."""
         if barrier is not None:
             barrier()
-        nodes = self.nodes.wait().numpy()
         rows = buffer.take(self.grammars[0], len(self.constrained) * self.width, vocab_size)
-        for r, grammar in enumerate(self.grammars):
-            walk_tree(grammar, nodes[0, r], nodes[1, r], rows[r * self.width:(r + 1) * self.width], vocab_size)
+        walkers = None if side is None else forks(self.grammars)
+        if walkers is None:
+            self._walk(self.grammars, self.nodes.wait(), rows, vocab_size)
+        else:
+            nodes = self.nodes
+            side.run_after(nodes.event, lambda: self._walk(walkers, nodes.host, rows, vocab_size))
         return rows
 
-    def apply(self, logits: torch.Tensor, buffer: MaskBuffer, sampling_info, barrier=None) -> None:
+    def _walk(self, grammars, nodes: torch.Tensor, rows: torch.Tensor, vocab_size: int) -> None:
+        nodes = nodes.numpy()
+        for r, grammar in enumerate(grammars):
+            walk_tree(grammar, nodes[0, r], nodes[1, r], rows[r * self.width:(r + 1) * self.width], vocab_size)
+
+    def apply(self, logits: torch.Tensor, buffer: MaskBuffer, sampling_info, barrier=None, side=None) -> None:
         """Mask the constrained requests' rows of the step's (bs * W, V) logits in place."""
         logits = logits.view(-1, logits.shape[-1])
-        rows = self.fill(buffer, sampling_info.vocab_size, barrier).to(logits.device, non_blocking=True)
+        rows = self.fill(buffer, sampling_info.vocab_size, barrier, side).to(logits.device, non_blocking=True)
         sampling_info.grammar_mask = None  # as sglang's builder: no stale extend-stage mask applied later
         grammar = self.grammars[0]  # the backend's apply: any one of the batch's grammar objects
         bs = logits.shape[0] // self.width
@@ -97,6 +113,35 @@ class TreeGrammar:
         picked = view.index_select(0, self.index).view(-1, logits.shape[-1])
         grammar.apply_vocab_mask(logits=picked, vocab_mask=rows)
         view.index_copy_(0, self.index, picked.view(len(self.constrained), self.width, -1))
+
+
+class ForkedMatcher:
+    """A fork of an xgrammar matcher with the grammar-object calls walk_tree makes (those of sglang's XGrammarGrammar,
+    less its list of accepted tokens, which the walk does not need)."""
+
+    def __init__(self, matcher):
+        self.matcher = matcher
+
+    def accept_token(self, token: int) -> None:
+        if not self.matcher.accept_token(token):
+            raise ValueError(f"flashtree: the grammar refused token {token}, which its parent's mask allowed")
+
+    def rollback(self, k: int) -> None:
+        self.matcher.rollback(k)
+
+    def is_terminated(self) -> bool:
+        return self.matcher.is_terminated()
+
+    def fill_vocab_mask(self, rows: torch.Tensor, idx: int) -> None:
+        self.matcher.fill_next_token_bitmask(rows, idx)
+
+
+def forks(grammars: list) -> list[ForkedMatcher] | None:
+    """Independent copies of the grammars' states (xgrammar matchers' `fork`), or None if any cannot fork."""
+    matchers = [getattr(g, "matcher", None) for g in grammars]
+    if not all(callable(getattr(m, "fork", None)) for m in matchers):
+        return None
+    return [ForkedMatcher(m.fork()) for m in matchers]
 
 
 def walk_tree(grammar, parents: np.ndarray, tokens: np.ndarray, rows: torch.Tensor, vocab_size: int) -> None:

@@ -285,6 +285,10 @@ class TreeToggles:
         "FLASHTREE_GRAPH_DRAWS", Flag(), True,
         "draw the N candidate blocks inside the captured draft CUDA graph (DSPARK's or DFLASH's draft-sampler tail "
         "hook) instead of eagerly; batches the graphs do not cover draw eagerly; see \"Graph draws\" below", "set")
+    grammar_overlap: bool = toggle(
+        "FLASHTREE_GRAMMAR_OVERLAP", Flag(), True,
+        "walk grammar-constrained requests' trees in a CUDA host function while the target verifies (xgrammar), "
+        "instead of the scheduler thread waiting for the drafted nodes; see \"Sampling features\" below", "set")
 
     tp: bool = toggle(
         "FLASHTREE_TP", Flag(), False,

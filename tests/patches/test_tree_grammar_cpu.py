@@ -214,3 +214,89 @@ def test_tree_walk_fills_the_rows_sglang_fills(grammar_backend, layout):
         assert torch.equal(again, want[b * w:(b + 1) * w])  # the walk rolled its grammar back
     filled = (want != -1).any(dim=1).view(bs, w)
     assert filled[:, 0].all() and 2 < int(filled[:, 1:].sum()) < bs * (w - 1)  # deep paths and forbidden nodes
+
+
+class LaterSide:
+    """host_funcs.SideWork's contract on the CPU: `run_after` only queues the walk; it runs when the stream would get
+    to it, here just before the masks it fills are read (their copy to the logits' device). While it runs, the
+    requests' own grammars refuse every call: the walk must use forks of them."""
+
+    def __init__(self, reqs):
+        self.queued, self.ran, self.walking = [], 0, False
+        for req in reqs:
+            if req.grammar is not None:
+                for name in ("accept_token", "rollback", "fill_vocab_mask", "is_terminated"):
+                    setattr(req.grammar, name, self.guard(getattr(req.grammar, name)))
+
+    def guard(self, method):
+        def call(*args, **kwargs):
+            assert not self.walking, "the host function touched a request's own grammar"
+            return method(*args, **kwargs)
+
+        return call
+
+    def run_after(self, event, fn):
+        assert event is None  # the CPU HostCopy's: nothing to wait for
+        self.queued.append(fn)
+
+    def drain(self):
+        self.walking = True
+        for fn in self.queued:
+            fn()
+            self.ran += 1
+        self.walking = False
+        self.queued.clear()
+
+
+def test_overlapped_walk_over_forks_commits_the_constrained_greedy_decode(grammar_backend, monkeypatch):
+    """FLASHTREE_GRAMMAR_OVERLAP: the walk queued as a host function over forks of the grammars (filled only when the
+    stream reaches it, after the scheduler thread has moved on) commits what the thread's own walk commits."""
+    from flashtree.patches import decode
+
+    refs = [masked_decode(grammar_backend, PROMPTS[0], N_TOKENS), reference(PROMPTS[2], N_TOKENS),
+            masked_decode(grammar_backend, PROMPTS[1], N_TOKENS)]
+    prompts = [PROMPTS[0], PROMPTS[2], PROMPTS[1]]
+    reqs, info = grammar_reqs(grammar_backend, prompts, [True, False, True])
+    for req, ref, prompt in zip(reqs, refs, prompts):
+        if req.grammar is not None:
+            req.grammar.accept_token(ref[len(prompt)])
+    side = LaterSide(reqs)
+    monkeypatch.setattr(decode, "grammar_side", lambda run, logits: side)
+    fill = grammar_masks.TreeGrammar.fill
+
+    def fill_then_reach(self, *args):  # the rows' copy to the device: where the stream waits for the host function
+        rows = fill(self, *args)
+        assert len(side.queued) == 1  # queued, not yet run
+        side.drain()
+        return rows
+
+    monkeypatch.setattr(grammar_masks.TreeGrammar, "fill", fill_then_reach)
+
+    def advance(res):
+        out = res.next_token_ids.view(len(reqs), W)
+        for b, req in enumerate(reqs):
+            if req.grammar is not None:
+                for tok in out[b, : int(res.accept_lens[b])].tolist():
+                    req.grammar.accept_token(tok)
+
+    accepts, state, generated, _world = run(n=4, steps=10, prompts=prompts, refs=refs, reqs=reqs, on_step=advance,
+                                            sampling_info=info, batch_extra={"has_grammar": True})
+    assert side.ran == 10 and state.steps == 10 and max(accepts) >= 2
+    assert all(g == r[len(p):][: len(g)] for g, r, p in zip(generated, refs, prompts))
+
+
+def test_forks_only_of_forkable_grammars(grammar_backend):
+    """A batch with any grammar whose state cannot fork (no xgrammar matcher) is walked by the thread itself."""
+    grammar = grammar_backend.dispatch_regex(REGEX)
+    grammar.accept_token(0)
+    forked = grammar_masks.forks([grammar])
+    forked[0].accept_token(3)
+    assert grammar.matcher.is_terminated() is False and grammar.accepted_tokens == [0]
+    rows = grammar_masks.MaskBuffer().take(grammar, 2, V)
+    forked[0].fill_vocab_mask(rows, 0)
+    grammar.accept_token(3)
+    grammar.fill_vocab_mask(rows, 1)
+    assert torch.equal(rows[0], rows[1])  # the fork's state is the grammar's after the same tokens
+    with pytest.raises(ValueError, match="refused token 31"):
+        forked[0].accept_token(31)  # the stop token: not allowed mid-match
+    assert grammar_masks.forks([grammar, BoolMasks(types.SimpleNamespace())]) is None
