@@ -42,12 +42,12 @@ def toggles(server: ServerConfig) -> dict[str, str]:
                        ("FLASHTREE_TREE_POLICY", server.policy)):
         if value is not None:
             env[key] = str(value)
-    for key, on in (("FLASHTREE_SPLITKV_VERIFY", server.split_kv), ("FLASHTREE_EXACT_VERIFY", server.exact_verify),
-                    ("FLASHTREE_FUSED_SAMPLER", server.fused_sampler)):
+    for key, on in (("FLASHTREE_EXACT_VERIFY", server.exact_verify), ("FLASHTREE_FUSED_SAMPLER", server.fused_sampler)):
         if on:
             env[key] = "1"
-    if server.graph_draws is not None:
-        env["FLASHTREE_GRAPH_DRAWS"] = "1" if server.graph_draws else "0"
+    for key, value in (("FLASHTREE_SPLITKV_VERIFY", server.split_kv), ("FLASHTREE_GRAPH_DRAWS", server.graph_draws)):
+        if value is not None:
+            env[key] = "1" if value else "0"
     env.update({str(k): str(v) for k, v in server.env.items()})
     return env
 

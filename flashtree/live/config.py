@@ -44,7 +44,7 @@ class ServerConfig:
     draft_temperature: Optional[float] = None  # FLASHTREE_DRAFT_TEMPERATURE of draws 1 .. N-1
     max_bs: Optional[int] = None  # FLASHTREE_TREE_MAX_BS: larger decode batches run DSPARK's chain step
     policy: Optional[str] = None  # FLASHTREE_TREE_POLICY: vote, prob or best-first (flashtree/tree/policies/)
-    split_kv: bool = False  # FLASHTREE_SPLITKV_VERIFY=1
+    split_kv: Optional[bool] = None  # FLASHTREE_SPLITKV_VERIFY=1/0; null: flashtree's default (on for trees)
     exact_verify: bool = False  # FLASHTREE_EXACT_VERIFY=1
     fused_sampler: bool = False  # FLASHTREE_FUSED_SAMPLER=1
     graph_draws: Optional[bool] = None  # FLASHTREE_GRAPH_DRAWS=1/0 (the N draws inside DSPARK's draft graph)

@@ -27,7 +27,7 @@ def patches(adapter: SglangAdapter, toggles: TreeToggles) -> list[Patch]:
     if toggles.tree_enabled:
         out += _tree_patches(adapter, toggles)
     if toggles.splitkv_verify:
-        out.append(_splitkv_patch(adapter))
+        out += _splitkv_patch(adapter, required="FLASHTREE_SPLITKV_VERIFY" not in toggles.defaulted)
     if toggles.exact_verify:
         from . import exact_verify
 
@@ -86,14 +86,18 @@ def _simulated_chain_patches(adapter: SglangAdapter, toggles: TreeToggles) -> li
                   "TargetVerifyExecutor._simulated_correct_len")] + dflash_step.simulated_chain_patches(table, toggles)
 
 
-def _splitkv_patch(adapter: SglangAdapter) -> Patch:
+def _splitkv_patch(adapter: SglangAdapter, required: bool) -> list[Patch]:
+    """Split-KV verify's patch; `required` False (the tree's default, not set): none, rather than a refusal, on a
+    release without its hooks."""
     from . import splitkv
 
     # on --enable-deterministic-inference servers split-KV verify takes exact verify's hook (splitkv.py)
+    if not required and not adapter.meets(base.EXACT_VERIFY_PROBES):
+        return []
     adapter.require(base.EXACT_VERIFY_PROBES, "FLASHTREE_SPLITKV_VERIFY=1", "0 (sglang's own verify attention)")
     kernel = splitkv.load_kernel()
     decode_order = splitkv.load_kernel(splitkv.DECODE_ORDER_KERNEL)
-    return Patch(resolve(f"{TRITON}:TritonAttnBackend"), "__init__",
-                 lambda orig: splitkv.make_triton_init(orig, kernel, adapter.has_shared_kv, adapter.splitkv_declined,
-                                                       decode_order),
-                 "TritonAttnBackend.__init__")
+    return [Patch(resolve(f"{TRITON}:TritonAttnBackend"), "__init__",
+                  lambda orig: splitkv.make_triton_init(orig, kernel, adapter.has_shared_kv, adapter.splitkv_declined,
+                                                        decode_order, required),
+                  "TritonAttnBackend.__init__")]

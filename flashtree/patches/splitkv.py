@@ -29,11 +29,14 @@ synchronisation), so the path is CUDA-graph capturable.
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 import torch
 
 from .toggles import load_for_toggle
+
+logger = logging.getLogger("flashtree.patches")
 
 KERNEL = "flashtree.attention.triton_verify:tree_attention_triton"
 DECODE_ORDER_KERNEL = "flashtree.attention.triton_decode_order:decode_order_verify_triton"  # deterministic servers
@@ -99,10 +102,11 @@ def make_verify_fwd(kernel: Callable, declined: dict | None = None) -> Callable:
 
 
 def make_triton_init(original, kernel, has_shared_kv: bool, declined: dict | None = None,
-                     decode_order: Callable | None = None):
+                     decode_order: Callable | None = None, required: bool = True):
     """TritonAttnBackend.__init__ that turns flashtree's verify attention on for target (not draft) backends. A
     deterministic backend sends verify batches to its one-stage unified path before it looks at `use_verify_splitkv`;
-    there the decode-order kernel (exact_verify.py) takes that path over, so split-KV verify is decode-exact."""
+    there the decode-order kernel (exact_verify.py) takes that path over, so split-KV verify is decode-exact, at page
+    size 1 only: a larger page stops the server when the toggle was set (`required`), else keeps sglang's path."""
     verify_fwd = torch.compiler.disable(make_verify_fwd(kernel, declined))
 
     def __init__(self, model_runner, *args, **kwargs):
@@ -110,6 +114,11 @@ def make_triton_init(original, kernel, has_shared_kv: bool, declined: dict | Non
         if getattr(model_runner, "is_draft_worker", False):
             return  # the draft's block forward keeps sglang's attention
         if getattr(self, "enable_deterministic", False):
+            if not required and int(getattr(self, "page_size", 1) or 1) != 1:
+                logger.info("flashtree: split-KV verify (the tree's default) stays off: this deterministic server's "
+                            "--page-size %s has no decode-exact split-KV path; sglang's verify attention serves",
+                            self.page_size)
+                return
             from .exact_verify import take_over
 
             take_over(self, declined, "FLASHTREE_SPLITKV_VERIFY",

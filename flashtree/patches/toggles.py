@@ -200,12 +200,16 @@ class Toggle:
 
 TREE_N = "FLASHTREE_TREE_N"
 AUTO_N = -1  # FLASHTREE_TREE_N=auto: the planner chooses each decode batch's shape (planning.py)
-# What FLASHTREE_TREE_N=auto changes of other toggles' defaults, for those left unset: the draws the fastest measured
-# servers ran, and flashtree's split-KV verify attention (the fastest trees at 8B shapes ran it; the planner without it
-# served a 32-request N = 4, W = 8 step in 22.4 ms where the N = 8 split-KV server's took 13.7: live 8B run 10), except
-# where exact verify replaces the verify attention (AUTO_UNLESS; flashtree/patches/README.md, "Planner").
-AUTO_DEFAULTS = {"FLASHTREE_DRAFT_TEMPERATURE": 0.7, "FLASHTREE_FUSED_SAMPLER": True, "FLASHTREE_SPLITKV_VERIFY": True}
-AUTO_UNLESS = {"FLASHTREE_SPLITKV_VERIFY": "exact_verify"}  # not defaulted when this field is on
+# What turning the tree path on changes of other toggles' defaults, for those left unset: flashtree's split-KV verify
+# attention, except where exact verify replaces the verify attention (DEFAULT_UNLESS). sglang's custom-mask extend
+# attention cost the N = 8 tree 1.04x / 1.11x / 1.15x / 1.20x DSPARK's chain step at 1 / 8 / 32 / 64 requests (Llama
+# shapes, live run 51), the split-KV tree 1.07x / 0.79x / 0.72x / 0.70x (Qwen3 shapes, run 8), and at 4K prompts 18.0 ms
+# a step at one request against 9.1 (runs 15 / 16). Defaulted (not set), it stays off where it would stop the server
+# (a deterministic server with pages: plan.py).
+TREE_DEFAULTS = {"FLASHTREE_SPLITKV_VERIFY": True}
+# What FLASHTREE_TREE_N=auto changes besides: the draws the fastest measured servers ran.
+AUTO_DEFAULTS = {"FLASHTREE_DRAFT_TEMPERATURE": 0.7, "FLASHTREE_FUSED_SAMPLER": True}
+DEFAULT_UNLESS = {"FLASHTREE_SPLITKV_VERIFY": "exact_verify"}  # not defaulted when this field is on
 # The policies auto plans: their narrower trees are credited from each step's own (best-first: on DFLASH only,
 # planning.resolve_toggles; flashtree/patches/README.md, "Planner").
 PLANNED_POLICIES = ("vote", "best-first")
@@ -261,7 +265,7 @@ class TreeToggles:
         "FLASHTREE_SPLITKV_VERIFY", Flag(), False,
         "flashtree's split-KV verify attention on the target's Triton backend; under "
         "`--enable-deterministic-inference` its decode-order kernel, bit-equal to decode (see \"Split-KV verify "
-        "attention\")")
+        "attention\"); unset, on wherever the tree path is (`FLASHTREE_TREE_N`) unless `FLASHTREE_EXACT_VERIFY=1`")
     exact_verify: bool = toggle(
         "FLASHTREE_EXACT_VERIFY", Flag(), False,
         "verify attention as one decode row per verify token through sglang's decode kernel: under "
@@ -302,6 +306,9 @@ class TreeToggles:
         "commits a length drawn from the table's recorded acceptance for its shape instead of the verified one "
         "(without it tree steps honour `SGLANG_SIMULATE_ACC_LEN` as DSPARK does); see \"Simulated acceptance\" below")
 
+    # derived, not a variable: the toggles above that took a tree default (TREE_DEFAULTS, AUTO_DEFAULTS), not a value
+    defaulted: frozenset = field(default=frozenset(), metadata={"derived": True})
+
     @property
     def tree_enabled(self) -> bool:
         return self.tree_n != 0
@@ -323,7 +330,7 @@ class TreeToggles:
 # variable -> its declaration, in TreeToggles' order (the README's order)
 TOGGLES: dict[str, Toggle] = {
     t.name: replace(t, field=f.name, default=f.default)
-    for f in fields(TreeToggles)
+    for f in fields(TreeToggles) if not f.metadata.get("derived")
     for t in [f.metadata["toggle"]]
 }
 
@@ -380,10 +387,15 @@ def read_toggles(environ: Mapping[str, str] | None = None) -> TreeToggles | None
             values[t.field] = t.parse(raw)
         except ValueError:
             raise ToggleError(f"flashtree: {name}={raw!r} is invalid; allowed: {t.parse.allowed}") from None
-    if values.get("tree_n") == AUTO_N:
-        for name, value in AUTO_DEFAULTS.items():
-            if not values.get(AUTO_UNLESS.get(name, "")):
-                values.setdefault(TOGGLES[name].field, value)
+    defaults = {**TREE_DEFAULTS, **AUTO_DEFAULTS} if values.get("tree_n") == AUTO_N else (
+        TREE_DEFAULTS if values.get("tree_n") else {})
+    defaulted = set()
+    for name, value in defaults.items():
+        field_ = TOGGLES[name].field
+        if not values.get(DEFAULT_UNLESS.get(name, "")) and field_ not in values:
+            values[field_] = value
+            defaulted.add(name)
+    values["defaulted"] = frozenset(defaulted)
     toggles = TreeToggles(**values)  # type: ignore[arg-type]
     if not toggles.tree_enabled:
         for name, raw in set_.items():

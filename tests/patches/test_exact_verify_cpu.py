@@ -273,6 +273,37 @@ def test_splitkv_on_a_deterministic_paged_server_is_refused():
         init(backend, types.SimpleNamespace(is_draft_worker=False))
 
 
+def test_defaulted_splitkv_on_a_deterministic_paged_server_keeps_sglangs_path(caplog):
+    """The tree's split-KV default (FLASHTREE_SPLITKV_VERIFY not set) does not stop a server it cannot serve exactly:
+    sglang's unified path stays, with one log line."""
+    backend = real_backend(torch.zeros(1), torch.zeros(1), None)
+    backend.page_size = 16
+    unified = backend._forward_extend_unified
+    init = splitkv.make_triton_init(lambda self, mr: None, None, True, None, None, required=False)
+    with caplog.at_level("INFO", logger="flashtree.patches"):
+        init(backend, types.SimpleNamespace(is_draft_worker=False))
+    assert backend._forward_extend_unified == unified and "stays off" in caplog.text
+
+
+def test_defaulted_splitkv_needs_no_hook_the_release_lacks(monkeypatch):
+    """Set, split-KV verify on a release without its hooks is refused; defaulted, it is left out."""
+    from flashtree.patches import plan
+    from flashtree.patches.adapters import base
+
+    class NoHooks:  # a release whose every probe misses
+        release = "x.y"
+        meets = base.SglangAdapter.meets
+
+        def require(self, probes, toggle, allowed):
+            base.SglangAdapter.require(self, [types.SimpleNamespace(check=lambda: "no hook")], toggle, allowed)
+
+    adapter = NoHooks()
+    monkeypatch.setattr(base, "EXACT_VERIFY_PROBES", (types.SimpleNamespace(check=lambda: "no hook"),))
+    assert plan._splitkv_patch(adapter, required=False) == []
+    with pytest.raises(ToggleError, match="FLASHTREE_SPLITKV_VERIFY=1 cannot hook sglang x.y: no hook"):
+        plan._splitkv_patch(adapter, required=True)
+
+
 def test_exact_and_splitkv_verify_are_exclusive():
     with pytest.raises(ToggleError, match="at most one"):
         read_toggles({"FLASHTREE_EXACT_VERIFY": "1", "FLASHTREE_SPLITKV_VERIFY": "1"})

@@ -37,6 +37,7 @@ TREE_KEYS = {
     (R, "_maybe_collect_customized_info"),
     (U, "_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS"),
 }
+SPLITKV_DEFAULT = {(T, "__init__")}  # what read_toggles adds for a tree: split-KV verify, unless set
 
 
 def tree_keys(release: str) -> set:
@@ -175,7 +176,7 @@ def test_register_reads_environment(monkeypatch, sglang_release):
     before = snapshot()
     monkeypatch.setenv("FLASHTREE_TREE_N", "2")
     patches.register()
-    assert diff(before, snapshot()) == tree_keys(sglang_release)
+    assert diff(before, snapshot()) == tree_keys(sglang_release) | SPLITKV_DEFAULT
 
 
 def test_tree_max_bs_installs_the_same_patches_and_routes_big_batches_to_dspark(monkeypatch, sglang_release):
@@ -191,7 +192,7 @@ def test_tree_max_bs_installs_the_same_patches_and_routes_big_batches_to_dspark(
     monkeypatch.setenv("FLASHTREE_TREE_N", "4")
     monkeypatch.setenv("FLASHTREE_TREE_MAX_BS", "2")
     patches.register()
-    assert diff(before, snapshot()) == tree_keys(sglang_release)
+    assert diff(before, snapshot()) == tree_keys(sglang_release) | SPLITKV_DEFAULT
     trees = []
     monkeypatch.setattr(decode, "tree_step", lambda state, worker, batch, on_publish, shape=None, **kw: trees.append(
         len(batch.seq_lens)))

@@ -321,8 +321,8 @@ def test_simulated_credits_of_the_shapes_a_step_did_not_run():
 
 
 def test_auto_toggle_values():
-    """'auto' or an integer; auto's own defaults for the draws (0.7, the fused sampler) and split-KV verify only where
-    those are unset, split-KV verify not beside exact verify."""
+    """'auto' or an integer; auto's own defaults for the draws (0.7, the fused sampler) and every tree's split-KV
+    verify only where those are unset, split-KV verify not beside exact verify; the defaulted ones are recorded."""
     auto = read_toggles({"FLASHTREE_TREE_N": "auto"})
     assert auto.planned and auto.tree_enabled and (auto.draft_temperature, auto.fused_sampler) == (0.7, True)
     assert auto.splitkv_verify and not auto.exact_verify
@@ -331,9 +331,14 @@ def test_auto_toggle_values():
     assert (mine.draft_temperature, mine.fused_sampler, mine.splitkv_verify) == (1.0, False, False)
     exact = read_toggles({"FLASHTREE_TREE_N": "auto", "FLASHTREE_EXACT_VERIFY": "1"})
     assert exact.exact_verify and not exact.splitkv_verify
-    fixed = read_toggles({"FLASHTREE_TREE_N": "8"})
+    fixed = read_toggles({"FLASHTREE_TREE_N": "8"})  # a fixed tree: the split-KV default, not auto's draws
     assert not fixed.planned and (fixed.draft_temperature, fixed.fused_sampler, fixed.splitkv_verify) == (1.0, False,
-                                                                                                        False)
+                                                                                                        True)
+    assert fixed.defaulted == {"FLASHTREE_SPLITKV_VERIFY"} and auto.defaulted == {
+        "FLASHTREE_SPLITKV_VERIFY", "FLASHTREE_DRAFT_TEMPERATURE", "FLASHTREE_FUSED_SAMPLER"}
+    assert mine.defaulted == frozenset() and exact.defaulted == {"FLASHTREE_DRAFT_TEMPERATURE", "FLASHTREE_FUSED_SAMPLER"}
+    assert not read_toggles({"FLASHTREE_SPLITKV_VERIFY": "1"}).defaulted  # no tree: no tree defaults
+    assert not read_toggles({"FLASHTREE_TREE_N": "8", "FLASHTREE_EXACT_VERIFY": "1"}).splitkv_verify
     with pytest.raises(ToggleError) as err:
         read_toggles({"FLASHTREE_TREE_N": "automatic"})
     assert str(err.value) == ("flashtree: FLASHTREE_TREE_N='automatic' is invalid; allowed: 'auto' (the planner picks "

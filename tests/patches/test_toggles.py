@@ -190,7 +190,9 @@ def test_valid_values_still_parse(env, field, want):
 
 def test_every_toggle_is_one_field_and_every_field_one_toggle():
     declared = [f for f in fields(TreeToggles) if "toggle" in f.metadata]
-    assert [f.name for f in declared] == [f.name for f in fields(TreeToggles)], "a TreeToggles field no variable sets"
+    variables = [f.name for f in fields(TreeToggles) if not f.metadata.get("derived")]
+    assert [f.name for f in declared] == variables, "a TreeToggles field no variable sets"
+    assert [f.name for f in fields(TreeToggles) if f.metadata.get("derived")] == ["defaulted"]
     assert [t.field for t in TOGGLES.values()] == [f.name for f in declared]
     assert len({t.name for t in TOGGLES.values()}) == len(declared) and all(n.startswith("FLASHTREE_") for n in TOGGLES)
     hints = typing.get_type_hints(TreeToggles)
@@ -198,8 +200,9 @@ def test_every_toggle_is_one_field_and_every_field_one_toggle():
         assert type(t.default) is hints[t.field], t.name
         assert t.parse(t.parse.show(t.default)) == t.default, t.name  # the default, written as the README shows it
         assert t.needs_tree in ("", "set", "on"), t.name
-        if t.name != "FLASHTREE_TREE_N":  # setting a toggle to its default changes nothing
-            assert read_toggles({"FLASHTREE_TREE_N": "4", t.name: t.parse.show(t.default)}) == TreeToggles(tree_n=4)
+        if t.name not in ("FLASHTREE_TREE_N", *toggles.TREE_DEFAULTS):  # setting a toggle to its default: no change
+            assert read_toggles({"FLASHTREE_TREE_N": "4", t.name: t.parse.show(t.default)}) == read_toggles(
+                {"FLASHTREE_TREE_N": "4"})
     assert TreeToggles() == TreeToggles(**{t.field: t.default for t in TOGGLES.values()})
 
 

@@ -73,6 +73,10 @@ class SglangAdapter:
         self.splitkv_declined = {}
         self.exact_declined = {}
 
+    def meets(self, probes) -> bool:
+        """Whether this release has everything `probes` look for."""
+        return not any(p.check() for p in probes)
+
     def require(self, probes, toggle: str, allowed: str) -> None:
         """A toggle's own probes: a ToggleError naming what this release lacks (nothing is patched yet)."""
         gaps = [msg for msg in (p.check() for p in probes) if msg]
