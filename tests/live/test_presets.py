@@ -240,8 +240,10 @@ def test_tiny_presets():
     check = to_live_config(compose("+preset=tiny-check", "live.work_dir=/w"))
     plan = phase_instances(check)
     assert list(plan) == ["identity", "sampled", "grammar"] and check.prompts.path == "/w/models/prompts.json"
-    assert {i.name for i in all_instances(plan)} == {"fp32-plain", "fp32-chain", "fp32-tree8", "fp32-tree8-splitkv"}
-    tree = plan["identity"][2]
+    assert {i.name for i in all_instances(plan)} == {"fp32-plain", "fp32-chain", "fp32-tree8", "fp32-tree8-nosplitkv"}
+    tree, sglang_attention = plan["identity"][2:]
+    assert "FLASHTREE_SPLITKV_VERIFY" not in tree.env  # the tree's default: split-KV verify
+    assert sglang_attention.env["FLASHTREE_SPLITKV_VERIFY"] == "0"
     assert tree.argv[tree.argv.index("--model-path") + 1] == "/w/models/target"
     assert tree.argv[tree.argv.index("--speculative-num-draft-tokens") + 1] == "8"  # the tiny draft's block 7 + 1
     profile = phase_instances(to_live_config(compose("+preset=tiny-profile", "live.out_dir=/o")))["speed"]
