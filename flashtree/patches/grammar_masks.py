@@ -16,8 +16,8 @@ A row the walk leaves unfilled (a node its parent's row forbids, a node below on
 termination) is all-allowed, as in sglang: the walk never accepts a node whose token its parent's row masks, and a
 request whose grammar terminated finishes at its stop token.
 
-On a GPU, where every constrained request's grammar is xgrammar's (whose matchers fork), the walk does not stop the
-scheduler thread: it walks forks of the grammars (taken after the barrier, so nothing the scheduler does to the
+With FLASHTREE_GRAMMAR_OVERLAP=1 on a GPU, where every constrained request's grammar is xgrammar's (whose matchers
+fork), the walk does not stop the scheduler thread: it walks forks of the grammars (taken after the barrier, so nothing the scheduler does to the
 requests' own grammars meanwhile can see a half-walked state) in a CUDA host function queued after the nodes' copy
 (host_funcs.py) while the target verifies; the masks' copy and the walk wait for it on the device. Elsewhere (CPU, other
 grammar backends) the thread waits for the nodes' copy and walks the grammars themselves.

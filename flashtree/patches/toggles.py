@@ -290,9 +290,10 @@ class TreeToggles:
         "draw the N candidate blocks inside the captured draft CUDA graph (DSPARK's or DFLASH's draft-sampler tail "
         "hook) instead of eagerly; batches the graphs do not cover draw eagerly; see \"Graph draws\" below", "set")
     grammar_overlap: bool = toggle(
-        "FLASHTREE_GRAMMAR_OVERLAP", Flag(), True,
+        "FLASHTREE_GRAMMAR_OVERLAP", Flag(), False,
         "walk grammar-constrained requests' trees in a CUDA host function while the target verifies (xgrammar), "
-        "instead of the scheduler thread waiting for the drafted nodes; see \"Sampling features\" below", "set")
+        "instead of the scheduler thread waiting for the drafted nodes; not yet proven on GPUs; see \"Sampling "
+        "features\" below", "on")
 
     tp: bool = toggle(
         "FLASHTREE_TP", Flag(), False,
