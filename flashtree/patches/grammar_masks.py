@@ -17,10 +17,11 @@ termination) is all-allowed, as in sglang: the walk never accepts a node whose t
 request whose grammar terminated finishes at its stop token.
 
 With FLASHTREE_GRAMMAR_OVERLAP=1 on a GPU, where every constrained request's grammar is xgrammar's (whose matchers
-fork), the walk does not stop the scheduler thread: it walks forks of the grammars (taken after the barrier, so nothing the scheduler does to the
-requests' own grammars meanwhile can see a half-walked state) in a CUDA host function queued after the nodes' copy
-(host_funcs.py) while the target verifies; the masks' copy and the walk wait for it on the device. Elsewhere (CPU, other
-grammar backends) the thread waits for the nodes' copy and walks the grammars themselves.
+fork), the walk does not stop the scheduler thread: it walks forks of the grammars (taken after the barrier, so
+nothing the scheduler does to the requests' own grammars meanwhile can see a half-walked state) in a CUDA host
+function queued after the nodes' copy (host_funcs.py) while the target verifies; the masks' copy and the walk wait for
+it on the device. Elsewhere (CPU, other grammar backends) the thread waits for the nodes' copy and walks the grammars
+themselves.
 
 The buffer is written only after this step's tree copy is done, which the stream orders after the previous step's
 mask copy from it: one buffer is enough.
