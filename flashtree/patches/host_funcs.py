@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import sys
 from collections import deque
 from typing import Callable
 
@@ -24,6 +25,9 @@ import torch
 logger = logging.getLogger("flashtree.patches")
 
 HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+# A host function is Python: it waits for the GIL, which a thread running Python hands over when it blocks or, at the
+# latest, after the switch interval (5 ms by default, longer than the verify the walk hides behind).
+SWITCH_INTERVAL_S = 0.0005
 
 
 def driver_launcher() -> Callable | None:
@@ -79,6 +83,10 @@ class SideWork:
     def __init__(self, funcs: HostFuncs, device: torch.device):
         self.funcs = funcs
         self.stream = torch.cuda.Stream(device=device)
+        if sys.getswitchinterval() > SWITCH_INTERVAL_S:
+            logger.info("flashtree: Python's thread switch interval %.4f -> %.4f s (host functions wait for the GIL)",
+                        sys.getswitchinterval(), SWITCH_INTERVAL_S)
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
 
     def run_after(self, event: torch.cuda.Event, fn: Callable[[], None]) -> None:
         self.stream.wait_event(event)

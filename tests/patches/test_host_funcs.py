@@ -60,3 +60,21 @@ def test_no_host_functions_without_a_gpu():
     import torch
 
     assert side_work(torch.device("cpu")) is None
+
+
+def test_side_work_bounds_the_gil_wait(monkeypatch):
+    """A host function waits for the GIL: with side work the switch interval drops below the verify it hides behind."""
+    import sys
+
+    import torch
+
+    from flashtree.patches import host_funcs
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: object())  # no CUDA stream on the CPU
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.005)
+        host_funcs.SideWork(HostFuncs(lambda *a: 0), torch.device("cpu"))
+        assert sys.getswitchinterval() <= host_funcs.SWITCH_INTERVAL_S
+    finally:
+        sys.setswitchinterval(before)
