@@ -57,13 +57,26 @@ def path_columns(blocks: torch.Tensor):
 
 def path_rows(kv_indptr, kv_indices, out_cache_loc, blocks: torch.Tensor, capacity: int):
     """One decode row per verify token. Returns (row_indptr (bs*W + 1,) int32, row_indices (capacity,) int64, row_lens
-    (bs*W,) int32): row b*W + i lists request b's prefix slots, then the slots of the tree columns row i of `blocks`
-    sees, in column order (parents come before children, so that is root-first path order). Entries past
-    row_indptr[-1] are padding. Fixed shapes, no host synchronisation."""
+    (bs*W,) int32): row b*W + i lists request b's prefix slots (kv_indices[kv_indptr[b]:kv_indptr[b + 1]]), then the
+    slots of the tree columns row i of `blocks` sees, in column order (parents come before children, so that is
+    root-first path order). Entries past row_indptr[-1] are padding. Fixed shapes, no host synchronisation."""
+    bs = blocks.shape[0]
+    start = kv_indptr[:bs].to(torch.int64)
+    last = max(kv_indices.numel() - 1, 0)
+    return rows_of(
+        (kv_indptr[1 : bs + 1] - kv_indptr[:bs]).to(torch.int64),
+        lambda b, off: kv_indices[(start[b] + off).clamp_(0, last)],
+        out_cache_loc, blocks, capacity,
+    )
+
+
+def rows_of(prefix: torch.Tensor, prefix_slot, out_cache_loc, blocks: torch.Tensor, capacity: int):
+    """`path_rows` for any prefix source: `prefix` (bs,) int64 lengths, `prefix_slot(b, off)` the slots of request
+    b's prefix positions `off` (both (capacity,) int64; `off` may run past the prefix there, where the result is
+    discarded, so the source must clamp rather than fail)."""
     bs, w, _ = blocks.shape
     rows = bs * w
     device = blocks.device
-    prefix = (kv_indptr[1 : bs + 1] - kv_indptr[:bs]).to(torch.int64)
     path_cols, path_lens = path_columns(blocks)
     row_lens = prefix.repeat_interleave(w) + path_lens
     row_indptr = torch.zeros(rows + 1, dtype=torch.int64, device=device)
@@ -73,10 +86,9 @@ def path_rows(kv_indptr, kv_indices, out_cache_loc, blocks: torch.Tensor, capaci
     off = p - row_indptr[r]
     b = torch.div(r, w, rounding_mode="floor")
     pre = prefix[b]
-    from_prefix = kv_indices[(kv_indptr[b].to(torch.int64) + off).clamp_(0, kv_indices.numel() - 1)]
     col = path_cols[r, (off - pre).clamp_(0, w - 1)]
     from_path = out_cache_loc[b * w + col].to(torch.int64)
-    row_indices = torch.where(off < pre, from_prefix, from_path)
+    row_indices = torch.where(off < pre, prefix_slot(b, off).to(torch.int64), from_path)
     return row_indptr.to(torch.int32), row_indices, row_lens.to(torch.int32)
 
 

@@ -10,7 +10,7 @@ import importlib
 
 from . import admission, decode, dflash_step, flashmap_draft, logprobs, startup, verify_widths
 from .adapters import base
-from .adapters.base import DFLASH_UTILS, REQ, RESULTS, SCHEDULER, TRITON, WORKER, SglangAdapter
+from .adapters.base import DFLASH_UTILS, FLASHINFER, REQ, RESULTS, SCHEDULER, TRITON, WORKER, SglangAdapter
 from .adapters.probe import resolve
 from .installer import Patch
 from .toggles import TreeToggles
@@ -29,12 +29,7 @@ def patches(adapter: SglangAdapter, toggles: TreeToggles) -> list[Patch]:
     if toggles.splitkv_verify:
         out += _splitkv_patch(adapter, required="FLASHTREE_SPLITKV_VERIFY" not in toggles.defaulted)
     if toggles.exact_verify:
-        from . import exact_verify
-
-        adapter.require(base.EXACT_VERIFY_PROBES, "FLASHTREE_EXACT_VERIFY=1", "0 (sglang's own verify attention)")
-        out.append(Patch(resolve(f"{TRITON}:TritonAttnBackend"), "__init__",
-                         lambda orig: exact_verify.make_triton_init(orig, adapter.exact_declined),
-                         "TritonAttnBackend.__init__"))
+        out += _exact_verify_patches(adapter)
     if toggles.simulate_acc:
         out += _simulated_chain_patches(adapter, toggles)
     if adapter.stops_after_length and (toggles.tree_enabled or toggles.exact_verify or toggles.splitkv_verify):
@@ -72,6 +67,23 @@ def _tree_patches(adapter: SglangAdapter, toggles: TreeToggles) -> list[Patch]:
               lambda orig: _TaggableFrozenSet(orig - {"TritonAttnBackend", "FlashInferAttnBackend"}),
               "dflash_utils._DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS"),
     ] + logprobs.patches(adapter, worker_cls) + dflash_step.patches(adapter, toggles)  # DFLASH: the same tree step
+
+
+def _exact_verify_patches(adapter: SglangAdapter) -> list[Patch]:
+    """Decode-row verify on Triton targets and, where this release hands FlashInfer the tree's mask, on FlashInfer
+    targets (elsewhere a FlashInfer target with the toggle stops at start with one message)."""
+    from . import exact_verify, exact_verify_flashinfer
+
+    adapter.require(base.EXACT_VERIFY_PROBES, "FLASHTREE_EXACT_VERIFY=1", "0 (sglang's own verify attention)")
+    flashinfer_ok = adapter.flashinfer_verify and adapter.meets(base.FLASHINFER_EXACT_VERIFY_PROBES)
+    return [
+        Patch(resolve(f"{TRITON}:TritonAttnBackend"), "__init__",
+              lambda orig: exact_verify.make_triton_init(orig, adapter.exact_declined), "TritonAttnBackend.__init__"),
+        Patch(resolve(f"{FLASHINFER}:FlashInferAttnBackend"), "__init__",
+              lambda orig: exact_verify_flashinfer.make_flashinfer_init(orig, flashinfer_ok, adapter.release,
+                                                                       adapter.exact_declined),
+              "FlashInferAttnBackend.__init__"),
+    ]
 
 
 def _simulated_chain_patches(adapter: SglangAdapter, toggles: TreeToggles) -> list[Patch]:

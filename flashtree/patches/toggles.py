@@ -268,9 +268,9 @@ class TreeToggles:
         "attention\"); unset, on wherever the tree path is (`FLASHTREE_TREE_N`) unless `FLASHTREE_EXACT_VERIFY=1`")
     exact_verify: bool = toggle(
         "FLASHTREE_EXACT_VERIFY", Flag(), False,
-        "verify attention as one decode row per verify token through sglang's decode kernel: under "
-        "`--enable-deterministic-inference` greedy outputs equal no speculation bit for bit (chain or tree); see "
-        "\"Exact verify\" below; not with `FLASHTREE_SPLITKV_VERIFY` (which is already exact there)")
+        "verify attention as one decode row per verify token through the backend's own decode kernel (Triton or "
+        "FlashInfer): under `--enable-deterministic-inference` greedy outputs equal no speculation bit for bit (chain "
+        "or tree); see \"Exact verify\" below; not with `FLASHTREE_SPLITKV_VERIFY` (which is already exact there)")
     fused_sampler: bool = toggle(
         "FLASHTREE_FUSED_SAMPLER", Flag(), False,
         "flashtree's fused kernels for the N draft draws: with sglang's vanilla Markov head, "

@@ -246,6 +246,12 @@ def test_tiny_presets():
     assert sglang_attention.env["FLASHTREE_SPLITKV_VERIFY"] == "0"
     assert tree.argv[tree.argv.index("--model-path") + 1] == "/w/models/target"
     assert tree.argv[tree.argv.index("--speculative-num-draft-tokens") + 1] == "8"  # the tiny draft's block 7 + 1
+    fi = phase_instances(to_live_config(compose("+preset=flashinfer-exact", "live.work_dir=/w")))["identity"]
+    assert [i.name for i in fi] == ["bf16-det-plain-flashinfer", "bf16-det-chain-flashinfer",
+                                    "bf16-det-chain-flashinfer-exact", "bf16-det-tree8-w16-flashinfer-exact"]
+    assert all("--enable-deterministic-inference" in i.argv and i.argv[i.argv.index("--attention-backend") + 1]
+               == "flashinfer" for i in fi)
+    assert [i.env.get("FLASHTREE_EXACT_VERIFY") for i in fi] == [None, None, "1", "1"]
     profile = phase_instances(to_live_config(compose("+preset=tiny-profile", "live.out_dir=/o")))["speed"]
     assert [i.name for i in profile] == ["bf16-chain-speed", "bf16-tree1-speed", "bf16-tree8-speed"]
     assert profile[0].env == {"FT_PROFILE_STEPS": "100:400", "FT_PROFILE_OUT": "/o/logs"}
@@ -316,7 +322,10 @@ def test_the_serving_preset_puts_flashinfer_beside_triton():
     plan = phase_instances(cfg)
     assert list(plan) == ["features", "identity", "speed", "mixed"] and cfg.live.keep_going
     assert [i.name for i in plan["identity"]] == ["bf16-det-plain-flashinfer", "bf16-det-chain-flashinfer",
-                                                   "bf16-det-tree8-w16-flashinfer"]
+                                                   "bf16-det-chain-flashinfer-exact",
+                                                   "bf16-det-tree8-w16-flashinfer-exact"]
+    exact = {i.name: i for i in plan["identity"]}["bf16-det-tree8-w16-flashinfer-exact"]
+    assert exact.env["FLASHTREE_EXACT_VERIFY"] == "1" and "--enable-deterministic-inference" in exact.argv
     assert cfg.phases.mixed.constrained == 0.3 and cfg.phases.mixed.backend == "ids"
     fi = instance(cfg, "tree64-w64-budget512-rows8-flashinfer", "bf16", "speed", {})
     argv = list(fi.argv)

@@ -24,6 +24,7 @@ INJECT = "sglang.srt.speculative.dspark_components.dspark_kv_inject"
 SCHEDULER = "sglang.srt.managers.scheduler:Scheduler"
 RESULTS = "sglang.srt.managers.scheduler_components.batch_result_processor:SchedulerBatchResultProcessor"
 TRITON = "sglang.srt.layers.attention.triton_backend"
+FLASHINFER = "sglang.srt.layers.attention.flashinfer_backend"
 DFLASH_UTILS = "sglang.srt.speculative.dflash_utils"
 COMMON_DRAFT = "sglang.srt.speculative.draft_worker_common"
 REQ = "sglang.srt.managers.schedule_batch:Req"
@@ -564,6 +565,13 @@ EXACT_VERIFY_PROBES = (
         ("kv_indptr", "kv_indices", "attn_logits", "attn_lse", "num_kv_splits", "max_kv_splits", "has_mla", "use_pdl",
          "page_size"),
     ),
+)
+
+# The same on FlashInfer targets (exact_verify_flashinfer.py): where sglang plans a verify batch, eagerly and before
+# each graph replay. Without them a FlashInfer target with the toggle is refused at start.
+FLASHINFER_EXACT_VERIFY_PROBES = (
+    Sig(f"{FLASHINFER}:FlashInferAttnBackend.init_forward_metadata", ("self", "forward_batch")),
+    Sig(f"{FLASHINFER}:FlashInferAttnBackend.init_forward_metadata_out_graph", ("self", "forward_batch", "in_capture")),
 )
 
 # 0.5.20 and later.
