@@ -188,7 +188,8 @@ def stage_chain_mask(run: TreeRun, worker, batch) -> None:
 
     The tree path has the verify graphs captured with a custom mask (Triton leaves the skip-custom-mask set), and a
     replay reads that buffer; DSPARK's chain step passes no mask, so sglang copies none in and the replay would read
-    the last tree step's mask (seen live: lower acceptance, and wrong target logits). Eager verifies ignore it."""
+    the last tree step's mask (seen live: lower acceptance, and wrong target logits). Eager verifies ignore it.
+    FlashInfer's replays get theirs through sglang's own plan (flashinfer_graphs.py)."""
     plan = run.plan
     buf = plan.adapter.verify_mask_buffer(worker)
     if buf is None:

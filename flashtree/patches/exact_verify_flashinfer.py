@@ -24,6 +24,7 @@ import logging
 import torch
 
 from .exact_verify import DETERMINISTIC_FLAG, rows_of, tree_blocks
+from .flashinfer_graphs import prefix_total
 from .toggles import ToggleError
 
 logger = logging.getLogger("flashtree.patches")
@@ -41,11 +42,7 @@ def verify_rows(forward_batch, req_to_token: torch.Tensor, capacity: int | None 
     bs, w = forward_batch.batch_size, int(spec.draft_token_num)
     prefix = forward_batch.seq_lens[:bs].to(torch.int64)
     device = prefix.device
-    total = forward_batch.seq_lens_sum  # a graph replay's view has None where the batch had no sum
-    if total is None:
-        cpu = getattr(forward_batch, "seq_lens_cpu", None)
-        total = cpu[:bs].sum() if cpu is not None else prefix.sum()  # the latter waits for the device
-    total = int(total)
+    total = prefix_total(forward_batch, prefix)
     mask, mask_indptr = spec.custom_mask, None
     if mask is not None:
         mask_indptr = torch.zeros(bs + 1, dtype=torch.int64, device=device)

@@ -66,7 +66,18 @@ def _tree_patches(adapter: SglangAdapter, toggles: TreeToggles) -> list[Patch]:
         Patch(importlib.import_module(DFLASH_UTILS), "_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS",
               lambda orig: _TaggableFrozenSet(orig - {"TritonAttnBackend", "FlashInferAttnBackend"}),
               "dflash_utils._DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS"),
-    ] + logprobs.patches(adapter, worker_cls) + dflash_step.patches(adapter, toggles)  # DFLASH: the same tree step
+    ] + _flashinfer_chain_mask(adapter) + logprobs.patches(adapter, worker_cls) + dflash_step.patches(adapter, toggles)
+
+
+def _flashinfer_chain_mask(adapter: SglangAdapter) -> list[Patch]:
+    """Chain verifies replayed on FlashInfer graphs captured with the tree's mask (flashinfer_graphs.py)."""
+    if not adapter.flashinfer_verify:
+        return []  # FlashInfer targets are refused at worker start there (checks.verify_backend)
+    from . import flashinfer_graphs
+
+    return [Patch(resolve(f"{FLASHINFER}:FlashInferAttnBackend"), "init_forward_metadata_out_graph",
+                  flashinfer_graphs.make_init_forward_metadata_out_graph,
+                  "FlashInferAttnBackend.init_forward_metadata_out_graph")]
 
 
 def _exact_verify_patches(adapter: SglangAdapter) -> list[Patch]:

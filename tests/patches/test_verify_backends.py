@@ -93,3 +93,49 @@ def test_flashinfer_reads_the_tree_mask_and_the_window_slots(adapter):
         seg = mask[offset: offset + w * (L + w)].view(w, L + w)
         offset += w * (L + w)
         assert seg[:, :L].all() and torch.equal(seg[:, L:], anc[b])  # every node sees the prefix and its ancestors
+
+
+def test_a_chain_verify_replayed_on_flashinfer_graphs_gets_the_causal_mask(adapter):
+    """DSPARK's chain step (a tree server's fallbacks, the planner's chain steps) verifies with no mask; the tree
+    server's FlashInfer verify graphs are captured with one and read it at every replay. flashtree's
+    init_forward_metadata_out_graph hands sglang's plan the chain's causal FULL_MASK (read back here through sglang's
+    real generate_attn_arg_prefill, padding requests included), and leaves tree masks and other modes alone."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+
+    from flashtree.patches import plan
+    from flashtree.patches.toggles import read_toggles
+
+    keys = [p.key for p in plan.patches(adapter, read_toggles({"FLASHTREE_TREE_N": "8"}))]
+    if not adapter.flashinfer_verify:
+        assert "FlashInferAttnBackend.init_forward_metadata_out_graph" not in keys
+        pytest.skip(f"sglang {adapter.release}: FlashInfer is refused at worker start (test above)")
+    (patch,) = [p for p in plan.patches(adapter, read_toggles({"FLASHTREE_TREE_N": "8"}))
+                if p.key == "FlashInferAttnBackend.init_forward_metadata_out_graph"]
+    sglang_cpu.force_triton_tree_kernels()
+    seen = []
+    replay = patch.make(lambda self, fb, in_capture=False: seen.append((fb.spec_info.custom_mask, in_capture)))
+    w, seq_lens = 4, torch.tensor([5, 9, 1])  # the third request pads the batch to a captured size
+    spec = DFlashVerifyInput(draft_token=None, positions=None, draft_token_num=w, custom_mask=None,
+                             capture_hidden_mode=None)
+    fb = types.SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, batch_size=3, seq_lens=seq_lens,
+                               seq_lens_sum=int(seq_lens.sum()), seq_lens_cpu=seq_lens, spec_info=spec)
+    replay(object(), fb)
+    (mask, _), = seen
+    assert spec.custom_mask is None  # the verify input as it was
+    req_to_token = torch.arange(3 * 20, dtype=torch.int32).view(3, 20)
+    got = spec.__class__(draft_token=None, positions=None, draft_token_num=w, custom_mask=mask, capture_hidden_mode=None)
+    full = got.generate_attn_arg_prefill(torch.tensor([0, 1, 2]), seq_lens, int(seq_lens.sum()), req_to_token)[3]
+    assert full.numel() == w * int(seq_lens.sum()) + 3 * w * w
+    offset = 0
+    for L in seq_lens.tolist():
+        seg = full[offset: offset + w * (L + w)].view(w, L + w)
+        offset += w * (L + w)
+        assert seg[:, :L].all() and torch.equal(seg[:, L:], torch.ones(w, w, dtype=torch.bool).tril())
+    tree_mask = torch.zeros(5, dtype=torch.bool)
+    spec.custom_mask = tree_mask
+    replay(object(), fb, in_capture=True)
+    assert seen[-1][0] is tree_mask and seen[-1][1] is True
+    spec.custom_mask, fb.forward_mode = None, ForwardMode.DECODE
+    replay(object(), fb)
+    assert seen[-1][0] is None
