@@ -108,8 +108,8 @@ def test_a_chain_verify_replayed_on_flashinfer_graphs_gets_the_causal_mask(adapt
 
     keys = [p.key for p in plan.patches(adapter, read_toggles({"FLASHTREE_TREE_N": "8"}))]
     if not adapter.flashinfer_verify:
-        assert "FlashInferAttnBackend.init_forward_metadata_out_graph" not in keys
-        pytest.skip(f"sglang {adapter.release}: FlashInfer is refused at worker start (test above)")
+        assert "FlashInferAttnBackend.init_forward_metadata_out_graph" not in keys  # FlashInfer targets are refused
+        return
     (patch,) = [p for p in plan.patches(adapter, read_toggles({"FLASHTREE_TREE_N": "8"}))
                 if p.key == "FlashInferAttnBackend.init_forward_metadata_out_graph"]
     sglang_cpu.force_triton_tree_kernels()
