@@ -35,7 +35,7 @@ BACKEND_ATTRS = ("indices_updater_decode", "decode_wrappers", "decode_backend", 
                  "workspace_buffer", "forward_metadata", "req_to_token_pool")
 
 
-def verify_rows(forward_batch, req_to_token: torch.Tensor, capacity: int | None = None):
+def verify_rows(forward_batch, req_to_token: torch.Tensor):
     """The decode rows of one FlashInfer verify batch: (row_indptr (bs*W + 1,) int32, row_indices int32, W). Its
     custom mask is sglang's FULL layout over prefix_b = seq_lens[b] (None: DSPARK's causal chain)."""
     spec = forward_batch.spec_info
@@ -57,8 +57,7 @@ def verify_rows(forward_batch, req_to_token: torch.Tensor, capacity: int | None 
     pools = forward_batch.req_pool_indices[:bs].to(torch.int64)
     last = req_to_token.shape[1] - 1
     row_indptr, row_indices, _ = rows_of(
-        prefix, lambda b, off: req_to_token[pools[b], off.clamp(0, last)], loc, blocks,
-        capacity if capacity is not None else w * total + bs * w * w,
+        prefix, lambda b, off: req_to_token[pools[b], off.clamp(0, last)], loc, blocks, w * total + bs * w * w,
     )
     return row_indptr, row_indices.to(torch.int32), w
 
@@ -90,6 +89,7 @@ class DecodeRows:
         self.wrapper_cls = type(backend.decode_wrappers[0])
         self.eager = self._make()
         self.graphed: dict[int, object] = {}
+        self.placeholders: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per row count: host indptr, page lens
 
     def _make(self, rows: int | None = None):
         b = self.backend
@@ -120,10 +120,11 @@ class DecodeRows:
             if in_capture and rows not in self.graphed:
                 self.graphed[rows] = self._make(rows)
             wrapper = self.graphed[rows]
-        wrapper.plan(
-            torch.arange(rows + 1, dtype=torch.int32), row_indices, torch.ones(rows, dtype=torch.int32),
-            *self.heads, 1, non_blocking=True, disable_split_kv=True, **self.dtypes,
-        )
+        if rows not in self.placeholders:
+            self.placeholders[rows] = (torch.arange(rows + 1, dtype=torch.int32), torch.ones(rows, dtype=torch.int32))
+        indptr, last_page = self.placeholders[rows]
+        wrapper.plan(indptr, row_indices, last_page, *self.heads, 1, non_blocking=True, disable_split_kv=True,
+                     **self.dtypes)
         wrapper._paged_kv_indptr_buf.copy_(row_indptr)  # the plan saw placeholder lengths (unsplit rows need none)
         self.backend.forward_metadata.prefill_wrappers = [RowsAsVerify(wrapper)]
 

@@ -69,9 +69,14 @@ def _tree_patches(adapter: SglangAdapter, toggles: TreeToggles) -> list[Patch]:
     ] + _flashinfer_chain_mask(adapter) + logprobs.patches(adapter, worker_cls) + dflash_step.patches(adapter, toggles)
 
 
+def _flashinfer_hooks(adapter: SglangAdapter) -> bool:
+    """Whether this release's FlashInfer verify takes the tree's mask and has the planning hooks flashtree wraps."""
+    return adapter.flashinfer_verify and adapter.meets(base.FLASHINFER_VERIFY_PROBES)
+
+
 def _flashinfer_chain_mask(adapter: SglangAdapter) -> list[Patch]:
     """Chain verifies replayed on FlashInfer graphs captured with the tree's mask (flashinfer_graphs.py)."""
-    if not adapter.flashinfer_verify:
+    if not _flashinfer_hooks(adapter):
         return []  # FlashInfer targets are refused at worker start there (checks.verify_backend)
     from . import flashinfer_graphs
 
@@ -86,7 +91,7 @@ def _exact_verify_patches(adapter: SglangAdapter) -> list[Patch]:
     from . import exact_verify, exact_verify_flashinfer
 
     adapter.require(base.EXACT_VERIFY_PROBES, "FLASHTREE_EXACT_VERIFY=1", "0 (sglang's own verify attention)")
-    flashinfer_ok = adapter.flashinfer_verify and adapter.meets(base.FLASHINFER_EXACT_VERIFY_PROBES)
+    flashinfer_ok = _flashinfer_hooks(adapter)
     return [
         Patch(resolve(f"{TRITON}:TritonAttnBackend"), "__init__",
               lambda orig: exact_verify.make_triton_init(orig, adapter.exact_declined), "TritonAttnBackend.__init__"),

@@ -567,9 +567,9 @@ EXACT_VERIFY_PROBES = (
     ),
 )
 
-# The same on FlashInfer targets (exact_verify_flashinfer.py): where sglang plans a verify batch, eagerly and before
-# each graph replay. Without them a FlashInfer target with the toggle is refused at start.
-FLASHINFER_EXACT_VERIFY_PROBES = (
+# Where sglang plans a FlashInfer verify batch, eagerly and before each graph replay: what FLASHTREE_EXACT_VERIFY's
+# decode rows (exact_verify_flashinfer.py) and tree servers' chain masks (flashinfer_graphs.py) hook on FlashInfer.
+FLASHINFER_VERIFY_PROBES = (
     Sig(f"{FLASHINFER}:FlashInferAttnBackend.init_forward_metadata", ("self", "forward_batch")),
     Sig(f"{FLASHINFER}:FlashInferAttnBackend.init_forward_metadata_out_graph", ("self", "forward_batch", "in_capture")),
 )
