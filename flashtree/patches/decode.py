@@ -57,7 +57,7 @@ from flashtree.tree.policies.best_first import first_nodes
 from flashtree.tree.simulate import simulated_walk_and_commit
 from flashtree.tree.types import VoteTree
 
-from . import checks, graph_draws, host_funcs, logprobs, node_logits, planning, policy_draws, simulate
+from . import checks, graph_draws, host_flag, logprobs, node_logits, planning, policy_draws, simulate
 from .block_draws import draw_candidates
 from .draft_rows import DraftRows, drafting
 from .grammar_masks import TreeGrammar
@@ -361,44 +361,49 @@ def tree_step(run: TreeRun, worker, batch, on_publish, shape=None, grammar_barri
     if getattr(batch, "has_grammar", False):  # each node's mask from its own path's grammar state (grammar_masks.py)
         grammar = TreeGrammar.start(batch.reqs, tree, inputs.ids.view(bs, w))
     timer.mark("build")
-    with verifying_with(worker, run.verify_runners.get(w)):
-        verified = adapter.target_verify(worker, batch, draft_input, window, inputs.ids, inputs.positions.view(bs, w),
-                                         inputs.mask)
-    logits, penalties = node_logits.adjust(run, worker, batch, tree, inputs.ids.view(bs, w), verified.logits)
-    if grammar is not None:  # the bonus row too: the walk commits grammar-valid tokens only
-        grammar.apply(logits, run.grammar_rows, batch.sampling_info, grammar_barrier, grammar_side(run, logits))
-    timer.mark("verify")
+    try:  # a deferred grammar walk (FLASHTREE_GRAMMAR_OVERLAP) is owed to the stream however this exits
+        with verifying_with(worker, run.verify_runners.get(w)):
+            verified = adapter.target_verify(worker, batch, draft_input, window, inputs.ids,
+                                             inputs.positions.view(bs, w), inputs.mask)
+        logits, penalties = node_logits.adjust(run, worker, batch, tree, inputs.ids.view(bs, w), verified.logits)
+        if grammar is not None:  # the bonus row too: the walk commits grammar-valid tokens only
+            grammar.apply(logits, run.grammar_rows, batch.sampling_info, grammar_barrier, grammar_flag(run, logits))
+        timer.mark("verify")
 
-    # Page size 1: the walk also permutes the window in req_to_token so the accepted path's slots come first (no KV
-    # moves). Paged KV: a slot's page offset is its position's, so the window stays put and the accepted nodes' target
-    # KV is copied to offsets 1..accept_len. Then the draft context is injected for the committed tokens only.
-    # The same launch writes what the step hands on (new lengths, int32 commit lengths, output tokens up to DSPARK's
-    # W, the statistics rows' accepted depth and, page size 1, the window's slots in commit order).
-    paged = plan.page_size > 1
-    req_to_token = None if paged else adapter.req_to_token(worker)
-    step = dict(seq_lens=prefix, out_width=plan.width, window_slots=None if paged else window.cache_loc_2d,
-                stats=inputs.stats, workspace=run.workspace)
-    if run.simulate is not None:  # profiling: a drawn length along one path of the tree (simulate.py)
-        accept = run.tp.from_first(run.simulate.draw(bs, n, tree_w, run.generator, grown=grown is not None))
-        result, commit, out = simulated_walk_and_commit(tree, verified.logits.view(bs, w, -1).argmax(dim=-1), accept,
-                                                        req_to_token, batch.req_pool_indices, prefix, **step)
-    else:
-        result, commit, out = walk(run, tree, logits, batch.sampling_info, req_to_token, batch.req_pool_indices,
-                                   prefix, **step)
-    commit_lens = out.commit_len
-    if penalties is not None:
-        run.counts.commit(batch.req_pool_indices, result.tokens, commit_lens)
-    timer.mark("walk")
+        # Page size 1: the walk also permutes the window in req_to_token so the accepted path's slots come first (no
+        # KV moves). Paged KV: a slot's page offset is its position's, so the window stays put and the accepted nodes'
+        # target KV is copied to offsets 1..accept_len. Then the draft context is injected for the committed tokens
+        # only. The same launch writes what the step hands on (new lengths, int32 commit lengths, output tokens up to
+        # DSPARK's W, the statistics rows' accepted depth and, page size 1, the window's slots in commit order).
+        paged = plan.page_size > 1
+        req_to_token = None if paged else adapter.req_to_token(worker)
+        step = dict(seq_lens=prefix, out_width=plan.width, window_slots=None if paged else window.cache_loc_2d,
+                    stats=inputs.stats, workspace=run.workspace)
+        if run.simulate is not None:  # profiling: a drawn length along one path of the tree (simulate.py)
+            accept = run.tp.from_first(run.simulate.draw(bs, n, tree_w, run.generator, grown=grown is not None))
+            greedy = verified.logits.view(bs, w, -1).argmax(dim=-1)
+            result, commit, out = simulated_walk_and_commit(tree, greedy, accept, req_to_token,
+                                                            batch.req_pool_indices, prefix, **step)
+        else:
+            result, commit, out = walk(run, tree, logits, batch.sampling_info, req_to_token, batch.req_pool_indices,
+                                       prefix, **step)
+        commit_lens = out.commit_len
+        if penalties is not None:
+            run.counts.commit(batch.req_pool_indices, result.tokens, commit_lens)
+        timer.mark("walk")
 
-    slots = out.slots
-    if paged:
-        adapter.copy_committed_kv(worker, window.cache_loc_2d, commit)
-        slots = window.cache_loc_2d
-    hidden = verified.hidden.view(bs, w, -1)
-    hidden = hidden.gather(1, commit.permutation.unsqueeze(-1).expand(bs, w, hidden.shape[-1]))
-    adapter.inject_committed(worker, batch, hidden.reshape(bs * w, -1), slots, window.positions_2d, commit_lens)
-    adapter.publish_req_to_token_write(worker)
-    timer.mark("commit")
+        slots = out.slots
+        if paged:
+            adapter.copy_committed_kv(worker, window.cache_loc_2d, commit)
+            slots = window.cache_loc_2d
+        hidden = verified.hidden.view(bs, w, -1)
+        hidden = hidden.gather(1, commit.permutation.unsqueeze(-1).expand(bs, w, hidden.shape[-1]))
+        adapter.inject_committed(worker, batch, hidden.reshape(bs * w, -1), slots, window.positions_2d, commit_lens)
+        adapter.publish_req_to_token_write(worker)
+        timer.mark("commit")
+    finally:
+        if grammar is not None:
+            grammar.finish()
 
     new_seq_lens = out.seq_lens
     if on_publish is not None:
@@ -435,14 +440,14 @@ def tree_step(run: TreeRun, worker, batch, on_publish, shape=None, grammar_barri
     )
 
 
-def grammar_side(run: TreeRun, logits: torch.Tensor):
-    """The host functions the grammar walk runs in (FLASHTREE_GRAMMAR_OVERLAP, on a GPU), made at the first grammar
-    step; None: the scheduler thread walks."""
+def grammar_flag(run: TreeRun, logits: torch.Tensor):
+    """The flag the stream waits on while the scheduler thread walks after queuing the step (FLASHTREE_GRAMMAR_OVERLAP,
+    on a GPU), made at the first grammar step; None: the thread walks before queuing the masks' copy."""
     if not run.plan.toggles.grammar_overlap or not logits.is_cuda:
         return None
-    if run.grammar_side is None:
-        run.grammar_side = host_funcs.side_work(logits.device) or False  # False: no driver to run them, don't retry
-    return run.grammar_side or None
+    if run.grammar_flag is None:
+        run.grammar_flag = host_flag.host_flag(logits.device) or False  # False: the driver cannot wait, don't retry
+    return run.grammar_flag or None
 
 
 def make_collect_stats(original):

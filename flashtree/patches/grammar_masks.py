@@ -16,12 +16,10 @@ A row the walk leaves unfilled (a node its parent's row forbids, a node below on
 termination) is all-allowed, as in sglang: the walk never accepts a node whose token its parent's row masks, and a
 request whose grammar terminated finishes at its stop token.
 
-With FLASHTREE_GRAMMAR_OVERLAP=1 on a GPU, where every constrained request's grammar is xgrammar's (whose matchers
-fork), the walk does not stop the scheduler thread: it walks forks of the grammars (taken after the barrier, so
-nothing the scheduler does to the requests' own grammars meanwhile can see a half-walked state) in a CUDA host
-function queued after the nodes' copy (host_funcs.py) while the target verifies; the masks' copy and the walk wait for
-it on the device. Elsewhere (CPU, other grammar backends) the thread waits for the nodes' copy and walks the grammars
-themselves.
+With FLASHTREE_GRAMMAR_OVERLAP=1 on a GPU, `apply` does not walk: it queues a wait on a pinned flag (host_flag.py)
+before the masks' copy, the step queues its walk and commit behind it, and `finish` then waits for the nodes,
+walks into the buffer and releases the flag, while the device runs the target verify. Elsewhere (CPU, a driver without
+stream memory operations) `apply` waits for the nodes' copy and walks before the masks' copy.
 
 The buffer is written only after this step's tree copy is done, which the stream orders after the previous step's
 mask copy from it: one buffer is enough.
@@ -66,6 +64,7 @@ class TreeGrammar:
 
     def __init__(self, constrained: list[int], grammars: list, nodes: HostCopy, index: torch.Tensor, width: int):
         self.constrained, self.grammars, self.nodes, self.index, self.width = constrained, grammars, nodes, index, width
+        self.deferred: tuple | None = None  # (flag, ticket, barrier, rows, vocab_size) of a walk `finish` owes
 
     @classmethod
     def start(cls, reqs, tree: VoteTree, ids_2d: torch.Tensor) -> "TreeGrammar | None":
@@ -79,31 +78,26 @@ class TreeGrammar:
         nodes = torch.stack([parents, ids_2d.to(parents.dtype)]).index_select(1, index)
         return cls(constrained, [reqs[b].grammar for b in constrained], HostCopy(nodes), index, ids_2d.shape[1])
 
-    def fill(self, buffer: MaskBuffer, vocab_size: int, barrier=None, side=None) -> torch.Tensor:
-        """The constrained requests' (len(constrained) * W, words) host rows; `barrier` first advances every
-        request's grammar over the previous step's committed tokens (the walk starts from that state). With `side`
-        (host_funcs.SideWork) and forkable grammars a host function fills them, which the current stream waits for;
-        otherwise they are filled when this returns."""
+    def walk(self, rows: torch.Tensor, vocab_size: int, barrier=None) -> None:
+        """Fill the constrained requests' (len(constrained) * W, words) host rows; `barrier` first advances every
+        request's grammar over the previous step's committed tokens (the walk starts from that state)."""
         if barrier is not None:
             barrier()
-        rows = buffer.take(self.grammars[0], len(self.constrained) * self.width, vocab_size)
-        walkers = None if side is None else forks(self.grammars)
-        if walkers is None:
-            self._walk(self.grammars, self.nodes.wait(), rows, vocab_size)
-        else:
-            nodes = self.nodes
-            side.run_after(nodes.event, lambda: self._walk(walkers, nodes.host, rows, vocab_size))
-        return rows
-
-    def _walk(self, grammars, nodes: torch.Tensor, rows: torch.Tensor, vocab_size: int) -> None:
-        nodes = nodes.numpy()
-        for r, grammar in enumerate(grammars):
+        nodes = self.nodes.wait().numpy()
+        for r, grammar in enumerate(self.grammars):
             walk_tree(grammar, nodes[0, r], nodes[1, r], rows[r * self.width:(r + 1) * self.width], vocab_size)
 
-    def apply(self, logits: torch.Tensor, buffer: MaskBuffer, sampling_info, barrier=None, side=None) -> None:
-        """Mask the constrained requests' rows of the step's (bs * W, V) logits in place."""
+    def apply(self, logits: torch.Tensor, buffer: MaskBuffer, sampling_info, barrier=None, flag=None) -> None:
+        """Mask the constrained requests' rows of the step's (bs * W, V) logits in place. With `flag`
+        (host_flag.HostFlag) the rows are filled by `finish`, which the stream waits for."""
         logits = logits.view(-1, logits.shape[-1])
-        rows = self.fill(buffer, sampling_info.vocab_size, barrier, side).to(logits.device, non_blocking=True)
+        vocab_size = sampling_info.vocab_size
+        rows = buffer.take(self.grammars[0], len(self.constrained) * self.width, vocab_size)
+        if flag is None:
+            self.walk(rows, vocab_size, barrier)
+        else:
+            self.deferred = (flag, flag.wait(logits.device), barrier, rows, vocab_size)
+        rows = rows.to(logits.device, non_blocking=True)
         sampling_info.grammar_mask = None  # as sglang's builder: no stale extend-stage mask applied later
         grammar = self.grammars[0]  # the backend's apply: any one of the batch's grammar objects
         bs = logits.shape[0] // self.width
@@ -115,34 +109,17 @@ class TreeGrammar:
         grammar.apply_vocab_mask(logits=picked, vocab_mask=rows)
         view.index_copy_(0, self.index, picked.view(len(self.constrained), self.width, -1))
 
-
-class ForkedMatcher:
-    """A fork of an xgrammar matcher with the grammar-object calls walk_tree makes (those of sglang's XGrammarGrammar,
-    less its list of accepted tokens, which the walk does not need)."""
-
-    def __init__(self, matcher):
-        self.matcher = matcher
-
-    def accept_token(self, token: int) -> None:
-        if not self.matcher.accept_token(token):
-            raise ValueError(f"flashtree: the grammar refused token {token}, which its parent's mask allowed")
-
-    def rollback(self, k: int) -> None:
-        self.matcher.rollback(k)
-
-    def is_terminated(self) -> bool:
-        return self.matcher.is_terminated()
-
-    def fill_vocab_mask(self, rows: torch.Tensor, idx: int) -> None:
-        self.matcher.fill_next_token_bitmask(rows, idx)
-
-
-def forks(grammars: list) -> list[ForkedMatcher] | None:
-    """Independent copies of the grammars' states (xgrammar matchers' `fork`), or None if any cannot fork."""
-    matchers = [getattr(g, "matcher", None) for g in grammars]
-    if not all(callable(getattr(m, "fork", None)) for m in matchers):
-        return None
-    return [ForkedMatcher(m.fork()) for m in matchers]
+    def finish(self) -> None:
+        """The walk `apply` deferred, if any: the barrier, the nodes' wait, the walk, then the flag's release, which
+        happens however this exits (the stream waits for it)."""
+        if self.deferred is None:
+            return
+        flag, ticket, barrier, rows, vocab_size = self.deferred
+        self.deferred = None
+        try:
+            self.walk(rows, vocab_size, barrier)
+        finally:
+            flag.release(ticket)
 
 
 def walk_tree(grammar, parents: np.ndarray, tokens: np.ndarray, rows: torch.Tensor, vocab_size: int) -> None:

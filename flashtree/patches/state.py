@@ -92,7 +92,7 @@ class TreeRun:
     grown: tuple | None = None  # FLASHTREE_TREE_POLICY=best-first: the vanilla head's (w1, w2), () for a headless draft
     counts: CommittedCounts = field(default_factory=CommittedCounts)  # penalties' committed tokens (node_logits.py)
     grammar_rows: MaskBuffer = field(default_factory=MaskBuffer)  # grammar requests' node masks (grammar_masks.py)
-    grammar_side: object | None = None  # FLASHTREE_GRAMMAR_OVERLAP: the walk's host functions (host_funcs.SideWork)
+    grammar_flag: object | None = None  # FLASHTREE_GRAMMAR_OVERLAP: the flag deferred walks release (host_flag.HostFlag)
     workspace: Workspace = field(default_factory=Workspace)  # the verify-input and walk kernels' step-local outputs
 
     def widths_for(self, bs: int) -> tuple[int, int]:

@@ -291,9 +291,9 @@ class TreeToggles:
         "hook) instead of eagerly; batches the graphs do not cover draw eagerly; see \"Graph draws\" below", "set")
     grammar_overlap: bool = toggle(
         "FLASHTREE_GRAMMAR_OVERLAP", Flag(), False,
-        "walk grammar-constrained requests' trees in a CUDA host function while the target verifies (xgrammar), "
-        "instead of the scheduler thread waiting for the drafted nodes; exact, but slower where measured (0.65-0.83x "
-        "on the tiny example, live run 53); see \"Sampling features\" below", "on")
+        "queue the step's walk and commit behind a device-side wait on a host flag, then walk grammar-constrained "
+        "requests' trees while the target verifies, instead of the scheduler thread walking first (GPU; see "
+        "\"Sampling features\" below)", "on")
 
     tp: bool = toggle(
         "FLASHTREE_TP", Flag(), False,

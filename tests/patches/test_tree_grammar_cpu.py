@@ -117,7 +117,7 @@ def test_verify_is_launched_before_the_grammar_wait(grammar_backend, monkeypatch
 
     spy(grammar_masks.TreeGrammar, "start")
     spy(StandInAdapter, "target_verify")
-    spy(grammar_masks.TreeGrammar, "fill")  # the barrier, then the wait for the nodes' copy, then the walk
+    spy(grammar_masks.TreeGrammar, "walk")  # the barrier, then the wait for the nodes' copy, then the walk
     refs = [masked_decode(grammar_backend, PROMPTS[0], N_TOKENS), reference(PROMPTS[2], N_TOKENS)]
     reqs, info = grammar_reqs(grammar_backend, [PROMPTS[0], PROMPTS[2]], [True, False])
     reqs[0].grammar.accept_token(refs[0][len(PROMPTS[0])])
@@ -128,7 +128,7 @@ def test_verify_is_launched_before_the_grammar_wait(grammar_backend, monkeypatch
 
     run(n=4, steps=3, prompts=[PROMPTS[0], PROMPTS[2]], refs=refs, reqs=reqs, on_step=advance, sampling_info=info,
         batch_extra={"has_grammar": True})
-    assert calls == ["start", "target_verify", "fill"] * 3
+    assert calls == ["start", "target_verify", "walk"] * 3
 
 
 def test_unmasked_tree_breaks_the_grammar(grammar_backend, monkeypatch):
@@ -216,87 +216,131 @@ def test_tree_walk_fills_the_rows_sglang_fills(grammar_backend, layout):
     assert filled[:, 0].all() and 2 < int(filled[:, 1:].sum()) < bs * (w - 1)  # deep paths and forbidden nodes
 
 
-class LaterSide:
-    """host_funcs.SideWork's contract on the CPU: `run_after` only queues the walk; it runs when the stream would get
-    to it, here just before the masks it fills are read (their copy to the logits' device). While it runs, the
-    requests' own grammars refuse every call: the walk must use forks of them."""
+class FakeFlag:
+    """host_flag.HostFlag's contract on the CPU: tickets waited for and released, in a shared log."""
 
-    def __init__(self, reqs):
-        self.queued, self.ran, self.walking = [], 0, False
-        for req in reqs:
-            if req.grammar is not None:
-                for name in ("accept_token", "rollback", "fill_vocab_mask", "is_terminated"):
-                    setattr(req.grammar, name, self.guard(getattr(req.grammar, name)))
+    def __init__(self, log):
+        self.log, self.ticket = log, 0
 
-    def guard(self, method):
-        def call(*args, **kwargs):
-            assert not self.walking, "the host function touched a request's own grammar"
-            return method(*args, **kwargs)
+    def wait(self, device):
+        self.ticket += 1
+        self.log.append(("wait", self.ticket))
+        return self.ticket
 
-        return call
-
-    def run_after(self, event, fn):
-        assert event is None  # the CPU HostCopy's: nothing to wait for
-        self.queued.append(fn)
-
-    def drain(self):
-        self.walking = True
-        for fn in self.queued:
-            fn()
-            self.ran += 1
-        self.walking = False
-        self.queued.clear()
+    def release(self, ticket):
+        self.log.append(("release", ticket))
 
 
-def test_overlapped_walk_over_forks_commits_the_constrained_greedy_decode(grammar_backend, monkeypatch):
-    """FLASHTREE_GRAMMAR_OVERLAP: the walk queued as a host function over forks of the grammars (filled only when the
-    stream reaches it, after the scheduler thread has moved on) commits what the thread's own walk commits."""
+def tree_grammar(backend, bs: int, w: int, seed: int, log=None):
+    """A step's TreeGrammar over random trees, every request constrained (each grammar a few tokens in), its
+    grammars' walks logged."""
+    import numpy as np
+
+    parents, tokens, _first, _sibling = random_trees(bs, w, seed)
+    tokens[:, 1:8] = torch.tensor([0, 3, 27, 5, 1, 26, 2])
+    valid = parents[:, 1:] != grammar_masks.INVALID
+    tree = types.SimpleNamespace(valid=valid, parents=torch.where(valid, parents[:, 1:], 0))
+    reqs = [types.SimpleNamespace(grammar=backend.dispatch_regex(REGEX)) for _ in range(bs)]
+    for b, req in enumerate(reqs):
+        for tok in [0, 27, 1][: b % 3]:
+            req.grammar.accept_token(tok)
+    grammar = grammar_masks.TreeGrammar.start(reqs, tree, tokens)
+    assert np.array_equal(grammar.nodes.wait()[1].numpy(), tokens.numpy())
+    if log is not None:
+        walk = grammar.walk
+
+        def logged(*args):
+            log.append("grammar walk")
+            return walk(*args)
+
+        grammar.walk = logged
+    return grammar
+
+
+def test_deferred_walk_fills_at_finish_what_the_thread_fills_at_apply(grammar_backend):
+    """FLASHTREE_GRAMMAR_OVERLAP: `apply` queues the flag's wait and walks nothing; `finish` walks (the barrier
+    first) into the rows the masks' copy read, then releases the ticket; the rows are the immediate walk's."""
+    bs, w = 4, 16
+    info = types.SimpleNamespace(vocab_size=V, grammar_mask=None)
+    now = tree_grammar(grammar_backend, bs, w, seed=3)
+    now_buffer = grammar_masks.MaskBuffer()
+    now.apply(torch.zeros(bs * w, V), now_buffer, info)
+    log = []
+    later = tree_grammar(grammar_backend, bs, w, seed=3, log=log)
+    buffer = grammar_masks.MaskBuffer()
+    logits = torch.zeros(bs * w, V)
+    later.apply(logits, buffer, info, barrier=lambda: log.append("barrier"), flag=FakeFlag(log))
+    assert log == [("wait", 1)]
+    later.finish()
+    assert log == [("wait", 1), "grammar walk", "barrier", ("release", 1)]
+    assert torch.equal(buffer.rows[: bs * w], now_buffer.rows[: bs * w])
+    later.finish()  # owed once
+    assert len(log) == 4
+
+
+def test_deferred_walk_releases_the_ticket_when_it_fails(grammar_backend):
+    log = []
+    grammar = tree_grammar(grammar_backend, 2, 16, seed=4)
+    info = types.SimpleNamespace(vocab_size=V, grammar_mask=None)
+
+    def barrier():
+        raise RuntimeError("grammar barrier failed")
+
+    grammar.apply(torch.zeros(32, V), grammar_masks.MaskBuffer(), info, barrier=barrier, flag=FakeFlag(log))
+    with pytest.raises(RuntimeError, match="barrier failed"):
+        grammar.finish()
+    assert log == [("wait", 1), ("release", 1)]
+
+
+def deferred_step(grammar_backend, monkeypatch, fail_at: str):
+    """One constrained tree step with a FakeFlag, stopped by an exception at `fail_at` (a logged call); returns the
+    step's log of those calls, the flag's tickets and the grammar walk."""
     from flashtree.patches import decode
+    from test_decode_cpu import StandInAdapter
 
-    refs = [masked_decode(grammar_backend, PROMPTS[0], N_TOKENS), reference(PROMPTS[2], N_TOKENS),
-            masked_decode(grammar_backend, PROMPTS[1], N_TOKENS)]
-    prompts = [PROMPTS[0], PROMPTS[2], PROMPTS[1]]
-    reqs, info = grammar_reqs(grammar_backend, prompts, [True, False, True])
-    for req, ref, prompt in zip(reqs, refs, prompts):
-        if req.grammar is not None:
-            req.grammar.accept_token(ref[len(prompt)])
-    side = LaterSide(reqs)
-    monkeypatch.setattr(decode, "grammar_side", lambda run, logits: side)
-    fill = grammar_masks.TreeGrammar.fill
+    log = []
+    flag = FakeFlag(log)
+    monkeypatch.setattr(decode, "grammar_flag", lambda run, logits: flag)
+    walk = grammar_masks.TreeGrammar.walk
 
-    def fill_then_reach(self, *args):  # the rows' copy to the device: where the stream waits for the host function
-        rows = fill(self, *args)
-        assert len(side.queued) == 1  # queued, not yet run
-        side.drain()
-        return rows
+    def logged_walk(self, *args):
+        log.append("grammar walk")
+        return walk(self, *args)
 
-    monkeypatch.setattr(grammar_masks.TreeGrammar, "fill", fill_then_reach)
+    monkeypatch.setattr(grammar_masks.TreeGrammar, "walk", logged_walk)
+    def spy(owner, name, label):
+        original = getattr(owner, name)
 
-    def advance(res):
-        out = res.next_token_ids.view(len(reqs), W)
-        for b, req in enumerate(reqs):
-            if req.grammar is not None:
-                for tok in out[b, : int(res.accept_lens[b])].tolist():
-                    req.grammar.accept_token(tok)
+        def spied(*args, **kwargs):
+            log.append(label)
+            if label == fail_at:
+                raise RuntimeError(f"stopped at {label}")
+            return original(*args, **kwargs)
 
-    accepts, state, generated, _world = run(n=4, steps=10, prompts=prompts, refs=refs, reqs=reqs, on_step=advance,
-                                            sampling_info=info, batch_extra={"has_grammar": True})
-    assert side.ran == 10 and state.steps == 10 and max(accepts) >= 2
-    assert all(g == r[len(p):][: len(g)] for g, r, p in zip(generated, refs, prompts))
+        monkeypatch.setattr(owner, name, spied)
+
+    spy(StandInAdapter, "target_verify", "target_verify")
+    spy(StandInAdapter, "inject_committed", "inject_committed")
+    spy(decode, "DeferredRows", "output")  # the step's statistics rows: after the commit
+    refs = [masked_decode(grammar_backend, PROMPTS[0], N_TOKENS), reference(PROMPTS[2], N_TOKENS)]
+    reqs, info = grammar_reqs(grammar_backend, [PROMPTS[0], PROMPTS[2]], [True, False])
+    reqs[0].grammar.accept_token(refs[0][len(PROMPTS[0])])
+    with pytest.raises(RuntimeError, match=f"stopped at {fail_at}"):
+        run(n=4, steps=1, prompts=[PROMPTS[0], PROMPTS[2]], refs=refs, reqs=reqs, sampling_info=info,
+            batch_extra={"has_grammar": True})
+    return log
 
 
-def test_forks_only_of_forkable_grammars(grammar_backend):
-    """A batch with any grammar whose state cannot fork (no xgrammar matcher) is walked by the thread itself."""
-    grammar = grammar_backend.dispatch_regex(REGEX)
-    grammar.accept_token(0)
-    forked = grammar_masks.forks([grammar])
-    forked[0].accept_token(3)
-    assert grammar.matcher.is_terminated() is False and grammar.accepted_tokens == [0]
-    rows = grammar_masks.MaskBuffer().take(grammar, 2, V)
-    forked[0].fill_vocab_mask(rows, 0)
-    grammar.accept_token(3)
-    grammar.fill_vocab_mask(rows, 1)
-    assert torch.equal(rows[0], rows[1])  # the fork's state is the grammar's after the same tokens
-    with pytest.raises(ValueError, match="refused token 31"):
-        forked[0].accept_token(31)  # the stop token: not allowed mid-match
-    assert grammar_masks.forks([grammar, BoolMasks(types.SimpleNamespace())]) is None
+def test_deferred_walk_runs_after_the_step_is_queued(grammar_backend, monkeypatch):
+    """The wait is queued after the verify's launch, the walk and commit (the draft context's injection) behind it,
+    and only then does the thread walk the grammar and release the ticket, before the step's output."""
+    log = deferred_step(grammar_backend, monkeypatch, "output")
+    assert log == ["target_verify", ("wait", 1), "inject_committed", "grammar walk", ("release", 1), "output"]
+
+
+def test_a_failing_step_still_releases_its_ticket(grammar_backend, monkeypatch):
+    """An exception between the wait and the walk (here the commit's injection) still walks and releases: the
+    stream never waits for a ticket nobody will release."""
+    log = deferred_step(grammar_backend, monkeypatch, "inject_committed")
+    assert log == ["target_verify", ("wait", 1), "inject_committed", "grammar walk", ("release", 1)]
+

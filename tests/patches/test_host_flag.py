@@ -1,0 +1,95 @@
+"""The stream's wait on a pinned host flag (flashtree/patches/host_flag.py): its tickets against a recording driver
+entry point on the CPU; on a GPU (`pytest --noconftest tests/patches/test_host_flag.py` there), the driver's real wait:
+work queued behind it, a copy from pinned rows included, runs only after the release and reads what the host wrote
+before it."""
+
+from __future__ import annotations
+
+import time
+import types
+
+import pytest
+import torch
+
+from flashtree.patches import host_flag
+from flashtree.patches.host_flag import WAIT_GEQ, HostFlag
+
+
+class Driver:
+    def __init__(self, rc: int = 0):
+        self.rc, self.calls = rc, []
+
+    def __call__(self, stream, address, value, flags):
+        self.calls.append((stream.value, address, value, flags))
+        return self.rc
+
+
+def cpu_flag(driver, start: int = 0):
+    word = torch.tensor([start], dtype=torch.int32)
+    return HostFlag(driver, word, 0xABC0), word
+
+
+def test_tickets_count_up_and_the_release_writes_the_word(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: types.SimpleNamespace(cuda_stream=0x1234))
+    driver = Driver()
+    flag, word = cpu_flag(driver)
+    assert [flag.wait(torch.device("cpu")) for _ in range(3)] == [1, 2, 3]
+    assert driver.calls == [(0x1234, 0xABC0, t, WAIT_GEQ) for t in (1, 2, 3)]
+    assert int(word[0]) == 0  # nothing released yet: the stream waits
+    flag.release(2)
+    assert int(word[0]) == 2
+
+
+def test_tickets_wrap_in_32_bits(monkeypatch):
+    """The word is an int32 the driver compares as (int32)(*addr - value) >= 0: a ticket past 2**31 is stored as its
+    negative twin, and the count wraps to 0 after 2**32 - 1."""
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: types.SimpleNamespace(cuda_stream=1))
+    driver = Driver()
+    flag, word = cpu_flag(driver, start=-2)  # 0xFFFFFFFE
+    assert flag.ticket == -2
+    first = flag.wait(torch.device("cpu"))
+    assert first == 0xFFFFFFFF and driver.calls[-1][2] == 0xFFFFFFFF
+    flag.release(first)
+    assert int(word[0]) == -1
+    assert flag.wait(torch.device("cpu")) == 0
+
+
+def test_a_refused_wait_raises_and_takes_no_ticket(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: types.SimpleNamespace(cuda_stream=1))
+    flag, _word = cpu_flag(Driver(rc=801))
+    with pytest.raises(RuntimeError, match="CUresult 801"):
+        flag.wait(torch.device("cpu"))
+    assert flag.ticket == 0
+
+
+def test_no_flag_without_a_gpu():
+    assert host_flag.host_flag(torch.device("cpu")) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the driver's wait needs a GPU (run there with --noconftest)")
+def test_the_stream_waits_for_the_release_and_copies_what_the_host_wrote():
+    device = torch.device("cuda")
+    flag = host_flag.host_flag(device)
+    assert flag is not None, "this driver cannot wait on host memory"
+    rows = torch.zeros(4, dtype=torch.int32, pin_memory=True)
+    x = torch.zeros(1, device=device)
+    torch.cuda.synchronize()
+    ticket = flag.wait(device)
+    copied = rows.to(device, non_blocking=True)  # reads the rows when the stream gets there
+    x.add_(1)
+    done = torch.cuda.Event()
+    done.record()
+    time.sleep(0.05)
+    assert not done.query()  # held at the wait
+    rows.copy_(torch.arange(1, 5, dtype=torch.int32))
+    flag.release(ticket)
+    done.synchronize()
+    assert copied.tolist() == [1, 2, 3, 4] and x.item() == 1.0
+    again = flag.wait(device)  # the next ticket waits again
+    x.add_(1)
+    done.record()
+    time.sleep(0.02)
+    assert not done.query()
+    flag.release(again)
+    done.synchronize()
+    assert x.item() == 2.0
