@@ -367,7 +367,8 @@ def tree_step(run: TreeRun, worker, batch, on_publish, shape=None, grammar_barri
                                              inputs.positions.view(bs, w), inputs.mask)
         logits, penalties = node_logits.adjust(run, worker, batch, tree, inputs.ids.view(bs, w), verified.logits)
         if grammar is not None:  # the bonus row too: the walk commits grammar-valid tokens only
-            grammar.apply(logits, run.grammar_rows, batch.sampling_info, grammar_barrier, grammar_flag(run, logits))
+            grammar.apply(logits, run.grammar_rows, batch.sampling_info, grammar_barrier,
+                          grammar_flag(run, logits, len(grammar.constrained)))
         timer.mark("verify")
 
         # Page size 1: the walk also permutes the window in req_to_token so the accepted path's slots come first (no
@@ -440,14 +441,20 @@ def tree_step(run: TreeRun, worker, batch, on_publish, shape=None, grammar_barri
     )
 
 
-def grammar_flag(run: TreeRun, logits: torch.Tensor):
+def grammar_flag(run: TreeRun, logits: torch.Tensor, constrained: int):
     """The flag the stream waits on while the scheduler thread walks after queuing the step (FLASHTREE_GRAMMAR_OVERLAP,
-    on a GPU), made at the first grammar step; None: the thread walks before queuing the masks' copy."""
+    on a GPU), made at the first grammar step; None: the thread walks before queuing the masks' copy. A shape's first
+    grammar step (logits rows, constrained requests) walks first too: every kernel the step launches behind the wait,
+    Triton's specialisations included, is then loaded before any stream waits (host_flag.py)."""
     if not run.plan.toggles.grammar_overlap or not logits.is_cuda:
         return None
     if run.grammar_flag is None:
         run.grammar_flag = host_flag.host_flag(logits.device) or False  # False: the driver cannot wait, don't retry
-    return run.grammar_flag or None
+    shape = (logits.shape[0], constrained)
+    if not run.grammar_flag or shape not in run.grammar_shapes:
+        run.grammar_shapes.add(shape)
+        return None
+    return run.grammar_flag
 
 
 def make_collect_stats(original):

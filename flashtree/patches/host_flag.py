@@ -11,7 +11,11 @@ meanwhile and reaches the wait later, if at all. The walk stays on the scheduler
 (the CUDA host functions tried before, live run 53, did).
 
 The holder must release every ticket it waits for, on every path, and must not wait for the device in between: the
-stream would never get past the wait."""
+stream would never get past the wait. Nor may a kernel be loaded in between: loading one can synchronise the context
+(CUDA's lazy loading, on by default since 12.2), which waits for the held stream. The first GPU run (live run 54, an
+H100, 2026-12-07) hung that way at the first `add` launched behind the wait. So a flag exists only where the driver
+loads modules eagerly (`CUDA_MODULE_LOADING=EAGER`), and the tree step defers only at batch shapes it has already
+stepped without the wait (decode.grammar_flag)."""
 
 from __future__ import annotations
 
@@ -24,11 +28,15 @@ import torch
 logger = logging.getLogger("flashtree.patches")
 
 WAIT_GEQ = 0x0  # CU_STREAM_WAIT_VALUE_GEQ: (int32)(*addr - value) >= 0, so the counter may wrap
+EAGER_LOADING = 0x1  # CU_MODULE_EAGER_LOADING, from cuModuleGetLoadingMode
+LAZY_WARNING = ("flashtree: FLASHTREE_GRAMMAR_OVERLAP needs CUDA_MODULE_LOADING=EAGER in the server's environment (a "
+                "kernel loaded lazily while the stream waits for the host deadlocks); grammar walks wait for the draft")
 
 
-def driver_wait() -> tuple[Callable, Callable] | None:
-    """The driver's `cuStreamWaitValue32(stream, addr, value, flags)` and `cuMemHostGetDevicePointer(&dptr, p, 0)`,
-    or None without a CUDA driver that has them."""
+def driver_wait() -> tuple[Callable, Callable, Callable] | None:
+    """The driver's `cuStreamWaitValue32(stream, addr, value, flags)`, `cuMemHostGetDevicePointer(&dptr, p, 0)` and a
+    function returning its module loading mode (eager where the driver predates lazy loading), or None without a CUDA
+    driver that has the first two."""
     if not torch.cuda.is_available():
         return None
     try:
@@ -41,7 +49,15 @@ def driver_wait() -> tuple[Callable, Callable] | None:
     wait.restype = ctypes.c_int
     device_ptr.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_void_p, ctypes.c_uint]
     device_ptr.restype = ctypes.c_int
-    return wait, device_ptr
+    get_mode = getattr(cuda, "cuModuleGetLoadingMode", None)
+
+    def loading_mode() -> int:
+        mode = ctypes.c_int(EAGER_LOADING)
+        if get_mode is not None and get_mode(ctypes.byref(mode)) != 0:
+            return 0  # unknown: treated as lazy
+        return mode.value
+
+    return wait, device_ptr, loading_mode
 
 
 class HostFlag:
@@ -68,13 +84,16 @@ class HostFlag:
 
 
 def host_flag(device: torch.device) -> HostFlag | None:
-    """A flag for streams of `device`, or None where the driver cannot wait on host memory (the caller waits
-    instead)."""
+    """A flag for streams of `device`, or None where the driver cannot wait on host memory or loads modules lazily
+    (the caller waits instead)."""
     entry = driver_wait() if device.type == "cuda" else None
     if entry is None:
         return None
-    wait, device_ptr = entry
-    word = torch.zeros(1, dtype=torch.int32, pin_memory=True)
+    wait, device_ptr, loading_mode = entry
+    if loading_mode() != EAGER_LOADING:
+        logger.warning(LAZY_WARNING)
+        return None
+    word = torch.zeros(1, dtype=torch.int32, pin_memory=torch.cuda.is_available())
     address = ctypes.c_uint64()
     rc = device_ptr(ctypes.byref(address), ctypes.c_void_p(word.data_ptr()), 0)
     if rc != 0:

@@ -93,6 +93,7 @@ class TreeRun:
     counts: CommittedCounts = field(default_factory=CommittedCounts)  # penalties' committed tokens (node_logits.py)
     grammar_rows: MaskBuffer = field(default_factory=MaskBuffer)  # grammar requests' node masks (grammar_masks.py)
     grammar_flag: object | None = None  # FLASHTREE_GRAMMAR_OVERLAP: the flag deferred walks release (host_flag.HostFlag)
+    grammar_shapes: set = field(default_factory=set)  # (logits rows, constrained) stepped once without the flag
     workspace: Workspace = field(default_factory=Workspace)  # the verify-input and walk kernels' step-local outputs
 
     def widths_for(self, bs: int) -> tuple[int, int]:

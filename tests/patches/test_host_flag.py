@@ -1,18 +1,23 @@
 """The stream's wait on a pinned host flag (flashtree/patches/host_flag.py): its tickets against a recording driver
-entry point on the CPU; on a GPU (`pytest --noconftest tests/patches/test_host_flag.py` there), the driver's real wait:
-work queued behind it, a copy from pinned rows included, runs only after the release and reads what the host wrote
-before it."""
+entry point on the CPU; on a GPU (`pytest --noconftest tests/patches/test_host_flag.py` there), the driver's real wait in a fresh process with
+eager module loading: work queued behind it, a copy from pinned rows and kernels' first launches included, runs only
+after the release and reads what the host wrote before it; with lazy loading no flag is made."""
 
 from __future__ import annotations
 
-import time
+import os
+import subprocess
+import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
 
 from flashtree.patches import host_flag
 from flashtree.patches.host_flag import WAIT_GEQ, HostFlag
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Driver:
@@ -66,30 +71,73 @@ def test_no_flag_without_a_gpu():
     assert host_flag.host_flag(torch.device("cpu")) is None
 
 
+def test_a_lazily_loading_driver_gets_no_flag(monkeypatch, caplog):
+    """Lazy module loading (CUDA's default since 12.2) can synchronise the context at a kernel's first launch, which
+    would wait for the held stream: no flag there, one warning naming the setting; an eager driver gets one."""
+    addresses = []
+
+    def device_ptr(out, pointer, flags):
+        out._obj.value = 0xD000
+        addresses.append(pointer.value)
+        return 0
+
+    for mode, made in [(2, False), (0, False), (host_flag.EAGER_LOADING, True)]:
+        monkeypatch.setattr(host_flag, "driver_wait", lambda: (Driver(), device_ptr, lambda: mode))
+        caplog.clear()
+        flag = host_flag.host_flag(torch.device("cuda"))
+        assert (flag is not None) == made
+        assert ("CUDA_MODULE_LOADING=EAGER" in caplog.text) != made
+    assert flag.address == 0xD000 and len(addresses) == 1
+
+
+WAIT_CHECK = """
+import time, torch
+from flashtree.patches import host_flag
+device = torch.device("cuda")
+flag = host_flag.host_flag(device)
+assert flag is not None, "this driver cannot wait on host memory"
+rows = torch.zeros(4, dtype=torch.int32, pin_memory=True)
+x = torch.zeros(1, device=device)
+torch.cuda.synchronize()
+ticket = flag.wait(device)
+copied = rows.to(device, non_blocking=True)  # reads the rows when the stream gets there
+x.add_(1)  # the add kernel's first launch, behind the wait
+done = torch.cuda.Event()
+done.record()
+time.sleep(0.05)
+assert not done.query()  # held at the wait
+rows.copy_(torch.arange(1, 5, dtype=torch.int32))
+flag.release(ticket)
+done.synchronize()
+assert copied.tolist() == [1, 2, 3, 4] and x.item() == 1.0
+again = flag.wait(device)  # the next ticket waits again
+x.mul_(3)
+done.record()
+time.sleep(0.02)
+assert not done.query()
+flag.release(again)
+done.synchronize()
+assert x.item() == 3.0
+print("released")
+"""
+
+
+def run_gpu_check(script: str, loading: str) -> subprocess.CompletedProcess:
+    """A fresh process (the loading mode is read when CUDA starts), under a time limit: a stream that never gets past
+    its wait shows as a timeout, not a hung suite."""
+    env = dict(os.environ, CUDA_MODULE_LOADING=loading)
+    return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the driver's wait needs a GPU (run there with --noconftest)")
 def test_the_stream_waits_for_the_release_and_copies_what_the_host_wrote():
-    device = torch.device("cuda")
-    flag = host_flag.host_flag(device)
-    assert flag is not None, "this driver cannot wait on host memory"
-    rows = torch.zeros(4, dtype=torch.int32, pin_memory=True)
-    x = torch.zeros(1, device=device)
-    torch.cuda.synchronize()
-    ticket = flag.wait(device)
-    copied = rows.to(device, non_blocking=True)  # reads the rows when the stream gets there
-    x.add_(1)
-    done = torch.cuda.Event()
-    done.record()
-    time.sleep(0.05)
-    assert not done.query()  # held at the wait
-    rows.copy_(torch.arange(1, 5, dtype=torch.int32))
-    flag.release(ticket)
-    done.synchronize()
-    assert copied.tolist() == [1, 2, 3, 4] and x.item() == 1.0
-    again = flag.wait(device)  # the next ticket waits again
-    x.add_(1)
-    done.record()
-    time.sleep(0.02)
-    assert not done.query()
-    flag.release(again)
-    done.synchronize()
-    assert x.item() == 2.0
+    done = run_gpu_check(WAIT_CHECK, "EAGER")
+    assert done.returncode == 0 and "released" in done.stdout, done.stderr[-2000:]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the driver's loading mode needs a GPU")
+def test_lazy_loading_on_a_gpu_gets_no_flag():
+    script = "import torch; from flashtree.patches import host_flag; print(host_flag.host_flag(torch.device('cuda')))"
+    done = run_gpu_check(script, "LAZY")
+    assert done.returncode == 0 and done.stdout.strip() == "None", done.stderr[-2000:]

@@ -292,6 +292,26 @@ def test_deferred_walk_releases_the_ticket_when_it_fails(grammar_backend):
     assert log == [("wait", 1), ("release", 1)]
 
 
+def test_a_shapes_first_grammar_step_walks_before_the_wait(monkeypatch):
+    """The flag serves a (logits rows, constrained requests) shape only from its second grammar step on: the first
+    loads every kernel the step launches behind the wait; without a flag (lazy loading, say) none waits."""
+    from flashtree.patches import decode, host_flag
+
+    made = []
+    monkeypatch.setattr(host_flag, "host_flag", lambda device: made.append(device) or "flag")
+    run = types.SimpleNamespace(plan=types.SimpleNamespace(toggles=types.SimpleNamespace(grammar_overlap=True)),
+                                grammar_flag=None, grammar_shapes=set())
+    logits = types.SimpleNamespace(is_cuda=True, shape=(64, V), device="cuda:0")
+    wide = types.SimpleNamespace(is_cuda=True, shape=(128, V), device="cuda:0")
+    picks = [decode.grammar_flag(run, x, c) for x, c in [(logits, 3), (logits, 3), (logits, 4), (wide, 3), (logits, 4)]]
+    assert picks == [None, "flag", None, None, "flag"] and len(made) == 1
+    run.plan.toggles.grammar_overlap = False
+    assert decode.grammar_flag(run, logits, 3) is None
+    off = types.SimpleNamespace(plan=run.plan, grammar_flag=False, grammar_shapes={(64, 3)})
+    off.plan.toggles.grammar_overlap = True
+    assert decode.grammar_flag(off, logits, 3) is None and len(made) == 1
+
+
 def deferred_step(grammar_backend, monkeypatch, fail_at: str):
     """One constrained tree step with a FakeFlag, stopped by an exception at `fail_at` (a logged call); returns the
     step's log of those calls, the flag's tickets and the grammar walk."""
@@ -300,7 +320,7 @@ def deferred_step(grammar_backend, monkeypatch, fail_at: str):
 
     log = []
     flag = FakeFlag(log)
-    monkeypatch.setattr(decode, "grammar_flag", lambda run, logits: flag)
+    monkeypatch.setattr(decode, "grammar_flag", lambda run, logits, constrained: flag)
     walk = grammar_masks.TreeGrammar.walk
 
     def logged_walk(self, *args):
