@@ -450,8 +450,10 @@ def grammar_flag(run: TreeRun, logits: torch.Tensor, constrained: int):
         return None
     if run.grammar_flag is None:
         run.grammar_flag = host_flag.host_flag(logits.device) or False  # False: the driver cannot wait, don't retry
+    if not run.grammar_flag:
+        return None
     shape = (logits.shape[0], constrained)
-    if not run.grammar_flag or shape not in run.grammar_shapes:
+    if shape not in run.grammar_shapes:
         run.grammar_shapes.add(shape)
         return None
     return run.grammar_flag

@@ -1,7 +1,8 @@
 """The stream's wait on a pinned host flag (flashtree/patches/host_flag.py): its tickets against a recording driver
-entry point on the CPU; on a GPU (`pytest --noconftest tests/patches/test_host_flag.py` there), the driver's real wait in a fresh process with
-eager module loading: work queued behind it, a copy from pinned rows and kernels' first launches included, runs only
-after the release and reads what the host wrote before it; with lazy loading no flag is made."""
+entry point on the CPU; on a GPU (`pytest --noconftest tests/patches/test_host_flag.py` there), the driver's real wait
+in a fresh process with eager module loading: work queued behind it, a copy from pinned rows and kernels' first
+launches included, runs only after the release and reads what the host wrote before it; with lazy loading no flag is
+made."""
 
 from __future__ import annotations
 
