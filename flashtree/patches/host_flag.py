@@ -15,12 +15,17 @@ stream would never get past the wait. Nor may a kernel be loaded in between: loa
 (CUDA's lazy loading, on by default since 12.2), which waits for the held stream. The first GPU run (live run 54, an
 H100, 2026-12-07) hung that way at the first `add` launched behind the wait. So a flag exists only where the driver
 loads modules eagerly (`CUDA_MODULE_LOADING=EAGER`), and the tree step defers only at batch shapes it has already
-stepped without the wait (decode.grammar_flag)."""
+stepped without the wait (decode.grammar_flag). sglang 0.5.17's launcher sets `CUDA_MODULE_LOADING=AUTO` (lazy) for
+the processes it spawns, whatever the user's environment says, so the toggle sets the variable itself in the
+launching process: when its plugin installs there and again after sglang's setup (`eager_after_setup`), before the
+scheduler processes start."""
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
+import os
 from typing import Callable
 
 import torch
@@ -29,8 +34,24 @@ logger = logging.getLogger("flashtree.patches")
 
 WAIT_GEQ = 0x0  # CU_STREAM_WAIT_VALUE_GEQ: (int32)(*addr - value) >= 0, so the counter may wrap
 EAGER_LOADING = 0x1  # CU_MODULE_EAGER_LOADING, from cuModuleGetLoadingMode
-LAZY_WARNING = ("flashtree: FLASHTREE_GRAMMAR_OVERLAP needs CUDA_MODULE_LOADING=EAGER in the server's environment (a "
-                "kernel loaded lazily while the stream waits for the host deadlocks); grammar walks wait for the draft")
+LOADING_ENV = "CUDA_MODULE_LOADING"
+LAZY_WARNING = ("flashtree: FLASHTREE_GRAMMAR_OVERLAP needs eager CUDA module loading (a kernel loaded lazily while the "
+                f"stream waits for the host deadlocks), and CUDA started in this process without it ({LOADING_ENV} is "
+                "set to EAGER when flashtree's plugin loads, too late here); grammar walks wait for the draft")
+
+
+def eager_after_setup(orig):
+    """sglang's `_set_envs_and_config`, then eager module loading for the processes it goes on to spawn. Installing
+    it also asks for eager loading in this process (a plugin loaded after that setup, before CUDA starts)."""
+    os.environ[LOADING_ENV] = "EAGER"
+
+    @functools.wraps(orig)
+    def set_envs_and_config(*args, **kwargs):
+        out = orig(*args, **kwargs)
+        os.environ[LOADING_ENV] = "EAGER"
+        return out
+
+    return set_envs_and_config
 
 
 def driver_wait() -> tuple[Callable, Callable, Callable] | None:

@@ -7,10 +7,11 @@ decides what to install from the toggles. Nothing is touched here: `flashtree.pa
 from __future__ import annotations
 
 import importlib
+import sys
 
 from . import admission, decode, dflash_step, flashmap_draft, logprobs, startup, verify_widths
 from .adapters import base
-from .adapters.base import DFLASH_UTILS, FLASHINFER, REQ, RESULTS, SCHEDULER, TRITON, WORKER, SglangAdapter
+from .adapters.base import DFLASH_UTILS, ENGINE, FLASHINFER, REQ, RESULTS, SCHEDULER, TRITON, WORKER, SglangAdapter
 from .adapters.probe import resolve
 from .installer import Patch
 from .toggles import TreeToggles
@@ -66,7 +67,19 @@ def _tree_patches(adapter: SglangAdapter, toggles: TreeToggles) -> list[Patch]:
         Patch(importlib.import_module(DFLASH_UTILS), "_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS",
               lambda orig: _TaggableFrozenSet(orig - {"TritonAttnBackend", "FlashInferAttnBackend"}),
               "dflash_utils._DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS"),
-    ] + _flashinfer_chain_mask(adapter) + logprobs.patches(adapter, worker_cls) + dflash_step.patches(adapter, toggles)
+    ] + _flashinfer_chain_mask(adapter) + _eager_loading(toggles) + logprobs.patches(adapter, worker_cls) + \
+        dflash_step.patches(adapter, toggles)
+
+
+def _eager_loading(toggles: TreeToggles) -> list[Patch]:
+    """The grammar overlap's host flag needs eager CUDA module loading, which sglang's setup turns off (host_flag.py).
+    Only the launching process has the engine loaded; the processes it spawns inherit the variable."""
+    engine = sys.modules.get(ENGINE)
+    if not toggles.grammar_overlap or not hasattr(engine, "_set_envs_and_config"):
+        return []
+    from . import host_flag
+
+    return [Patch(engine, "_set_envs_and_config", host_flag.eager_after_setup, "engine._set_envs_and_config")]
 
 
 def _flashinfer_hooks(adapter: SglangAdapter) -> bool:

@@ -292,9 +292,9 @@ class TreeToggles:
     grammar_overlap: bool = toggle(
         "FLASHTREE_GRAMMAR_OVERLAP", Flag(), False,
         "queue the step's walk and commit behind a device-side wait on a host flag, then walk grammar-constrained "
-        "requests' trees while the target verifies, instead of the scheduler thread walking first (GPU, with "
-        "`CUDA_MODULE_LOADING=EAGER` in the server's environment; not yet proven on a GPU; see \"Sampling features\" "
-        "below)", "on")
+        "requests' trees while the target verifies, instead of the scheduler thread walking first (GPU; sets "
+        "`CUDA_MODULE_LOADING=EAGER` for the server's processes; the wait proven on a GPU, the deferred walk not yet in "
+        "a live server; see \"Sampling features\" below)", "on")
 
     tp: bool = toggle(
         "FLASHTREE_TP", Flag(), False,

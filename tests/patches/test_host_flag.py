@@ -6,6 +6,7 @@ made."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -87,8 +88,43 @@ def test_a_lazily_loading_driver_gets_no_flag(monkeypatch, caplog):
         caplog.clear()
         flag = host_flag.host_flag(torch.device("cuda"))
         assert (flag is not None) == made
-        assert ("CUDA_MODULE_LOADING=EAGER" in caplog.text) != made
+        assert ("needs eager CUDA module loading" in caplog.text) != made
     assert flag.address == 0xD000 and len(addresses) == 1
+
+
+def test_the_overlap_turns_eager_loading_back_on_after_sglangs_setup(monkeypatch):
+    """sglang 0.5.17's `_set_envs_and_config` sets CUDA_MODULE_LOADING=AUTO (lazy) for the processes it spawns, over the
+    user's environment: with the overlap on, the launching process's function is wrapped so EAGER follows it, and
+    installing it asks for EAGER in that process too; with it off, or in a process without the engine (the spawned
+    ones inherit the variable), nothing is patched. (sglang's engine module does not import on a CPU box: a stand-in
+    carries the function here, and the release's source is read for its name below.)"""
+    if not torch.cuda.is_available():
+        import sglang_cpu  # noqa: F401  (sglang importable without a GPU)
+    from flashtree.patches import adapters, plan
+    from flashtree.patches.adapters.base import ENGINE
+    from flashtree.patches.toggles import read_toggles
+
+    source = Path(importlib.util.find_spec("sglang").submodule_search_locations[0], "srt/entrypoints/engine.py")
+    assert "def _set_envs_and_config(server_args" in source.read_text()
+    calls = []
+
+    def sglang_setup(server_args):
+        calls.append(server_args)
+        os.environ[host_flag.LOADING_ENV] = "AUTO"  # as sglang 0.5.17's launcher does
+
+    adapter = adapters.select_adapter()
+    tree, overlap = {"FLASHTREE_TREE_N": "8"}, {"FLASHTREE_TREE_N": "8", "FLASHTREE_GRAMMAR_OVERLAP": "1"}
+    monkeypatch.delitem(sys.modules, ENGINE, raising=False)
+    assert "engine._set_envs_and_config" not in [p.key for p in plan.patches(adapter, read_toggles(overlap))]
+    monkeypatch.setitem(sys.modules, ENGINE, types.SimpleNamespace(_set_envs_and_config=sglang_setup))
+    assert "engine._set_envs_and_config" not in [p.key for p in plan.patches(adapter, read_toggles(tree))]
+    (patch,) = [p for p in plan.patches(adapter, read_toggles(overlap)) if p.key == "engine._set_envs_and_config"]
+    monkeypatch.setenv(host_flag.LOADING_ENV, "LAZY")
+    wrapped = patch.make(getattr(patch.owner, patch.name))
+    assert os.environ[host_flag.LOADING_ENV] == "EAGER"  # installed after sglang's setup: this process asks already
+    os.environ[host_flag.LOADING_ENV] = "AUTO"
+    wrapped("args")
+    assert calls == ["args"] and os.environ[host_flag.LOADING_ENV] == "EAGER"
 
 
 WAIT_CHECK = """
