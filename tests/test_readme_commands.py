@@ -2,12 +2,13 @@
 
 Every command of the ```bash blocks of README.md and experiments/README.md, and every ```python block of README.md,
 is read from the files when the tests are collected (the files change; nothing here copies a command). Small limits:
-`python experiments/*.py` and `flashtree sweep|replay` commands get a tiny model, one prompt, four new tokens, no W&B and temporary output folders
-appended (an override of the same key the command sets is replaced, so a sweep over datasets becomes one dataset);
-Optuna sweeps run 2 trials; `scripts/*.sh` run as written (they are the small jobs); Python blocks get `limit=1` and
-`max_new_tokens=8`. A `launcher=slurm` line cannot reach a cluster here: its config is composed and printed with
-`--cfg all` instead. Commands that are not run are in NOT_RUN, each with its reason; a command that matches no rule
-fails, so a new kind of command in a README needs a rule here.
+`python experiments/*.py` and `flashtree sweep|replay` commands get a tiny model, one prompt, four new tokens, no
+W&B and temporary output folders appended (an override of the same key the command sets is replaced, so a sweep over
+datasets becomes one dataset); Optuna sweeps run 2 trials; `scripts/*.sh` run as written (they are the small jobs);
+Python blocks get `limit=1` and `max_new_tokens=8`. A `launcher=slurm` line cannot reach a cluster here: its config
+is composed and printed with `--cfg all` instead. Commands that are not run are in NOT_RUN, each with its reason; a
+command that matches no rule fails, so a new kind of command in a README needs a rule here. A command that runs,
+under these limits, as an earlier one does is run once.
 
 Marked slow: the Python blocks run the real SmolLM2-135M; the whole file takes about two minutes on 2 cores.
 """
@@ -55,7 +56,25 @@ def _blocks(doc: str, lang: str):
 
 
 def _shell_commands():
-    """(doc:line, command line) of every command in the docs' bash blocks; continuation lines joined."""
+    """(doc:line, command line) of every command in the docs' bash blocks; continuation lines joined. A command that
+    runs as an earlier one does once its limits are in (README.md repeats experiments/README.md's) is left out."""
+    seen = set()
+    for doc, line_no, command in _doc_commands():
+        key = _as_run(command)
+        if key not in seen:
+            seen.add(key)
+            yield pytest.param(command, id=f"{doc}:{line_no}")
+
+
+def _as_run(command: str) -> tuple[str, ...]:
+    """What a command runs under the small limits: a Hydra app's arguments after `_small`, any Python the same."""
+    words = shlex.split(command)
+    if len(words) > 1 and words[0] in PYTHONS and re.fullmatch(r"experiments/\w+\.py", words[1]):
+        return ("python", words[1], *_small(words[2:], Path("tmp")))
+    return tuple(words)
+
+
+def _doc_commands():
     for doc in SHELL_DOCS:
         for first, text in _blocks(doc, "bash"):
             pending, at = "", None
@@ -67,7 +86,7 @@ def _shell_commands():
                 command = " ".join(shlex.split(pending + line, comments=True))
                 pending, line_no, at = "", at, None
                 if command:
-                    yield pytest.param(command, id=f"{doc}:{line_no}")
+                    yield doc, line_no, command
 
 
 def _python_blocks():
@@ -162,7 +181,7 @@ def test_readme_shell_command(command, tmp_path, request):
         env.update(PYTHON=sys.executable, NAME=name)
         had_multirun = (ROOT / "multirun").exists()
         try:
-            # as written: the scripts are the small jobs (the main job replays a shipped recording in about a minute)
+            # as written: the scripts are the small jobs (the main job replays a shipped recording in about 1.5 minutes)
             _run(["bash", program, *args], env)
         finally:
             for folder in ((name, f"replay-{name}") if had_multirun else ("",)):

@@ -18,7 +18,7 @@ from pathlib import Path
 from ..files import load_torch
 from ..planner.accept_table import AcceptTable
 from ..tree import DEFAULT_POLICY
-from .replay import Recording, replay
+from .replay import Recording, replay_all
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
@@ -37,7 +37,7 @@ def accept_table(recordings: list[Recording], shapes: list[tuple[int, int]], pol
                  source: str = "") -> AcceptTable:
     counts = {}
     for n, w in shapes:
-        hist = Counter(s.accept_len for rec in recordings for s in replay(rec, n, w, policy))
+        hist = Counter(s.accept_len for steps in replay_all(recordings, n, w, policy) for s in steps)
         counts[(n, w)] = tuple(hist.get(i, 0) for i in range(max(hist) + 1))
     return AcceptTable(counts, source=source, policy=policy)
 

@@ -46,12 +46,12 @@ class GenerateResult:
 
 def step_record(tree: VoteTree, candidates: torch.Tensor, result: VerifyResult, continuation: torch.Tensor, *,
                 request: int, step: int, position: int, policy: str, time_s: dict | None = None,
-                plan: Shape | None = None) -> StepRecord:
-    """The record of one request's step: `tree` and `result` hold that request alone (batch row 0), `candidates`
+                plan: Shape | None = None, row: int = 0) -> StepRecord:
+    """The record of one request's step: `tree` and `result` hold that request at batch row `row`, `candidates`
     (N, K) the blocks its tree was built from, `continuation` the tokens the request committed from `position` on
     (for the oracle), `plan` the planner's shape when it chose this step's."""
-    a = int(result.accept_len[0])
-    path = result.path[0, 1 : a + 1]  # accepted node indices, root excluded
+    a = int(result.accept_len[row])
+    path = result.path[row, 1 : a + 1]  # accepted node indices, root excluded
     return StepRecord(
         request=request,
         step=step,
@@ -59,10 +59,10 @@ def step_record(tree: VoteTree, candidates: torch.Tensor, result: VerifyResult, 
         policy=policy,
         candidates=candidates.shape[0],
         distinct_candidates=int(torch.unique(candidates, dim=0).shape[0]),
-        tree_size=int(tree.valid.sum()),
+        tree_size=int(tree.valid[row].sum()),
         accept_len=a,
         accepted_path=tuple(path.tolist()),
-        accepted_depth_votes=tuple(tree.votes[0, path - 1].tolist()),
+        accepted_depth_votes=tuple(tree.votes[row, path - 1].tolist()),
         oracle_len=oracle_len(candidates, continuation, a),
         time_s=dict(time_s or {}),
         plan_n=None if plan is None else plan.n,

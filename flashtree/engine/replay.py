@@ -127,41 +127,56 @@ def record(model, drafter, prompt, *, n_max: int, max_new_tokens: int, seed: int
 
 def replay_tree(rec: Recording, i: int, n: int, width: int, policy: str) -> VoteTree:
     """The tree `policy` builds at recorded position i from the first n candidates (bs 1)."""
+    return replay_trees([rec], [i], n, width, policy)
+
+
+def replay_trees(recs: list[Recording], idx: list[int], n: int, width: int, policy: str) -> VoteTree:
+    """The trees `policy` builds from the first n candidates, row r at position idx[r] of recs[r]."""
     chosen = get_policy(policy)
-    cands = rec.candidates[i, :n].unsqueeze(0)
     if "step_logprobs" in chosen.needs_scores:
-        tokens, parents = (rec.grown or {}).get(policy, (None, None))
-        if tokens is None or tokens.shape[1] < width - 1:
-            have = "none" if tokens is None else f"{tokens.shape[1] + 1} tokens"
-            raise ValueError(f"tree.policy={policy!r} at W={width}: the recording holds its trees up to {have}; "
-                             "record with a drafter that proposes scores (dspark) and the widest W in replay.widths")
-        return grown_tree(tokens[i, : width - 1], parents[i, : width - 1], rec.k, n)
-    if chosen.needs_scores and rec.logp is None:
+        held = [(rec.grown or {}).get(policy, (None, None)) for rec in recs]
+        for tokens, _ in held:
+            if tokens is None or tokens.shape[1] < width - 1:
+                have = "none" if tokens is None else f"{tokens.shape[1] + 1} tokens"
+                raise ValueError(f"tree.policy={policy!r} at W={width}: the recording holds its trees up to {have}; "
+                                 "record with a drafter that proposes scores (dspark) and the widest W in "
+                                 "replay.widths")
+        tokens = torch.stack([t[i, : width - 1] for (t, _), i in zip(held, idx)])
+        parents = torch.stack([p[i, : width - 1] for (_, p), i in zip(held, idx)])
+        return grown_tree(tokens, parents, recs[0].k, n)
+    unscored = any(rec.logp is None for rec in recs)
+    if chosen.needs_scores and unscored:
         raise ValueError(f"tree.policy={policy!r} reads the draft's log-probabilities, which this recording lacks "
                          "(its drafter proposes no scores; dspark does)")
-    scores = None if rec.logp is None else DraftScores(logp=rec.logp[i, :n].float().unsqueeze(0))
+    cands = torch.stack([rec.candidates[i, :n] for rec, i in zip(recs, idx)])
+    scores = None if unscored else DraftScores(logp=torch.stack([rec.logp[i, :n] for rec, i in zip(recs, idx)]).float())
     return build_tree(cands, width, policy, scores)
 
 
 def grown_tree(tokens: torch.Tensor, parents: torch.Tensor, k: int, n: int) -> VoteTree:
-    """A recorded tree (tokens, -1 for padding, and parents of its first nodes) as a bs-1 VoteTree."""
+    """Recorded trees (bs, M): tokens, -1 for padding, and parents of their first nodes, as a VoteTree."""
     valid = tokens >= 0
     depth = torch.ones_like(parents)
-    for j in range(parents.shape[0]):  # parents-first: a parent's depth is known before its children's
-        if parents[j] > 0:
-            depth[j] = depth[parents[j] - 1] + 1
-    first = tokens[:1].clamp(min=0).expand_as(tokens)
-    row = lambda x: x.view(1, -1)  # noqa: E731
-    return VoteTree(tokens=row(torch.where(valid, tokens, first)), parents=row(torch.where(valid, parents, 0)),
-                    depth=row(torch.where(valid, depth, 1)), votes=row(torch.zeros_like(tokens)), valid=row(valid),
-                    first_candidate=row(torch.full_like(tokens, n)), k=k)
+    for j in range(parents.shape[1]):  # parents-first: a parent's depth is known before its children's
+        above = depth.gather(1, (parents[:, j : j + 1] - 1).clamp(min=0))[:, 0] + 1
+        depth[:, j] = torch.where(parents[:, j] > 0, above, 1)
+    first = tokens[:, :1].clamp(min=0).expand_as(tokens)
+    return VoteTree(tokens=torch.where(valid, tokens, first), parents=torch.where(valid, parents, 0),
+                    depth=torch.where(valid, depth, 1), votes=torch.zeros_like(tokens), valid=valid,
+                    first_candidate=torch.full_like(tokens, n), k=k)
 
 
 def replay(rec: Recording, n: int, width: int, policy: str = DEFAULT_POLICY) -> list[StepRecord]:
     """The steps a direct greedy run with N = n, W = width and tree policy `policy` makes on the recorded prompt."""
-    if not 1 <= n <= rec.n_max:
-        raise ValueError(f"tree.n={n}: the recording holds N_max = {rec.n_max} candidates per position")
-    return _walk(rec, policy, lambda: Shape(n, width))
+    return replay_all([rec], n, width, policy)[0]
+
+
+def replay_all(recs: list[Recording], n: int, width: int, policy: str = DEFAULT_POLICY) -> list[list[StepRecord]]:
+    """`replay` of every recording, their steps batched (each row its own prompt: the same steps as one by one)."""
+    for rec in recs:
+        if not 1 <= n <= rec.n_max:
+            raise ValueError(f"tree.n={n}: the recording holds N_max = {rec.n_max} candidates per position")
+    return _walk(recs, policy, lambda: Shape(n, width))
 
 
 def replay_planned(rec: Recording, planner: Planner, policy: str = DEFAULT_POLICY) -> list[StepRecord]:
@@ -171,28 +186,36 @@ def replay_planned(rec: Recording, planner: Planner, policy: str = DEFAULT_POLIC
     over = [s.label() for s in planner.acceptance.shapes if s.n > rec.n_max]
     if over:
         raise ValueError(f"tree.n=auto: the recording holds N_max = {rec.n_max} candidates, the menu has {over}")
-    return _walk(rec, policy, lambda: planner.choose(1).shape, planner)
+    return _walk([rec], policy, lambda: planner.choose(1).shape, planner)[0]
 
 
-def _walk(rec: Recording, policy: str, shape_of_step, planner: Planner | None = None) -> list[StepRecord]:
-    g = rec.sequence
-    committed = g[: rec.end]  # what the run keeps (the engine truncates at the stop / budget)
-    pos, step, steps = rec.prompt_len, 0, []
-    while pos < rec.end:
-        i = pos - rec.prompt_len
+def _walk(recs: list[Recording], policy: str, shape_of_step, planner: Planner | None = None) -> list[list[StepRecord]]:
+    """Each recording's greedy run, all walked in step: one tree build and one walk per step for every prompt still
+    running."""
+    pos = [rec.prompt_len for rec in recs]
+    steps: list[list[StepRecord]] = [[] for _ in recs]
+    step = 0
+    while live := [j for j, rec in enumerate(recs) if pos[j] < rec.end]:
+        rows = [recs[j] for j in live]
+        idx = [pos[j] - recs[j].prompt_len for j in live]
         shape = shape_of_step()
-        cands = rec.candidates[i, : shape.n]
-        build = lambda n, w: replay_tree(rec, i, n, w, policy)  # noqa: E731
+        build = lambda n, w: replay_trees(rows, idx, n, w, policy)  # noqa: E731
         tree, grown = (build(shape.n, shape.width), None) if planner is None else step_tree(planner, shape, build)
         # The target's choice after a node at depth d on the greedy path is g[pos + d]; off the path it is never
         # read (a node is accepted only if all its ancestors are), so g[pos + d] serves every node.
-        depth = torch.cat([tree.depth.new_zeros(1, 1), tree.depth], dim=1)
-        choice = g[pos + depth]
+        depth = torch.cat([tree.depth.new_zeros(len(live), 1), tree.depth], dim=1)
+        choice = torch.stack([rec.sequence[pos[j] + d] for rec, j, d in zip(rows, live, depth)])
         res = verify_greedy(tree, choice)
-        steps.append(step_record(tree, cands, res, committed[pos:], request=0, step=step, position=pos, policy=policy,
-                                 plan=None if planner is None else shape))
+        for r, (rec, j, i) in enumerate(zip(rows, live, idx)):
+            # what the run keeps (the engine truncates at the stop / budget) from this step on, for the oracle
+            kept = rec.sequence[pos[j] : rec.end]
+            steps[j].append(step_record(tree, rec.candidates[i, : shape.n], res, kept, request=0, step=step,
+                                        position=pos[j], policy=policy, plan=None if planner is None else shape,
+                                        row=r))
         if planner is not None:
-            planner.observe(rec.candidates[i : i + 1], res.tokens, policy, grown)
-        pos += steps[-1].accept_len + 1
+            cands = torch.stack([rec.candidates[i] for rec, i in zip(rows, idx)])
+            planner.observe(cands, res.tokens, policy, grown)
+        for j in live:
+            pos[j] += steps[j][-1].accept_len + 1
         step += 1
     return steps

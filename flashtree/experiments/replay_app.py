@@ -132,7 +132,7 @@ def replay_grid(rc, out: Path) -> float:
     """Record (or reuse the recording) and replay the whole grid into `out`; returns the best τ."""
     from tqdm.auto import tqdm
 
-    from flashtree.engine.replay import replay
+    from flashtree.engine.replay import replay_all
     from flashtree.results.collect import COLLECTED, collect, format_table
 
     recs, record_time = load_or_record(rc, out)
@@ -140,7 +140,7 @@ def replay_grid(rc, out: Path) -> float:
     replay_time = 0.0
     for n, w in tqdm(grid, desc="replay", unit="config", disable=not rc.logger.progress, dynamic_ncols=True):
         start = time.perf_counter()
-        steps = [replay(r, n, w, rc.tree.policy) for r in recs]
+        steps = replay_all(recs, n, w, rc.tree.policy)
         replay_time += time.perf_counter() - start
         write_config(rc, out, n, w, steps, recs)
     if rc.tree.auto and recs:

@@ -1,6 +1,8 @@
 """Replay of the probability policies from one recording equals direct runs, step for step: `prob` from the recorded
 log-probabilities, `best-first` from its trees recorded at the widest width (narrower ones are their prefixes)."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -8,6 +10,8 @@ from flashtree.drafters import load_drafter
 from flashtree.engine import tree_generate
 from flashtree.engine.replay import record, replay
 from tests.test_dspark import random_model, small_config
+
+RECORDING = Path(__file__).resolve().parents[2] / "benchmarks" / "recordings" / "smollm2-dspark-gsm8k.pt"
 
 
 @pytest.fixture(scope="module")
@@ -43,3 +47,17 @@ def test_a_width_beyond_the_recorded_trees_is_refused(setup):
     *_, rec = setup
     with pytest.raises(ValueError, match="holds its trees up to 8 tokens"):
         replay(rec, 4, 16, "best-first")
+
+
+@pytest.mark.parametrize("policy", ["vote", "prob", "best-first"])
+def test_the_prompts_replayed_together_are_each_replayed_alone(policy):
+    """`replay_all` walks every prompt of a recording in one batch: each prompt's steps are those of its own replay
+    (the shipped SmolLM2 recording, prompts of different lengths finishing at different steps)."""
+    from flashtree.engine.replay import Recording, replay_all
+
+    shipped = torch.load(RECORDING, weights_only=False)["recordings"][:6]
+    recs = [Recording(**r) for r in shipped]
+    assert len({r.end - r.prompt_len for r in recs}) > 1
+    for n, width in [(1, 4), (8, 16), (32, 33)]:
+        together = replay_all(recs, n, width, policy)
+        assert together == [replay(rec, n, width, policy) for rec in recs]
