@@ -312,6 +312,10 @@ def test_the_auto_presets_put_the_planner_beside_the_chain_and_the_fixed_trees()
     assert big.phases.speed.concurrencies == [1, 8, 32, 64]
     env = instance(big, "auto-simtab", "bf16", "speed", {}).env
     assert env["FLASHTREE_TREE_N"] == "auto" and env["FLASHTREE_SIMULATE_ACC"].endswith("smollm2-dspark-gsm8k.json")
+    # a planner's description names the window it runs in, an overridden one too
+    assert "up to 32 tokens" in big.servers["auto-simtab"].description
+    wide = to_live_config(compose("+preset=auto-qwen3-8b-simtab", "servers.auto-simtab.window=64"))
+    assert "up to 64 tokens" in wide.servers["auto-simtab"].description
 
 
 def test_the_serving_preset_puts_flashinfer_beside_triton():
