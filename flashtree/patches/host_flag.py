@@ -18,7 +18,8 @@ loads modules eagerly (`CUDA_MODULE_LOADING=EAGER`), and the tree step defers on
 stepped without the wait (decode.grammar_flag). sglang 0.5.17's launcher sets `CUDA_MODULE_LOADING=AUTO` (lazy) for
 the processes it spawns, whatever the user's environment says, so the toggle sets the variable itself in the
 launching process: when its plugin installs there and again after sglang's setup (`eager_after_setup`), before the
-scheduler processes start."""
+scheduler processes start. The plugin loads before the launcher imports sglang's engine, so installing imports it
+(plan._eager_loading; live run 59 ran without that and every overlap server warned)."""
 
 from __future__ import annotations
 
@@ -36,8 +37,9 @@ WAIT_GEQ = 0x0  # CU_STREAM_WAIT_VALUE_GEQ: (int32)(*addr - value) >= 0, so the 
 EAGER_LOADING = 0x1  # CU_MODULE_EAGER_LOADING, from cuModuleGetLoadingMode
 LOADING_ENV = "CUDA_MODULE_LOADING"
 LAZY_WARNING = ("flashtree: FLASHTREE_GRAMMAR_OVERLAP needs eager CUDA module loading (a kernel loaded lazily while the "
-                f"stream waits for the host deadlocks), and CUDA started in this process without it ({LOADING_ENV} is "
-                "set to EAGER when flashtree's plugin loads, too late here); grammar walks wait for the draft")
+                f"stream waits for the host deadlocks), and CUDA started in this process without it (flashtree sets "
+                f"{LOADING_ENV}=EAGER for the processes a launcher starts after sglang's setup; this one did not get "
+                "it); grammar walks wait for the draft")
 
 
 def eager_after_setup(orig):

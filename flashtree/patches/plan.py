@@ -7,6 +7,7 @@ decides what to install from the toggles. Nothing is touched here: `flashtree.pa
 from __future__ import annotations
 
 import importlib
+import multiprocessing
 import sys
 
 from . import admission, decode, dflash_step, flashmap_draft, logprobs, startup, verify_widths
@@ -73,13 +74,27 @@ def _tree_patches(adapter: SglangAdapter, toggles: TreeToggles) -> list[Patch]:
 
 def _eager_loading(toggles: TreeToggles) -> list[Patch]:
     """The grammar overlap's host flag needs eager CUDA module loading, which sglang's setup turns off (host_flag.py).
-    Only the launching process has the engine loaded; the processes it spawns inherit the variable."""
+    The launching process runs that setup and spawns the others, which inherit the variable: there the engine is
+    imported now (the plugin loads before the launcher imports it, as sglang's own hooks do) and its setup wrapped."""
+    if not toggles.grammar_overlap:
+        return []
     engine = sys.modules.get(ENGINE)
-    if not toggles.grammar_overlap or not hasattr(engine, "_set_envs_and_config"):
+    if engine is None and multiprocessing.parent_process() is None:
+        engine = import_engine()
+    if not hasattr(engine, "_set_envs_and_config"):
         return []
     from . import host_flag
 
     return [Patch(engine, "_set_envs_and_config", host_flag.eager_after_setup, "engine._set_envs_and_config")]
+
+
+def import_engine():
+    """sglang's engine module, or None where it does not import (a CPU box: the scheduler's LAZY_WARNING says so on a
+    GPU)."""
+    try:
+        return importlib.import_module(ENGINE)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _flashinfer_hooks(adapter: SglangAdapter) -> bool:

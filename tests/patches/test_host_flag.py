@@ -95,9 +95,10 @@ def test_a_lazily_loading_driver_gets_no_flag(monkeypatch, caplog):
 def test_the_overlap_turns_eager_loading_back_on_after_sglangs_setup(monkeypatch):
     """sglang 0.5.17's `_set_envs_and_config` sets CUDA_MODULE_LOADING=AUTO (lazy) for the processes it spawns, over the
     user's environment: with the overlap on, the launching process's function is wrapped so EAGER follows it, and
-    installing it asks for EAGER in that process too; with it off, or in a process without the engine (the spawned
-    ones inherit the variable), nothing is patched. (sglang's engine module does not import on a CPU box: a stand-in
-    carries the function here, and the release's source is read for its name below.)"""
+    installing it asks for EAGER in that process too. The plugin loads there before the launcher imports the engine
+    (live run 59: no patch, the warning in every overlap server), so the launching process imports it; a spawned
+    process does not (it inherits the variable). With the overlap off nothing is patched. (sglang's engine module does
+    not import on a CPU box: a stand-in carries the function here, and the release's source is read for its name.)"""
     if not torch.cuda.is_available():
         import sglang_cpu  # noqa: F401  (sglang importable without a GPU)
     from flashtree.patches import adapters, plan
@@ -106,25 +107,32 @@ def test_the_overlap_turns_eager_loading_back_on_after_sglangs_setup(monkeypatch
 
     source = Path(importlib.util.find_spec("sglang").submodule_search_locations[0], "srt/entrypoints/engine.py")
     assert "def _set_envs_and_config(server_args" in source.read_text()
-    calls = []
+    calls, imports = [], []
 
     def sglang_setup(server_args):
         calls.append(server_args)
         os.environ[host_flag.LOADING_ENV] = "AUTO"  # as sglang 0.5.17's launcher does
 
+    stand_in = types.SimpleNamespace(_set_envs_and_config=sglang_setup)
+    monkeypatch.setattr(plan, "import_engine", lambda: imports.append(ENGINE) or stand_in)
     adapter = adapters.select_adapter()
     tree, overlap = {"FLASHTREE_TREE_N": "8"}, {"FLASHTREE_TREE_N": "8", "FLASHTREE_GRAMMAR_OVERLAP": "1"}
+    keys = lambda env: [p.key for p in plan.patches(adapter, read_toggles(env))]  # noqa: E731
     monkeypatch.delitem(sys.modules, ENGINE, raising=False)
-    assert "engine._set_envs_and_config" not in [p.key for p in plan.patches(adapter, read_toggles(overlap))]
-    monkeypatch.setitem(sys.modules, ENGINE, types.SimpleNamespace(_set_envs_and_config=sglang_setup))
-    assert "engine._set_envs_and_config" not in [p.key for p in plan.patches(adapter, read_toggles(tree))]
+    assert "engine._set_envs_and_config" not in keys(tree) and imports == []
+    monkeypatch.setattr(plan.multiprocessing, "parent_process", lambda: object())  # a spawned process
+    assert "engine._set_envs_and_config" not in keys(overlap) and imports == []
+    monkeypatch.setattr(plan.multiprocessing, "parent_process", lambda: None)  # the launching process
     (patch,) = [p for p in plan.patches(adapter, read_toggles(overlap)) if p.key == "engine._set_envs_and_config"]
+    assert imports == [ENGINE] and patch.owner is stand_in
     monkeypatch.setenv(host_flag.LOADING_ENV, "LAZY")
     wrapped = patch.make(getattr(patch.owner, patch.name))
     assert os.environ[host_flag.LOADING_ENV] == "EAGER"  # installed after sglang's setup: this process asks already
     os.environ[host_flag.LOADING_ENV] = "AUTO"
     wrapped("args")
     assert calls == ["args"] and os.environ[host_flag.LOADING_ENV] == "EAGER"
+    monkeypatch.setitem(sys.modules, ENGINE, stand_in)  # imported already: patched without another import
+    assert "engine._set_envs_and_config" in keys(overlap) and imports == [ENGINE]
 
 
 WAIT_CHECK = """
