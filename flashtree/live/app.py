@@ -37,6 +37,7 @@ def describe(cfg: LiveConfig, plan: dict[str, list[Instance]]) -> str:
         p = getattr(cfg.phases, phase)
         what = (f"concurrencies {list(p.concurrencies)}, {p.rounds} round(s), client {p.backend}"
                 + (f", {p.constrained:.0%} of the requests constrained to {p.regex!r}" if p.constrained else "")
+                + (", each level paired with the same level all free" if p.paired else "")
                 if phase in SPEED_PHASES else f"{p.prompts} prompts x {p.max_new_tokens} tokens"
                 if phase == "identity" else f"regex {p.regex!r}" if phase == "grammar"
                 else f"{len(features.requests(p.logit_bias, 1, p.skip))} feature requests x {p.max_new_tokens} tokens"
@@ -167,10 +168,25 @@ class Run:
         bar.close()
         return result
 
+    def paired_level(self, phase: str, name: str, conc: int, rnd: int) -> dict:
+        """The constrained level and the same level all free, back to back (free first in even rounds): the
+        constrained row with the free rate and their ratio; the free requests reach the tables as phase `<phase>-free`."""
+        p = getattr(self.cfg.phases, phase)
+        port = self.manager.port(name)
+        rows = {}
+        for constrained in (0.0, p.constrained)[:: -1 if rnd % 2 else 1]:
+            rows[constrained], rs = speed.ids_level(port, self.prompts.ids, conc, p.max_new_tokens, p.min_requests,
+                                                    burst=rnd == 0 and not rows, constrained=constrained,
+                                                    regex=p.regex)
+            self.keep(phase if constrained else f"{phase}-free", name, conc, rnd, rs)
+        return speed.paired_row(rows[p.constrained], rows[0.0])
+
     def level(self, phase: str, name: str, conc: int, rnd: int, left_s: float) -> dict:
         p = getattr(self.cfg.phases, phase)
         port = self.manager.port(name)
         if p.backend == "ids":
+            if p.paired:
+                return self.paired_level(phase, name, conc, rnd)
             row, rs = speed.ids_level(port, self.prompts.ids, conc, p.max_new_tokens, p.min_requests, burst=rnd == 0,
                                       constrained=p.constrained, regex=p.regex)
             self.keep(phase, name, conc, rnd, rs)

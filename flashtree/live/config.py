@@ -169,12 +169,18 @@ class SpeedPhase(Phase):
     # the fraction of each level's requests that carry `regex` (grammar-constrained output; ids client only)
     constrained: float = 0.0
     regex: str = CONSTRAINED_REGEX
+    # with `constrained`: each level also runs all free, back to back on the same server in the same round (the order
+    # alternating over rounds), so a server's grammar cost is the ratio of two levels a few seconds apart, not of two
+    # phases minutes apart, between which one round's rate can move by half on a shared host)
+    paired: bool = False
 
     def __post_init__(self) -> None:
         _check(self.backend in SPEED_BACKENDS, "speed.backend", self.backend, f"use one of {', '.join(SPEED_BACKENDS)}")
         _check(0.0 <= self.constrained <= 1.0, "speed.constrained", self.constrained, "must be a fraction in [0, 1]")
         _check(self.constrained == 0.0 or self.backend == "ids", "speed.backend", self.backend,
                "constrained requests are sent by flashtree's client: use ids (bench_serving sends no grammar)")
+        _check(not self.paired or self.constrained > 0.0, "speed.paired", self.paired,
+               "pairs free levels with constrained ones: set constrained above 0, or paired=false")
         _check(bool(self.regex), "speed.regex", self.regex, "must be a non-empty regular expression")
         _check(self.rounds >= 1, "speed.rounds", self.rounds, "must be >= 1")
         _check(all(c >= 1 for c in self.concurrencies), "speed.concurrencies", list(self.concurrencies), "must be >= 1")
@@ -230,7 +236,7 @@ class PhasesConfig:
     stage: SpeedPhase = field(default_factory=SpeedPhase)  # the speed phase on FLASHTREE_STAGE_TIMES servers
     speed: SpeedPhase = field(default_factory=SpeedPhase)
     # the speed phase with a share of grammar-constrained requests (the grammar's cost, tree against chain)
-    mixed: SpeedPhase = field(default_factory=lambda: SpeedPhase(constrained=0.3, backend="ids"))
+    mixed: SpeedPhase = field(default_factory=lambda: SpeedPhase(constrained=0.3, backend="ids", paired=True))
     sampled: SampledPhase = field(default_factory=SampledPhase)
     grammar: GrammarPhase = field(default_factory=GrammarPhase)
     features: FeaturesPhase = field(default_factory=FeaturesPhase)

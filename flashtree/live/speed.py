@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -110,15 +111,22 @@ def ids_level(port: int, prompts: list, conc: int, max_new_tokens: int, min_requ
     return row, rs
 
 
+def paired_row(constrained: dict, free: dict) -> dict:
+    """A paired level's row: the constrained level's, with the free level's rate and tau and the ratio of the rates
+    (the grammar's cost on this server: 1 - ratio)."""
+    return {**constrained, "free_tokens_per_s": free["tokens_per_s"], "free_tau": free["tau"],
+            "grammar_ratio": round(constrained["tokens_per_s"] / free["tokens_per_s"], 3)}
+
+
 def merge_rounds(rows: list[dict]) -> dict:
     """One level's rounds: rates and times averaged, tau over all their tokens and verify steps where counted."""
     ok = [r for r in rows if "error" not in r]
     if len(ok) < 2:
         return ok[0] if ok else rows[-1]
     merged = dict(ok[0])
-    for key in ("tokens_per_s", "tpot_ms", "median_tpot_ms", "ttft_ms", "ms_per_token"):
+    for key in ("tokens_per_s", "free_tokens_per_s", "tpot_ms", "median_tpot_ms", "ttft_ms", "ms_per_token"):
         if key in merged:
-            merged[key] = round(sum(r[key] for r in ok) / len(ok), 3 if key != "tokens_per_s" else 1)
+            merged[key] = round(sum(r[key] for r in ok) / len(ok), 3 if "tokens_per_s" not in key else 1)
     for key in ("requests", "output_tokens", "verify_steps", "constrained_requests"):
         if key in merged:
             merged[key] = sum(r[key] for r in ok)
@@ -127,16 +135,26 @@ def merge_rounds(rows: list[dict]) -> dict:
     elif merged.get("tau") is not None:
         merged["tau"] = round(sum(r["tau"] or 0 for r in ok) / len(ok), 3)
     merged["tokens_per_s_rounds"] = [r["tokens_per_s"] for r in ok]
+    if "grammar_ratio" in merged:  # each round's own pair: the median, which one disturbed round does not move
+        merged["grammar_ratio_rounds"] = [r["grammar_ratio"] for r in ok]
+        merged["grammar_ratio"] = statistics.median(merged["grammar_ratio_rounds"])
     return merged
 
 
 def table(result: dict) -> str:
-    """Markdown: one line per server and concurrency."""
-    lines = ["| server | c | tokens/s | TPOT ms | ms/token | tau | requests | output tokens |",
-             "|---|---|---|---|---|---|---|---|"]
+    """Markdown: one line per server and concurrency; a paired phase's adds the free rate and the ratio."""
+    paired = any("grammar_ratio" in r for rows in result["servers"].values() for r in rows)
+    lines = ["| server | c | tokens/s | TPOT ms | ms/token | tau | requests | output tokens |"
+             + (" all free, tokens/s | ratio (rounds) |" if paired else ""),
+             "|---|---|---|---|---|---|---|---|" + ("---|---|" if paired else "")]
     for name, rows in result["servers"].items():
         for r in rows:
-            lines.append(f"| {name} | {r['concurrency']} | {r.get('tokens_per_s', r.get('error'))} | "
-                         f"{r.get('tpot_ms', '')} | {r.get('ms_per_token', '')} | {r.get('tau')} | "
-                         f"{r.get('requests')} | {r.get('output_tokens')} |")
+            line = (f"| {name} | {r['concurrency']} | {r.get('tokens_per_s', r.get('error'))} | "
+                    f"{r.get('tpot_ms', '')} | {r.get('ms_per_token', '')} | {r.get('tau')} | "
+                    f"{r.get('requests')} | {r.get('output_tokens')} |")
+            if paired:
+                rounds = r.get("grammar_ratio_rounds")
+                line += (f" {r.get('free_tokens_per_s', '')} | {r.get('grammar_ratio', '')}"
+                         f"{' (' + ', '.join(map(str, rounds)) + ')' if rounds else ''} |")
+            lines.append(line)
     return "\n".join(lines)

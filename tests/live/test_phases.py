@@ -190,6 +190,37 @@ def test_the_mixed_phase_sends_its_share_of_constrained_requests(ports):
     assert speed.merge_rounds([row, row])["constrained_requests"] == 6
 
 
+def test_a_paired_level_runs_free_and_constrained_back_to_back(ports, tmp_path):
+    """Paired: each round sends the level all free and with its constrained share on the same server, free first in
+    even rounds and last in odd ones; the row has both rates and their ratio, merged rounds the ratios' median."""
+    from types import SimpleNamespace
+
+    from flashtree.live.config import SpeedPhase
+
+    phase = SpeedPhase(constrained=0.3, backend="ids", paired=True, min_requests=10, max_new_tokens=8)
+    state = app.Run(SimpleNamespace(phases=SimpleNamespace(mixed=phase)), SimpleNamespace(port=lambda _: ports["tree"]),
+                    SimpleNamespace(ids=PROMPTS), tmp_path)
+    order = []
+    real = speed.ids_level
+
+    def ids_level(*args, constrained, **kw):
+        order.append(constrained)
+        return real(*args, constrained=constrained, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(speed, "ids_level", ids_level)
+        rows = [state.level("mixed", "tree", 2, rnd, 60.0) for rnd in range(3)]
+    assert order == [0.0, 0.3, 0.3, 0.0, 0.0, 0.3]
+    assert all(r["constrained_requests"] == 3 and r["grammar_ratio"] > 0 for r in rows)
+    assert [r["phase"] for r in state.records].count("mixed-free") == 30
+    merged = speed.merge_rounds(rows)
+    assert merged["grammar_ratio"] == sorted(r["grammar_ratio"] for r in rows)[1]
+    assert merged["free_tokens_per_s"] == pytest.approx(sum(r["free_tokens_per_s"] for r in rows) / 3, abs=0.1)
+    assert "ratio (rounds)" in speed.table({"servers": {"tree": [merged]}})
+    with pytest.raises(Exception, match="speed.paired"):
+        SpeedPhase(paired=True)
+
+
 def test_merge_rounds_averages_rates_and_pools_tau():
     rows = [{"concurrency": 2, "tokens_per_s": 100.0, "ms_per_token": 2.0, "requests": 8, "output_tokens": 800,
              "verify_steps": 400, "tau": 2.0},
@@ -380,6 +411,12 @@ def test_a_server_that_fails_to_start(tmp_path, monkeypatch, keep_going):
     assert list(json.loads((tmp_path / "speed_results.json").read_text())["servers"]) == ["bf16-tree8"]
     mixed = json.loads((tmp_path / "mixed" / "speed_results.json").read_text())["servers"]["bf16-tree8"]
     assert mixed[0]["constrained_requests"] == 3 and mixed[0]["requests"] == 10
+    # paired by default: the same level all free on the same server, its rate beside the mix's, their ratio
+    assert mixed[0]["grammar_ratio"] == round(mixed[0]["tokens_per_s"] / mixed[0]["free_tokens_per_s"], 3)
+    from flashtree.results.collect import load_results
+
+    phases = load_results(tmp_path / "runs" / "summary.parquet").groupby("live.phase")["live.server"].first()
+    assert phases.to_dict() == {"speed": "bf16-tree8", "mixed": "bf16-tree8", "mixed-free": "bf16-tree8"}
 
 
 def test_prepare_models_checks_the_staged_checkpoints(tmp_path):
