@@ -293,8 +293,8 @@ class TreeToggles:
         "FLASHTREE_GRAMMAR_OVERLAP", Flag(), False,
         "queue the step's walk and commit behind a device-side wait on a host flag, then walk grammar-constrained "
         "requests' trees while the target verifies, instead of the scheduler thread walking first (GPU; sets "
-        "`CUDA_MODULE_LOADING=EAGER` for the server's processes; the wait proven on a GPU, the deferred walk not yet in "
-        "a live server; see \"Sampling features\" below)", "on")
+        "`CUDA_MODULE_LOADING=EAGER` for the server's processes; exact in a live server but slower there than the "
+        "default walk; see \"Sampling features\" below)", "on")
 
     tp: bool = toggle(
         "FLASHTREE_TP", Flag(), False,
