@@ -168,11 +168,9 @@ class Run:
         bar.close()
         return result
 
-    def paired_level(self, phase: str, name: str, conc: int, rnd: int) -> dict:
+    def paired_level(self, p, port: int, phase: str, name: str, conc: int, rnd: int) -> dict:
         """The constrained level and the same level all free, back to back (free first in even rounds): the
         constrained row with the free rate and their ratio; the free requests reach the tables as phase `<phase>-free`."""
-        p = getattr(self.cfg.phases, phase)
-        port = self.manager.port(name)
         rows = {}
         for constrained in (0.0, p.constrained)[:: -1 if rnd % 2 else 1]:
             rows[constrained], rs = speed.ids_level(port, self.prompts.ids, conc, p.max_new_tokens, p.min_requests,
@@ -186,7 +184,7 @@ class Run:
         port = self.manager.port(name)
         if p.backend == "ids":
             if p.paired:
-                return self.paired_level(phase, name, conc, rnd)
+                return self.paired_level(p, port, phase, name, conc, rnd)
             row, rs = speed.ids_level(port, self.prompts.ids, conc, p.max_new_tokens, p.min_requests, burst=rnd == 0,
                                       constrained=p.constrained, regex=p.regex)
             self.keep(phase, name, conc, rnd, rs)

@@ -171,7 +171,7 @@ class SpeedPhase(Phase):
     regex: str = CONSTRAINED_REGEX
     # with `constrained`: each level also runs all free, back to back on the same server in the same round (the order
     # alternating over rounds), so a server's grammar cost is the ratio of two levels a few seconds apart, not of two
-    # phases minutes apart, between which one round's rate can move by half on a shared host)
+    # phases minutes apart, between which one round's rate can move by half on a shared host
     paired: bool = False
 
     def __post_init__(self) -> None:

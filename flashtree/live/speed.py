@@ -112,9 +112,9 @@ def ids_level(port: int, prompts: list, conc: int, max_new_tokens: int, min_requ
 
 
 def paired_row(constrained: dict, free: dict) -> dict:
-    """A paired level's row: the constrained level's, with the free level's rate and tau and the ratio of the rates
-    (the grammar's cost on this server: 1 - ratio)."""
-    return {**constrained, "free_tokens_per_s": free["tokens_per_s"], "free_tau": free["tau"],
+    """A paired level's row: the constrained level's, with the free level's rate and the ratio of the rates (the
+    grammar's cost on this server: 1 - ratio)."""
+    return {**constrained, "free_tokens_per_s": free["tokens_per_s"],
             "grammar_ratio": round(constrained["tokens_per_s"] / free["tokens_per_s"], 3)}
 
 
