@@ -11,6 +11,7 @@ measured copy rate, the ratios, and an output check. Times are triton.testing.do
     python benchmarks/bench_kernels.py --parts attention-tune --out results/   # a launch sweep of the verify attention
     python benchmarks/bench_kernels.py --parts attention-small --out results/  # the bs-1 launch grid, in-graph too
     python benchmarks/bench_kernels.py --parts policies-tune --out results/    # the prob build's launch variants
+    python benchmarks/bench_kernels.py --parts attention-early --out results/  # prefix_ready, in a graph of layers
 
 `attention-tune` (not in the default parts, ~1.5 min) times the verify attention's launch variants (`tune` overrides:
 splits, key tile, warps, stages, bf16 partials, the fused merge, ...) at bs 1 / 4K, bs 1 / 32K and bs 8 / 4K, then
@@ -1055,13 +1056,66 @@ def part_attention_small(bw, budget_s=240.0, device="cuda"):
     print(f"# attention-small took {time.time() - t0:.1f}s", flush=True)
 
 
+# attention-early: what a server's call gains by reading its prefix's index (and first key tile) before its launch's
+# wait (`prefix_ready`, tune `early`). Per call in one graph of a shape's layers, each layer over a KV cache of its
+# own, two ways: back to back (`in_graph_us`, as attention-small times it) and with a stand-in for sglang's KV store
+# (a copy of the verify tokens' K into a buffer of the layer's) between the layers (`with_store_us`), since in a
+# server the kernel just before the verify is that store, not the previous layer's merge. Two rounds, the variants'
+# order reversed in the second.
+EARLY_SHAPES = {(1, 4096, 16): LAYERS, (1, 32768, 16): LAYERS, (8, 4096, 16): LAYERS, TUNE_LARGE: 8}
+EARLY_VARIANTS = {"plain": (False, 0), "early1": (True, 1), "early2": (True, 2)}
+
+
+def part_attention_early(bw, device="cuda"):
+    hq, hkv, d = TUNE_HEADS
+    for shape, layers in EARLY_SHAPES.items():
+        c = attention_case(*shape, hq, hkv, d, device=device)
+        del c.kk, c.vv, c.qq, c.full
+        floor = shape[0] * shape[1] * hkv * d * 2 * 2 / bw * 1e6
+        # layer 0 is the case's own cache (its output checked against the reference after the replays); the others
+        # fresh ones at random slots, so no layer's K / V is still in L2
+        bufs = [(c.k_buf, c.v_buf, c.kv_indices)]
+        for _ in range(layers - 1):
+            bufs.append((torch.randn_like(c.k_buf), torch.randn_like(c.v_buf),
+                         (torch.randperm(c.k_buf.shape[0] - 64, device=device)[: c.kv_indices.numel()] + 64)
+                         .to(torch.int64)))
+        outs = [torch.empty_like(c.q) for _ in range(layers)]
+        stores = [torch.empty_like(c.k) for _ in range(layers)]
+        for rnd in range(2):
+            names = list(EARLY_VARIANTS) if rnd == 0 else list(reversed(EARLY_VARIANTS))
+            for name in names:
+                ready, early = EARLY_VARIANTS[name]
+
+                def call(i, store=False):
+                    if store:
+                        stores[i].copy_(c.k)
+                    return tree_attention_triton(c.q, c.k, c.v, bufs[i][0], bufs[i][1], c.kv_indptr, bufs[i][2],
+                                                 c.qlen, c.L, out=outs[i], tune=dict(early=early), prefix_ready=ready)
+
+                row = dict(kind="verify_attn_early", bs=shape[0], prefix=shape[1], L=shape[2], layers=layers,
+                           variant=name, prefix_ready=ready, early=early, round=rnd, floor_us=round(floor, 2))
+                try:
+                    eager_err = c.err(call(0))
+                    row["in_graph_us"] = round(in_graph_us(call, layers), 2)
+                    graph_err = c.err(outs[0])
+                    row["with_store_us"] = round(in_graph_us(lambda i: call(i, True), layers), 2)
+                    row.update(err=round(max(eager_err, graph_err, c.err(outs[0])), 5),
+                               matches=max(eager_err, graph_err, c.err(outs[0])) <= 2e-2)
+                except Exception as e:  # noqa: BLE001
+                    row.update(error=repr(e)[:300], matches=False)
+                log(**row)
+        del c, bufs, outs, stores
+        torch.cuda.empty_cache()
+
+
 def main():
     global OUT_FILE
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="results")
     ap.add_argument("--parts", default="builder,policies,walk,inputs,markov,sampler,attention",
                     help="comma-separated; also attention-tune (a launch sweep of the verify attention at small "
-                    "batches), attention-small (the bs-1 launch grid, timed in a graph of 36 layers too) and "
+                    "batches), attention-small (the bs-1 launch grid, timed in a graph of 36 layers too), "
+                    "attention-early (prefix_ready's reads before the launch's wait, in a graph of layers) and "
                     "policies-tune (the prob build's launch variants), not in the default")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--markov-min-rank", type=int, default=0, help="markov: only heads of at least this rank")
@@ -1088,6 +1142,7 @@ def main():
              "attention": lambda: part_attention(bw, not a.no_flex, [int(x) for x in a.attn_splits.split(",") if x]),
              "attention-tune": lambda: part_attention_tune(bw, a.tune_budget),
              "attention-small": lambda: part_attention_small(bw, a.small_budget),
+             "attention-early": lambda: part_attention_early(bw),
              "policies-tune": lambda: part_policies_tune(a.policies_tune_budget)}
     for name in a.parts.split(","):
         t = time.time()

@@ -132,6 +132,12 @@ TABLES = {
                    f"{num(d.get('best_in_graph_us'))} ({num(d.get('best_in_graph_graph_us'))})",
                    launch_cell(d["best_in_graph_launch"]) if d.get("best_in_graph_launch") else "–",
                    f"{d['points']} ({d['failed']})"]),
+    "verify_attn_early": (
+        ["bs", "prefix", "L", "variant", "round", "floor", "per call in a graph", "with a KV store between",
+         "rel. err"],
+        lambda d: [d["bs"], d["prefix"], d["L"], d["variant"], d["round"], num(d["floor_us"]),
+                   num(d.get("in_graph_us")), num(d.get("with_store_us")),
+                   f"{d['err']:.1e}" if "err" in d else d.get("error", "–")]),
     "verify_attn_paged": (
         ["bs", "prefix", "L", "page", "floor", "flashtree graph (eager)", "vs floor"],
         lambda d: [d["bs"], d["prefix"], d["L"], d["page"], num(d["floor_us"]),

@@ -59,3 +59,19 @@ def test_in_graph_rows_show_both_slot_layouts(tmp_path):
                          capture_output=True, text=True, check=True).stdout
     assert "| 1 | 4096 | 16 | 4.0 | 18.3 | 13.1 | 3.27x | 12.4 | default: " in out
     assert "| 1 | 4096 | 16 | 4.0 | 18.3 | 13.1 | 3.27x | – | default: " in out
+
+
+def test_early_rows_show_both_graphs_and_a_failed_variant(tmp_path):
+    """An attention-early row shows the per-call time back to back and with a KV store between the layers; a
+    variant that failed shows its error instead of a number."""
+    import json
+
+    row = dict(kind="verify_attn_early", bs=1, prefix=4096, L=16, layers=36, variant="early2", prefix_ready=True,
+               early=2, round=1, floor_us=4.0)
+    path = tmp_path / "k.jsonl"
+    path.write_text(json.dumps({**row, "in_graph_us": 12.31, "with_store_us": 14.02, "err": 0.0021}) + "\n"
+                    + json.dumps({**row, "error": "OutOfResources()", "matches": False}) + "\n")
+    out = subprocess.run([sys.executable, str(BENCH / "kernel_tables.py"), str(path)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "| 1 | 4096 | 16 | early2 | 1 | 4.0 | 12.3 | 14.0 | 2.1e-03 |" in out
+    assert "| 1 | 4096 | 16 | early2 | 1 | 4.0 | – | – | OutOfResources() |" in out

@@ -15,7 +15,8 @@ folded into the last split instead of a part of its own; `prefetch` (on by defau
 one tile ahead and its V gathered before the QK dot (on the H200 it took 4-15% off at every shape of kernel run 10,
 1.09x the floor to 1.04x at bs 64 / 8K; gathering the next tile's K and V into registers as well was slower at bs 1,
 kernel run 12); `pdl`, programmatic dependent launch (on by default from Hopper on: each launch is set up while the
-kernel before it runs, and waits for it before reading anything); and a
+kernel before it runs, and waits for it before reading anything it may have written: with `prefix_ready` the
+prefix's index chain, lengths and first key tiles' slots, is read before that wait); and a
 fused merge, with no second launch: each part, its partial written, takes a ticket from a per-(request, KV head, row
 block) counter, and the last to arrive merges the row block's parts and writes the output. The counters live in a
 persistent zeroed buffer per device that the merging program zeroes again, so fused calls must not overlap on two
@@ -94,6 +95,28 @@ def _merge_parts(po_ptr, plse_ptr, grp, S, BM: tl.constexpr, BDV: tl.constexpr, 
 
 
 @triton.jit
+def _scores(q, kk, allowed, m_i, l_i, qk_scale, DOT_F32: tl.constexpr):
+    """One key tile's step of the online softmax: the tile's probabilities p (rows x keys, unnormalised, 0 where not
+    `allowed`), the rescale alpha of what came before, and the running max and sum after it."""
+    if DOT_F32:
+        kk = kk.to(tl.float32)
+    sc = tl.dot(q, tl.trans(kk)) * qk_scale
+    sc = tl.where(allowed, sc, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(sc - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
+
+
+@triton.jit
+def _accumulate(acc, alpha, p, vt, DOT_F32: tl.constexpr):
+    if DOT_F32:
+        return acc * alpha[:, None] + tl.dot(p, vt.to(tl.float32))
+    return acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+
+
+@triton.jit
 def _verify_kernel(
     q_ptr, k_ptr, v_ptr, kb_ptr, vb_ptr,
     kv_indptr, kv_indices, page_table, prefix_lens, pt_stride,
@@ -106,9 +129,10 @@ def _verify_kernel(
     BM: tl.constexpr, RB: tl.constexpr, BN: tl.constexpr,
     PAGED: tl.constexpr, PAGE: tl.constexpr, MASK_FULL: tl.constexpr, CAUSAL: tl.constexpr, DIRECT: tl.constexpr,
     FUSED: tl.constexpr, MU: tl.constexpr, PREFETCH: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr,
+    EARLY: tl.constexpr,
 ):
-    if PDL:  # launched early (programmatic dependent launch): everything read below comes from the kernels before
-        gdc_wait()
+    if PDL and not EARLY:  # launched early (programmatic dependent launch): what is read below may come from the
+        gdc_wait()  # kernel just before
         gdc_launch_dependents()  # the merge launch may start now (it waits for this grid before reading)
     # S parts (programs along axis 2): n_splits prefix splits, the last of which also takes the tree (S = n_splits),
     # or a part of the tree's own after them (S = n_splits + 1: its prefix range is empty)
@@ -127,6 +151,22 @@ def _verify_kernel(
     lo = s * chunk
     hi = tl.minimum(lo + chunk, prefix)
     live = (lo < hi) | (s == S - 1)  # an empty split reads nothing, not even q
+    kb_h = kb_ptr + h * s_kbh
+    vb_h = vb_ptr + h * s_vbh
+    first = lo  # the loop's first key; EARLY 2 walks the first tile before it
+    if EARLY == 2:  # the first tile's K and V gathered before the wait as well: in flight while the kernel before ends
+        n0 = lo + tl.arange(0, BN)
+        nm0 = n0 < hi
+        slot0 = _tile_slots(page_table, kv_indices, b, pt_stride, kv_start, n0, nm0, PAGED, PAGE)
+        kk0 = tl.load(kb_h + slot0[:, None] * s_kbt + d[None, :], mask=nm0[:, None] & (d[None, :] < D), other=0.0)
+        vt0 = tl.load(vb_h + slot0[:, None] * s_vbt + dv[None, :], mask=nm0[:, None] & (dv[None, :] < DV), other=0.0)
+        first = lo + BN
+    if PREFETCH:  # the first tile's slots; each iteration then loads the next tile's while its own K / V arrive
+        n1 = first + tl.arange(0, BN)
+        slot_next = _tile_slots(page_table, kv_indices, b, pt_stride, kv_start, n1, n1 < hi, PAGED, PAGE)
+    if PDL and EARLY > 0:  # the prefix's reads above ran while the kernel before still ran; q needs it done
+        gdc_wait()
+        gdc_launch_dependents()
     q = tl.load(q_ptr + (b * L + t).to(tl.int64)[:, None] * s_qt + hq[:, None] * s_qh + d[None, :],
                 mask=live & row_ok[:, None] & (d[None, :] < D), other=0.0)
     if DOT_F32:  # the CPU interpreter (triton 3.7) mis-multiplies bf16 dots; compute them in fp32 there
@@ -134,12 +174,10 @@ def _verify_kernel(
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, BDV], tl.float32)
-    kb_h = kb_ptr + h * s_kbh
-    vb_h = vb_ptr + h * s_vbh
-    if PREFETCH:  # the first tile's slots; each iteration then loads the next tile's while its own K / V arrive
-        n0 = lo + tl.arange(0, BN)
-        slot_next = _tile_slots(page_table, kv_indices, b, pt_stride, kv_start, n0, n0 < hi, PAGED, PAGE)
-    for start in range(lo, hi, BN):
+    if EARLY == 2:
+        p, alpha, m_i, l_i = _scores(q, kk0, nm0[None, :], m_i, l_i, qk_scale, DOT_F32)
+        acc = _accumulate(acc, alpha, p, vt0, DOT_F32)
+    for start in range(first, hi, BN):
         n = start + tl.arange(0, BN)
         nm = n < hi
         if PREFETCH:
@@ -152,32 +190,19 @@ def _verify_kernel(
         if PREFETCH:  # V's gather issued before the QK dot, not after it
             vt = tl.load(vb_h + slot[:, None] * s_vbt + dv[None, :], mask=nm[:, None] & (dv[None, :] < DV),
                          other=0.0)
-        if DOT_F32:
-            kk = kk.to(tl.float32)
-        sc = tl.dot(q, tl.trans(kk)) * qk_scale
-        sc = tl.where(nm[None, :], sc, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(sc - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p, alpha, m_i, l_i = _scores(q, kk, nm[None, :], m_i, l_i, qk_scale, DOT_F32)
         if not PREFETCH:
             vt = tl.load(vb_h + slot[:, None] * s_vbt + dv[None, :], mask=nm[:, None] & (dv[None, :] < DV),
                          other=0.0)
-        if DOT_F32:
-            acc = acc * alpha[:, None] + tl.dot(p, vt.to(tl.float32))
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
-        m_i = m_new
+        acc = _accumulate(acc, alpha, p, vt, DOT_F32)
     if s == S - 1:
         j = tl.arange(0, LP)
         jm = j < L
         tok = (b * L + j).to(tl.int64)
         kk = tl.load(k_ptr + tok[:, None] * s_kt + h * s_kh + d[None, :], mask=jm[:, None] & (d[None, :] < D),
                      other=0.0)
-        if DOT_F32:
-            kk = kk.to(tl.float32)
-        sc = tl.dot(q, tl.trans(kk)) * qk_scale
+        vt = tl.load(v_ptr + tok[:, None] * s_vt + h * s_vh + dv[None, :], mask=jm[:, None] & (dv[None, :] < DV),
+                     other=0.0)
         mm = row_ok[:, None] & jm[None, :]
         if CAUSAL:  # a chain: token t sees tokens 0..t, no mask to read
             allowed = mm & (j[None, :] <= t[:, None])
@@ -187,19 +212,8 @@ def _verify_kernel(
             else:
                 moff = b.to(tl.int64) * (L * L) + t[:, None] * L + j[None, :]
             allowed = tl.load(mask_ptr + moff, mask=mm, other=0) != 0
-        sc = tl.where(allowed, sc, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(sc - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        vt = tl.load(v_ptr + tok[:, None] * s_vt + h * s_vh + dv[None, :], mask=jm[:, None] & (dv[None, :] < DV),
-                     other=0.0)
-        if DOT_F32:
-            acc = acc * alpha[:, None] + tl.dot(p, vt.to(tl.float32))
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
-        m_i = m_new
+        p, alpha, m_i, l_i = _scores(q, kk, allowed, m_i, l_i, qk_scale, DOT_F32)
+        acc = _accumulate(acc, alpha, p, vt, DOT_F32)
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     out = acc / l_safe[:, None]
     o_rows = o_ptr + (b * L + t).to(tl.int64)[:, None] * s_ot + hq[:, None] * s_oh + dv[None, :]
@@ -328,6 +342,8 @@ class Launch:
     prefetch: bool = True  # each key tile's slots loaded one tile ahead, V before the QK dot
     pdl: bool = False  # programmatic dependent launch (on by default from Hopper on): each launch set up while the
     # kernel before it runs (kernel run 13: 0.6-0.9 µs off at bs 1, in a graph too; no change at bs 8 and 64)
+    early: int = 1  # what a `prefix_ready` call reads of its prefix before the launch's wait: 0 nothing, 1 the index
+    # (lengths, the first tile's slots), 2 the first key tile's K and V too (the loop's first tile peeled)
 
 
 PARTIALS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -351,6 +367,8 @@ TUNE = {
     "merge_unroll": (lambda x: _int_in(x, 1, 16), "an integer in 1..16 (parts a fused merge loads at once)"),
     "prefetch": (lambda x: isinstance(x, bool), "a bool (each tile's KV slots loaded one tile ahead, V before the dot)"),
     "pdl": (lambda x: isinstance(x, bool), "a bool (programmatic dependent launch; taken on Hopper or newer only)"),
+    "early": (lambda x: _int_in(x, 0, 2), "0, 1 or 2 (what a prefix_ready call reads before its launch's wait: "
+              "nothing, the prefix's index, the index and the first key tile)"),
 }
 
 
@@ -393,11 +411,11 @@ def launch_choice(bs: int, hq: int, hkv: int, d: int, dv: int, L: int, max_prefi
     unroll = t.get("merge_unroll", 2 if partials == "fp32" else 4)
     return Launch(bm, rb, t.get("block_n", bn), t.get("num_warps", warps), t.get("num_stages", stages), num_splits,
                   parts, t.get("merge_rows", mr), partials, parts > 1 and t.get("fused_merge", False), unroll,
-                  t.get("prefetch", True), t.get("pdl", True) and _pdl_ok(device))
+                  t.get("prefetch", True), t.get("pdl", True) and _pdl_ok(device), t.get("early", 1))
 
 
 def _run(q, k, v, kb, vb, kv_indptr, kv_indices, page_table, prefix_lens, page, custom_mask, L, sm_scale,
-         mask_indptr, out, num_splits, max_prefix, tune, causal):
+         mask_indptr, out, num_splits, max_prefix, tune, causal, prefix_ready=False):
     tokens, hq, d = q.shape
     hkv = k.shape[1]
     dv = v.shape[2]
@@ -436,7 +454,7 @@ def _run(q, k, v, kb, vb, kv_indptr, kv_indices, page_table, prefix_lens, page, 
         kb.stride(0), kb.stride(1), vb.stride(0), vb.stride(1), out.stride(0), out.stride(1),
         HKV=hkv, G=g, L=L, LP=_np2(L), D=d, BD=_np2(d), DV=dv, BDV=bdv, BM=bm, RB=rb, BN=c.block_n,
         PAGED=paged, PAGE=page, MASK_FULL=mask_indptr is not None, CAUSAL=causal, DIRECT=direct, FUSED=c.fused,
-        MU=c.merge_unroll, PREFETCH=c.prefetch, PDL=c.pdl,
+        MU=c.merge_unroll, PREFETCH=c.prefetch, PDL=c.pdl, EARLY=c.early if prefix_ready else 0,
         DOT_F32=q.device.type != "cuda", num_warps=c.warps, num_stages=c.stages, **_pdl(c.pdl),
     )
     if not direct and not c.fused:
@@ -461,24 +479,30 @@ def _check_inner(x, name):
 
 
 def tree_attention_triton(q, k, v, k_buffer, v_buffer, kv_indptr, kv_indices, custom_mask, L, sm_scale=None,
-                          mask_indptr=None, out=None, num_splits=None, tune=None, causal=False):
+                          mask_indptr=None, out=None, num_splits=None, tune=None, causal=False, prefix_ready=False):
     """Same signature and result as `tree_attention_reference` (sglang's layout); returns (bs*L, Hq, DV).
     `num_splits` and `tune` override the launch (see `launch_choice`). `causal` with no mask: a chain verify, its
-    mask computed in the kernel (no mask tensor built per call, none read)."""
+    mask computed in the kernel (no mask tensor built per call, none read). `prefix_ready`: a promise that the
+    prefix's index (kv_indptr, kv_indices) was written before the kernel launched just before this call; with a
+    programmatic dependent launch the kernel then reads it before waiting for that kernel (a server's verify: sglang's
+    KV store, which writes only the verify tokens' own slots, runs just before; the index was built before the
+    forward)."""
     for x, n in [(q, "q"), (k, "k"), (v, "v"), (k_buffer, "k_buffer"), (v_buffer, "v_buffer")]:
         _check_inner(x, n)
     bs = max(1, kv_indptr.shape[0] - 1)
     return _run(q, k, v, k_buffer, v_buffer, kv_indptr, kv_indices, None, None, 1, custom_mask, L, sm_scale,
-                mask_indptr, out, num_splits, triton.cdiv(kv_indices.shape[0], bs), tune, causal)
+                mask_indptr, out, num_splits, triton.cdiv(kv_indices.shape[0], bs), tune, causal, prefix_ready)
 
 
 def tree_attention_paged_triton(q, k, v, k_cache, v_cache, page_table, prefix_lens, page_size, custom_mask, L,
-                                sm_scale=None, mask_indptr=None, out=None, num_splits=None, tune=None):
-    """Paged layout, same signature and result as `tree_attention_paged_reference`."""
+                                sm_scale=None, mask_indptr=None, out=None, num_splits=None, tune=None,
+                                prefix_ready=False):
+    """Paged layout, same signature and result as `tree_attention_paged_reference` (`prefix_ready`: the page table
+    and prefix_lens, as in `tree_attention_triton`)."""
     hkv = k_cache.shape[-2]
     kb = k_cache.reshape(-1, hkv, k_cache.shape[-1])
     vb = v_cache.reshape(-1, hkv, v_cache.shape[-1])
     for x, n in [(q, "q"), (k, "k"), (v, "v"), (kb, "k_cache"), (vb, "v_cache")]:
         _check_inner(x, n)
     return _run(q, k, v, kb, vb, None, None, page_table, prefix_lens, page_size, custom_mask, L, sm_scale,
-                mask_indptr, out, num_splits, page_table.shape[1] * page_size, tune, False)
+                mask_indptr, out, num_splits, page_table.shape[1] * page_size, tune, False, prefix_ready)

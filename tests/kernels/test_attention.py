@@ -249,11 +249,36 @@ def test_tune_overrides_the_launch():
     dict(block_n=48), dict(block_n=8), dict(block_n=512), dict(block_n=True), dict(num_warps=3), dict(num_stages=0),
     dict(num_stages=2.0), dict(partials="fp8"), dict(partials=torch.bfloat16), dict(fused_merge=1),
     dict(tree_part="no"), dict(merge_rows=1), dict(merge_unroll=0), dict(splits=4), [("block_n", 64)],
-    dict(prefetch=1), dict(pdl="yes"), dict(block_m=8), dict(block_m=48),
+    dict(prefetch=1), dict(pdl="yes"), dict(block_m=8), dict(block_m=48), dict(early=3), dict(early=True),
 ])
 def test_bad_overrides_raise(tune):
     with pytest.raises(ValueError, match="tune"):
         launch_choice(2, 8, 2, 64, 64, 4, 50, torch.device("cpu"), 3, tune)
+
+
+@pytest.mark.parametrize("early", [0, 1, 2])
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_a_prefix_ready_call_matches_the_reference(early, prefetch):
+    """prefix_ready (the prefix's index written before the kernel just before: read before the launch's wait) gives
+    the plain call's output bit for bit and the reference's, in both layouts: `early` 2 walks the first key tile
+    before the loop (on the CPU too; only the wait needs a GPU), over prefixes of one partial tile, none, and splits
+    left empty, with a tree part and without."""
+    g = torch.Generator().manual_seed(60 + early + 3 * prefetch)
+    bs, hq, hkv, d, L, lens = 3, 8, 2, 64, 5, torch.tensor([130, 0, 7])
+    for full, splits, tree_part in ((False, 5, True), (True, 1, True), (False, 3, False)):
+        tune = dict(early=early, prefetch=prefetch, tree_part=tree_part, block_n=16)
+        q, k, v, kb, vb, indptr, idx, mask, mip = make(bs, hq, hkv, d, L, lens, torch.bfloat16, g, full)
+        args = [x.to(DEV) for x in (q, k, v, kb, vb, indptr, idx, mask)]
+        mipd = None if mip is None else mip.to(DEV)
+        ref = tree_attention_reference(*[x.float() for x in args[:5]], *args[5:], L, mask_indptr=mipd)
+        ready = tree_attention_triton(*args, L, mask_indptr=mipd, num_splits=splits, tune=tune, prefix_ready=True)
+        plain = tree_attention_triton(*args, L, mask_indptr=mipd, num_splits=splits, tune=tune)
+        assert rel_err(ready, ref) <= 1e-2
+        assert torch.equal(ready, plain)
+    dq, mask = make_paged(bs, hq, hkv, d, L, lens.clamp(min=1), 16, g)
+    ref = tree_attention_paged_reference(*[x.float() for x in dq[:5]], dq[5], dq[6], 16, mask, L)
+    out = tree_attention_paged_triton(*dq, 16, mask, L, num_splits=3, tune=dict(early=early), prefix_ready=True)
+    assert rel_err(out, ref) <= 1e-2
 
 
 @pytest.mark.parametrize("splits", [1, 3])
