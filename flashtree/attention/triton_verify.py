@@ -343,7 +343,8 @@ class Launch:
     pdl: bool = False  # programmatic dependent launch (on by default from Hopper on): each launch set up while the
     # kernel before it runs (kernel run 13: 0.6-0.9 µs off at bs 1, in a graph too; no change at bs 8 and 64)
     early: int = 1  # what a `prefix_ready` call reads of its prefix before the launch's wait: 0 nothing, 1 the index
-    # (lengths, the first tile's slots), 2 the first key tile's K and V too (the loop's first tile peeled)
+    # (lengths, the first tile's slots), 2 the first key tile's K and V too (the loop's first tile peeled); not yet
+    # timed on a GPU (bench_kernels.py --parts attention-early), so the server's adapter does not promise it yet
 
 
 PARTIALS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

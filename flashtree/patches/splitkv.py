@@ -13,16 +13,14 @@ topk == 1; flashtree's Triton init patch sets it per target-backend instance (pl
 every case flashtree's kernel does not cover, and otherwise hands the call to flashtree's kernel in sglang's own layout:
 
     flashtree.attention.triton_verify.tree_attention_triton(q, k, v, k_buffer, v_buffer, kv_indptr, kv_indices, custom_mask, L,
-                                              sm_scale=None, mask_indptr=None, out=None, causal=False,
-                                              prefix_ready=False)
+                                              sm_scale=None, mask_indptr=None, out=None, causal=False)
 
     q (bs*L, Hq, D), k (bs*L, Hkv, D), v (bs*L, Hkv, Dv): the L = W verify tokens of each request, request-major;
     k_buffer (slots, Hkv, D), v_buffer (slots, Hkv, Dv): the layer's KV pool, indexed by token slot;
     kv_indptr (bs+1,), kv_indices: the slots of each request's prefix (every verify token sees all of it);
     custom_mask: sglang's FULL layout with mask_indptr (request b's L rows of prefix_b + L booleans start at
     mask_indptr[b]; the kernel reads only each request's L x L block), or the QLEN layout (bs*L*L) without it;
-    out (bs*L, Hq, Dv) written in place; prefix_ready: the index and the prefix's KV were written before the kernel
-    launched just before (under a programmatic dependent launch the kernel reads them before waiting for it).
+    out (bs*L, Hq, Dv) written in place.
 
 A chain verify (DSPARK's own: custom_mask None, causal) takes the same kernel with `causal=True`: the kernel computes
 the chain's mask, so a captured chain verify builds no mask tensor per layer. Only shapes are read on the host (no
@@ -95,10 +93,8 @@ def make_verify_fwd(kernel: Callable, declined: dict | None = None) -> Callable:
         bs = qo_indptr.shape[0] - 1
         w = max_extend_len
         chain = custom_mask is None  # a chain verify: causal within each request's block, computed in the kernel
-        # prefix_ready: sglang built the prefix's index before the forward, and the KV store just before this call
-        # writes only the verify tokens' own slots (out_cache_loc), none of the prefix's
         kernel(q, k, v, k_buffer, v_buffer, kv_indptr[: bs + 1], kv_indices, custom_mask, w, sm_scale=sm_scale,
-               mask_indptr=None if chain else mask_indptr[: bs + 1], out=o, causal=chain, prefix_ready=True)
+               mask_indptr=None if chain else mask_indptr[: bs + 1], out=o, causal=chain)
         return True
 
     verify_splitkv_fwd.declined = declined

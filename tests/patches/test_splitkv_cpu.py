@@ -29,9 +29,8 @@ def contract_kernel(calls):
     signature; see flashtree/patches/splitkv.py). Records each call's per-request W x W blocks."""
 
     def tree_attention(q, k, v, k_buffer, v_buffer, kv_indptr, kv_indices, custom_mask, L, sm_scale=None,
-                       mask_indptr=None, out=None, causal=False, prefix_ready=False):
+                       mask_indptr=None, out=None, causal=False):
         bs = kv_indptr.shape[0] - 1
-        assert prefix_ready, "sglang's verify builds the prefix's index before the forward: the adapter says so"
         group = q.shape[1] // k.shape[1]
         blocks = []
         assert (custom_mask is None) == causal, "a chain is causal=True without a mask; a tree has its mask"
@@ -170,12 +169,12 @@ def _real_kernel_factory(calls):
     model = contract_kernel(calls)
 
     def counted(q, k, v, k_buffer, v_buffer, kv_indptr, kv_indices, custom_mask, L, sm_scale=None, mask_indptr=None,
-                out=None, causal=False, prefix_ready=False):
+                out=None, causal=False):
         # Record the blocks the adapter handed over (the model's output is discarded), then run the real kernel.
         model(q, k, v, k_buffer, v_buffer, kv_indptr, kv_indices, custom_mask, L, sm_scale, mask_indptr, out.clone(),
-              causal, prefix_ready)
+              causal)
         return kernel(q, k, v, k_buffer, v_buffer, kv_indptr, kv_indices, custom_mask, L, sm_scale=sm_scale,
-                      mask_indptr=mask_indptr, out=out, causal=causal, prefix_ready=prefix_ready)
+                      mask_indptr=mask_indptr, out=out, causal=causal)
 
     return counted
 
