@@ -201,8 +201,6 @@ def _verify_kernel(
         tok = (b * L + j).to(tl.int64)
         kk = tl.load(k_ptr + tok[:, None] * s_kt + h * s_kh + d[None, :], mask=jm[:, None] & (d[None, :] < D),
                      other=0.0)
-        vt = tl.load(v_ptr + tok[:, None] * s_vt + h * s_vh + dv[None, :], mask=jm[:, None] & (dv[None, :] < DV),
-                     other=0.0)
         mm = row_ok[:, None] & jm[None, :]
         if CAUSAL:  # a chain: token t sees tokens 0..t, no mask to read
             allowed = mm & (j[None, :] <= t[:, None])
@@ -213,6 +211,8 @@ def _verify_kernel(
                 moff = b.to(tl.int64) * (L * L) + t[:, None] * L + j[None, :]
             allowed = tl.load(mask_ptr + moff, mask=mm, other=0) != 0
         p, alpha, m_i, l_i = _scores(q, kk, allowed, m_i, l_i, qk_scale, DOT_F32)
+        vt = tl.load(v_ptr + tok[:, None] * s_vt + h * s_vh + dv[None, :], mask=jm[:, None] & (dv[None, :] < DV),
+                     other=0.0)
         acc = _accumulate(acc, alpha, p, vt, DOT_F32)
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     out = acc / l_safe[:, None]
