@@ -16,7 +16,7 @@ one tile ahead and its V gathered before the QK dot (on the H200 it took 4-15% o
 1.09x the floor to 1.04x at bs 64 / 8K; gathering the next tile's K and V into registers as well was slower at bs 1,
 kernel run 12); `pdl`, programmatic dependent launch (on by default from Hopper on: each launch is set up while the
 kernel before it runs, and waits for it before reading anything it may have written: with `prefix_ready` the
-prefix's index chain, lengths and first key tiles' slots, is read before that wait); and a
+prefix's lengths and first key tiles' slots, and with `early` 2 its first key tile, are read before that wait); and a
 fused merge, with no second launch: each part, its partial written, takes a ticket from a per-(request, KV head, row
 block) counter, and the last to arrive merges the row block's parts and writes the output. The counters live in a
 persistent zeroed buffer per device that the merging program zeroes again, so fused calls must not overlap on two
